@@ -1,0 +1,74 @@
+"""The FastAPI application: built from Settings, with its seams injectable for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+
+from app import __version__
+from app.api import openai_routes, ops_routes
+from app.api.errors import install_error_handlers
+from app.api.guard import BodyLimit
+from app.engine.device import Device, make_device
+from app.engine.executor import Executor
+from app.engine.registry import ModelRegistry
+from app.metrics import Metrics
+from app.sched.budget import BudgetBook
+from app.service import InferenceService
+from app.settings import Settings
+
+log = logging.getLogger("vramgate.app")
+PRICES_FILE = "prices.json"
+
+
+def build_service(
+    settings: Settings, device: Device | None = None, on_fatal: Callable[[], None] = lambda: None
+) -> InferenceService:
+    device = device or make_device(settings)
+    slots = settings.max_concurrent or device.default_slots
+    executor = Executor(device, slots=slots, cpu_threads=settings.cpu_threads)
+    book = BudgetBook(settings.resolved_data_dir / PRICES_FILE)
+    registry = ModelRegistry(settings.models, device)
+    return InferenceService(
+        settings, device, registry, book, executor, Metrics(), on_fatal=on_fatal
+    )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    device: Device | None = None,
+    on_fatal: Callable[[], None] = lambda: None,
+) -> FastAPI:
+    """`on_fatal` is called once after a fatal device error (the CLI exits the process)."""
+    service = build_service(settings, device, on_fatal)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log.info(
+            "device %s; %d slot(s); torch threads %d",
+            service.device.name,
+            service.executor.slots,
+            service.executor.torch_threads,
+        )
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(
+        title="vramgate",
+        version=__version__,
+        summary="Local inference that admits work by measured VRAM bytes.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.include_router(openai_routes.router)
+    app.include_router(ops_routes.router)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_bytes))
+    return app

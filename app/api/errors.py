@@ -1,0 +1,86 @@
+"""Every error leaves the server through here, as an OpenAI-style JSON body."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from app.errors import (
+    BodyTooLarge,
+    InternalError,
+    InvalidJson,
+    InvalidRequest,
+    ModelNotFound,
+    VramgateError,
+)
+
+log = logging.getLogger("vramgate.api")
+
+
+class RouteNotFound(ModelNotFound):
+    code = "not_found"
+
+
+class MethodNotAllowed(InvalidRequest):
+    status = 405
+    code = "method_not_allowed"
+
+
+def error_response(error: VramgateError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+def _from_validation(exc: RequestValidationError) -> VramgateError:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return InvalidJson("the request body is not valid JSON")
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "missing" and not loc:
+        message = "the request needs a JSON body"
+    return InvalidRequest(f"{param}: {message}" if param else message, param=param)
+
+
+def _from_http(exc: HTTPException) -> VramgateError:
+    if exc.status_code == 413:
+        return BodyTooLarge(str(exc.detail))
+    if exc.status_code == 404:
+        return RouteNotFound("no such route")
+    if exc.status_code == 405:
+        return MethodNotAllowed("method not allowed on this route")
+    error = InvalidRequest(str(exc.detail))
+    error.status = exc.status_code  # type: ignore[misc]
+    return error
+
+
+async def _vramgate_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, VramgateError)
+    return error_response(exc)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(_from_validation(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return error_response(_from_http(exc))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(InternalError("internal server error"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(VramgateError, _vramgate_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,207 @@
+"""The `vramgate` command: `serve` (the server) and `status` (a running server's /status)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from app import __version__
+from app.errors import EXIT_FATAL_DEVICE
+from app.settings import ENV_PREFIX, ModelSpec, Settings, default_config_file, load_settings
+
+log = logging.getLogger("vramgate.cli")
+EXIT_PORT_IN_USE = 74
+_SKIP = {"models"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, so `--help` documents every one of them."""
+    group = parser.add_argument_group(
+        "settings",
+        f"each also reads {ENV_PREFIX}<NAME> from the environment and NAME from the config "
+        f"file; flags win over the environment, which wins over the file",
+    )
+    for name, field in Settings.model_fields.items():
+        if name in _SKIP:
+            continue
+        default = field.default
+        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {default}]"
+        group.add_argument(
+            _flag(name), dest=name, default=None, metavar=name.upper(), help=help_text
+        )
+    group.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=None,
+        metavar="NAME=KIND[:PATH]",
+        help=f"{Settings.model_fields['models'].description}; KIND is embedding or simulated; "
+        "without PATH an embedding model is the embedded all-MiniLM-L6-v2 "
+        f"[env {ENV_PREFIX}MODELS as JSON; default all-MiniLM-L6-v2=embedding]",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vramgate",
+        description="A local GPU inference server that admits work by measured VRAM bytes.",
+    )
+    parser.add_argument("--version", action="version", version=f"vramgate {__version__}")
+    commands = parser.add_subparsers(dest="command")
+    serve = commands.add_parser("serve", help="run the server (the default command)")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"TOML config file [env {ENV_PREFIX}CONFIG; default {default_config_file()}]",
+    )
+    _add_settings_flags(serve)
+    status = commands.add_parser("status", help="print a running server's status")
+    status.add_argument("--url", default=None, help="server address (default: from settings)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    return parser
+
+
+def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        name: getattr(args, name)
+        for name in Settings.model_fields
+        if getattr(args, name, None) is not None
+    }
+    if "models" in given:
+        given["models"] = tuple(ModelSpec.parse_cli(text) for text in given["models"])
+    return given
+
+
+def _port_free(host: str, port: int) -> bool:
+    if port == 0:
+        return True
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from app.api.app import create_app
+    from app.logconfig import configure_logging
+
+    log_file = configure_logging(settings)
+    log.info(
+        "vramgate %s starting; settings %s; log %s",
+        __version__,
+        json.dumps(settings.redacted()),
+        log_file,
+    )
+    if not _port_free(settings.host, settings.port):
+        log.error(
+            "port %d on %s is already in use (is vramgate already running?)",
+            settings.port,
+            settings.host,
+        )
+        logging.shutdown()
+        return EXIT_PORT_IN_USE
+    exit_code = 0
+    server: uvicorn.Server | None = None
+
+    def on_fatal() -> None:
+        nonlocal exit_code
+        exit_code = EXIT_FATAL_DEVICE
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=15,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    log.info("vramgate stopped (exit code %d)", exit_code)
+    logging.shutdown()
+    return exit_code
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def format_status(status: dict[str, Any]) -> str:
+    device, pool, queue = status["device"], status["pool"], status["queue"]
+    counters, latency = status["counters"], status["latency"]
+    lines = [
+        f"vramgate {status['version']}: {status['state']}"
+        f"{'' if status['ready'] else ' (not ready)'}",
+        f"device   {device['name']} ({device['kind']}): {_gib(device['used_bytes'])} of "
+        f"{_gib(device['total_bytes'])} used (ours {_gib(device['used_by_us_bytes'])}, "
+        f"others {_gib(device['used_by_others_bytes'])}), reserve {_gib(device['reserve_bytes'])}",
+        f"pool     {_gib(pool['pool_bytes'])} for jobs, {_gib(pool['admitted_bytes'])} admitted;"
+        f" {queue['running']}/{pool['slots']} running, {queue['depth']} waiting"
+        f" (oldest {queue['oldest_wait_s']:.1f}s)",
+    ]
+    for model in status["models"]:
+        lines.append(
+            f"model    {model['name']}: {model['state']}, {model['kind']}, {model['dtype']},"
+            f" weights {model['weights_bytes'] / 2**20:.1f} MiB"
+        )
+        for price in model["prices"]:
+            shown = "-" if price["price_bytes"] is None else f"{price['price_bytes'] / 2**20:.1f}"
+            lines.append(
+                f"           {price['bucket']:<12} {shown:>9} MiB  ({price['samples']} samples,"
+                f" ~{price['expected_run_s'] * 1000:.0f} ms)"
+            )
+    lines.append(
+        f"served   {counters['served']}, rejected {counters['rejected'] or 0}, "
+        f"OOMs {counters['ooms']}; latency p50 {latency['p50_s'] * 1000:.1f} ms,"
+        f" p95 {latency['p95_s'] * 1000:.1f} ms, p99 {latency['p99_s'] * 1000:.1f} ms"
+    )
+    return "\n".join(lines)
+
+
+def status_command(url: str | None, raw: bool) -> int:
+    if url is None:
+        settings = load_settings()
+        url = f"http://{settings.host}:{settings.port}"
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=10) as response:
+            status = json.load(response)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"vramgate is not answering at {url}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if raw else format_status(status))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        return status_command(args.url, args.json)
+    if args.command is None:
+        args = parser.parse_args(["serve", *(argv or sys.argv[1:])])
+    try:
+        settings = load_settings(_cli_overrides(args), args.config)
+    except ValueError as exc:
+        parser.exit(2, f"vramgate: invalid settings: {exc}\n")
+    return serve(settings)

@@ -1,0 +1,331 @@
+"""Devices: how much memory there is, how much is ours, and our peak during a job.
+
+`CudaDevice` asks the driver (NVML) for totals and torch.cuda for our own use;
+`CpuDevice` answers the same questions from system RAM; `SimulatedDevice` has a fixed
+capacity with exact accounting and raises torch's own OutOfMemoryError when
+over-committed, so the whole server can be exercised without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import sys
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+import torch
+
+from app.settings import Settings
+
+log = logging.getLogger("vramgate.device")
+
+GiB = 2**30
+MiB = 2**20
+
+# Errors after which the CUDA context is unusable: only a fresh process recovers.
+_FATAL_PATTERNS = re.compile(
+    r"illegal memory access|device-side assert|unspecified launch failure|"
+    r"illegal instruction|misaligned address|uncorrectable ECC|launch timed out|"
+    r"CUDA error: unknown error|an illegal",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """One reading of device memory, in bytes."""
+
+    total: int
+    free: int  # free for any process, as the driver sees it
+    used_by_others: int
+    ours: int  # what our process holds on the device (allocator cache included)
+    ours_allocated: int  # live tensors
+    free_for_us: int  # free + what our allocator holds cached but unused
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Device(ABC):
+    kind: str
+    name: str
+    torch_device: torch.device
+    default_reserve: int
+    default_slots: int
+
+    @property
+    def key(self) -> str:
+        """Names the device in learned prices: a price is only valid on the same kind."""
+        return f"{self.kind}:{self.name}"
+
+    @abstractmethod
+    def snapshot(self) -> MemorySnapshot: ...
+
+    @abstractmethod
+    def allocated(self) -> int:
+        """Bytes our process has allocated now (cheap; called around every job)."""
+
+    @abstractmethod
+    def begin_peak(self) -> None:
+        """Reset the high-water mark of our allocations."""
+
+    @abstractmethod
+    def peak(self) -> int:
+        """Our allocations' high-water mark since `begin_peak`."""
+
+    def empty_cache(self) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        """Really occupy `nbytes` on the device for the duration (simulated models)."""
+        block = torch.empty(max(0, nbytes), dtype=torch.uint8, device=self.torch_device)
+        if self.torch_device.type == "cpu":
+            block.fill_(0)  # touch the pages so the RAM is really resident
+        try:
+            yield
+        finally:
+            del block
+
+    def is_oom(self, exc: BaseException) -> bool:
+        return isinstance(exc, torch.OutOfMemoryError)
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        if self.is_oom(exc) or not isinstance(exc, RuntimeError):
+            return False
+        return bool(_FATAL_PATTERNS.search(str(exc)))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "torch_device": str(self.torch_device)}
+
+
+class CudaDevice(Device):
+    kind = "cuda"
+    default_reserve = 512 * MiB
+    default_slots = 4
+
+    def __init__(self, index: int = 0) -> None:
+        import pynvml  # from nvidia-ml-py
+
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound as exc:
+            raise RuntimeError("no NVIDIA driver found (NVML library missing)") from exc
+        if not torch.cuda.is_available():
+            raise RuntimeError("this torch build or machine has no CUDA")
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.index = index
+        self.torch_device = torch.device("cuda", index)
+        self.name = torch.cuda.get_device_name(index)
+        self._pid = os.getpid()
+
+    def _ours_from_driver(self) -> int | None:
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except self._nvml.NVMLError:
+            return None
+        for proc in procs:
+            if proc.pid == self._pid and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+        return None
+
+    def snapshot(self) -> MemorySnapshot:
+        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        reserved = torch.cuda.memory_reserved(self.index)
+        allocated = torch.cuda.memory_allocated(self.index)
+        ours = self._ours_from_driver() or reserved
+        used = int(info.total) - int(info.free)
+        return MemorySnapshot(
+            total=int(info.total),
+            free=int(info.free),
+            used_by_others=max(0, used - ours),
+            ours=ours,
+            ours_allocated=allocated,
+            free_for_us=int(info.free) + max(0, reserved - allocated),
+        )
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.index)
+
+    def begin_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.index)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.index)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.index)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "driver": self._nvml.nvmlSystemGetDriverVersion(),
+            "cuda": torch.version.cuda,
+        }
+
+
+class CpuDevice(Device):
+    """System RAM as the device: protects a CPU-only user from exhausting memory.
+
+    Our use is the process's resident set. A job's peak is the kernel's high-water mark
+    of it (reset through /proc/self/clear_refs on Linux); large tensors are made to come
+    from mmap so that freeing them gives the pages back and the next peak is honest.
+    """
+
+    kind = "cpu"
+    default_reserve = 1 * GiB
+    default_slots = 1
+
+    def __init__(self) -> None:
+        self.torch_device = torch.device("cpu")
+        self.name = f"{psutil.cpu_count(logical=True)}-thread CPU"
+        self._process = psutil.Process()
+        self._can_reset_peak = sys.platform.startswith("linux") and os.access(
+            "/proc/self/clear_refs", os.W_OK
+        )
+        self._start_rss = 0
+        _return_large_frees_to_os()
+
+    def snapshot(self) -> MemorySnapshot:
+        vm = psutil.virtual_memory()
+        rss = self._process.memory_info().rss
+        return MemorySnapshot(
+            total=int(vm.total),
+            free=int(vm.available),
+            used_by_others=max(0, int(vm.total) - int(vm.available) - rss),
+            ours=rss,
+            ours_allocated=rss,
+            free_for_us=int(vm.available),
+        )
+
+    def allocated(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def begin_peak(self) -> None:
+        self._start_rss = self.allocated()
+        if self._can_reset_peak:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")  # resets VmHWM to the current RSS
+
+    def peak(self) -> int:
+        now = self.allocated()
+        if not self._can_reset_peak:
+            return max(now, self._start_rss)
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return max(int(line.split()[1]) * 1024, now)
+        return now
+
+
+def _return_large_frees_to_os() -> None:
+    """glibc: serve allocations >= 1 MiB from mmap so free() returns them at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        m_mmap_threshold = -3
+        libc.mallopt(m_mmap_threshold, 1 * MiB)
+
+
+class SimulatedDevice(Device):
+    """A fixed capacity with exact accounting; for tests and demos without a GPU."""
+
+    kind = "simulated"
+    default_reserve = 0
+    default_slots = 8
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.name = f"Simulated {capacity / GiB:.1f} GiB"
+        self.torch_device = torch.device("cpu")
+        self._lock = threading.Lock()  # guards every counter below
+        self._allocated = 0
+        self._external = 0
+        self._peak = 0
+        self.high_water = 0  # all-time high of our allocations plus others'
+        self.oom_count = 0
+
+    def set_external(self, nbytes: int) -> None:
+        """Memory taken by another program (a game, a browser)."""
+        with self._lock:
+            self._external = max(0, nbytes)
+
+    def snapshot(self) -> MemorySnapshot:
+        with self._lock:
+            free = max(0, self.capacity - self._allocated - self._external)
+            return MemorySnapshot(
+                total=self.capacity,
+                free=free,
+                used_by_others=self._external,
+                ours=self._allocated,
+                ours_allocated=self._allocated,
+                free_for_us=free,
+            )
+
+    def allocated(self) -> int:
+        with self._lock:
+            return self._allocated
+
+    def begin_peak(self) -> None:
+        with self._lock:
+            self._peak = self._allocated
+
+    def peak(self) -> int:
+        with self._lock:
+            return self._peak
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        with self._lock:
+            if self._allocated + self._external + nbytes > self.capacity:
+                self.oom_count += 1
+                free = self.capacity - self._allocated - self._external
+                raise torch.OutOfMemoryError(
+                    f"simulated device out of memory: tried to allocate {nbytes} bytes "
+                    f"with {free} bytes free of {self.capacity}"
+                )
+            self._allocated += nbytes
+            self._peak = max(self._peak, self._allocated)
+            self.high_water = max(self.high_water, self._allocated + self._external)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._allocated -= nbytes
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "high_water": self.high_water, "ooms": self.oom_count}
+
+
+def make_device(settings: Settings) -> Device:
+    """The device the settings ask for; `auto` takes CUDA when a driver and GPU exist."""
+    spec = settings.device
+    capacity = settings.simulated_capacity()
+    if capacity is not None:
+        return SimulatedDevice(capacity)
+    if spec == "cpu":
+        return CpuDevice()
+    if spec.startswith("cuda"):
+        index = int(spec.partition(":")[2] or 0)
+        return CudaDevice(index)
+    try:
+        return CudaDevice(0)
+    except (RuntimeError, ImportError) as exc:
+        log.info("no usable CUDA device (%s); serving on the CPU", exc)
+        return CpuDevice()

@@ -1,0 +1,92 @@
+"""The executor: a dedicated, explicitly sized inference thread pool that measures peaks.
+
+Device work never runs on FastAPI's shared pool. Each job's peak is measured with the
+device's high-water mark; the mark is global, so a peak only counts as the job's own
+when no other job ran at any time during it (`Measurement.alone`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from app.engine.device import Device
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    peak_bytes: int
+    run_s: float
+    alone: bool
+
+
+class Executor:
+    def __init__(self, device: Device, *, slots: int, cpu_threads: int = 0) -> None:
+        self.device = device
+        self.slots = slots
+        self._device_pool = ThreadPoolExecutor(slots, thread_name_prefix="vramgate-infer")
+        self._cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="vramgate-cpu")
+        self._lock = threading.Lock()  # guards _active and _starts
+        self._active = 0
+        self._starts = 0
+        self.torch_threads = self._size_torch_threads(cpu_threads)
+
+    def _size_torch_threads(self, cpu_threads: int) -> int:
+        """On the CPU, concurrent jobs × intra-op threads must not exceed the cores."""
+        if cpu_threads <= 0:
+            if self.device.torch_device.type != "cpu":
+                return torch.get_num_threads()
+            cpu_threads = max(1, (os.cpu_count() or 1) // self.slots)
+        torch.set_num_threads(cpu_threads)
+        return cpu_threads
+
+    async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._cpu_pool, fn, *args)
+
+    def submit_device(
+        self, fn: Callable[..., T], *args: Any
+    ) -> asyncio.Future[tuple[T, Measurement]]:
+        """Start `fn` on the inference pool. The future resolves when the device is done."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._device_pool, self._measured, fn, args)
+
+    def _measured(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[T, Measurement]:
+        with self._lock:
+            alone = self._active == 0
+            self._active += 1
+            self._starts += 1
+            my_start = self._starts
+            if alone:
+                self.device.begin_peak()
+            base = self.device.allocated()
+        started = time.perf_counter()
+        try:
+            result = fn(*args)
+            self.device.synchronize()
+            run_s = time.perf_counter() - started
+            with self._lock:
+                clean = alone and self._starts == my_start
+                peak = max(0, self.device.peak() - base) if clean else 0
+            return result, Measurement(peak, run_s, clean)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._device_pool.shutdown(wait=wait, cancel_futures=True)
+        self._cpu_pool.shutdown(wait=wait, cancel_futures=True)

@@ -1,0 +1,95 @@
+"""The model registry: handlers by name, loaded in the background at start."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.engine.device import Device
+from app.errors import ModelLoading, ModelNotFound
+from app.models.base import ModelHandler
+from app.models.embedding import EmbeddingHandler
+from app.models.simulated import SimulatedHandler
+from app.settings import ModelSpec
+
+log = logging.getLogger("vramgate.registry")
+
+State = Literal["waiting", "loading", "warming", "ready", "failed"]
+
+
+def make_handler(spec: ModelSpec) -> ModelHandler:
+    if spec.kind == "simulated":
+        return SimulatedHandler(spec)
+    return EmbeddingHandler(spec)
+
+
+@dataclass
+class ModelEntry:
+    handler: ModelHandler
+    state: State = "waiting"
+    weights_bytes: int = 0
+    load_s: float = 0.0
+    error: str | None = None
+
+
+class ModelRegistry:
+    def __init__(self, specs: tuple[ModelSpec, ...], device: Device) -> None:
+        self.device = device
+        self.entries = {spec.name: ModelEntry(make_handler(spec)) for spec in specs}
+        self.default_name = specs[0].name
+
+    def get(self, name: str) -> ModelHandler:
+        """The handler for `name` if it is ready to serve."""
+        entry = self.entries.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self.entries))
+            raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
+        if entry.state not in ("warming", "ready"):
+            if entry.state == "failed":
+                raise ModelNotFound(f"model {name!r} failed to load: {entry.error}", param="model")
+            raise ModelLoading(f"model {name!r} is still loading", retry_after=2)
+        return entry.handler
+
+    def load_all(self) -> None:
+        """Load every model (blocking; run in a background thread)."""
+        for name, entry in self.entries.items():
+            entry.state = "loading"
+            before = self.device.allocated()
+            started = time.perf_counter()
+            try:
+                entry.handler.load(self.device)
+                entry.handler.prime()
+            except Exception as exc:  # a broken model must not stop the others
+                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.error("model %s failed to load: %s", name, entry.error)
+                continue
+            entry.load_s = time.perf_counter() - started
+            entry.weights_bytes = max(0, self.device.allocated() - before)
+            entry.state = "warming"
+            log.info(
+                "model %s loaded in %.1fs (%s, %.1f MiB)",
+                name,
+                entry.load_s,
+                entry.handler.dtype,
+                entry.weights_bytes / 2**20,
+            )
+
+    @property
+    def all_ready(self) -> bool:
+        return all(e.state == "ready" for e in self.entries.values())
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": name,
+                "state": e.state,
+                "loaded": e.state in ("warming", "ready"),
+                "weights_bytes": e.weights_bytes,
+                "load_s": round(e.load_s, 3),
+                "error": e.error,
+                **e.handler.describe(),
+            }
+            for name, e in self.entries.items()
+        ]

@@ -1,0 +1,127 @@
+"""One error hierarchy. Each class fixes its HTTP status, OpenAI error type, stable
+code and metric label here, and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+# The server exits with this code after a fatal device error (illegal memory access,
+# device-side assert, launch failure): the CUDA context is poisoned and only a fresh
+# process can use the GPU again. The tray's supervisor restarts at once on it.
+EXIT_FATAL_DEVICE = 75
+
+
+class VramgateError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after: float | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+        self.details = details or {}
+
+    @property
+    def metric_label(self) -> str:
+        return self.code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-style error body, plus our details (queue depth, bytes...)."""
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.error_type,
+            "param": self.param,
+            "code": self.code,
+        }
+        error.update(self.details)
+        return {"error": error}
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
+
+
+class InvalidRequest(VramgateError):
+    status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidJson(InvalidRequest):
+    code = "invalid_json"
+
+
+class ModelNotFound(VramgateError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class BodyTooLarge(VramgateError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class ExceedsDevice(VramgateError):
+    """The job can never fit on this device, even with nothing else running."""
+
+    status = 413
+    error_type = "invalid_request_error"
+    code = "exceeds_device_memory"
+
+
+class Overloaded(VramgateError):
+    """Base of the 503s: the caller should come back after Retry-After."""
+
+    status = 503
+    error_type = "server_error"
+    code = "overloaded"
+
+
+class QueueFull(Overloaded):
+    code = "queue_full"
+
+
+class ModelLoading(Overloaded):
+    code = "model_loading"
+
+
+class OutOfMemory(Overloaded):
+    code = "out_of_memory"
+
+
+class ShuttingDown(Overloaded):
+    code = "shutting_down"
+
+
+class DeviceFailed(Overloaded):
+    code = "device_failed"
+
+
+class QueueTimeout(VramgateError):
+    status = 504
+    error_type = "server_error"
+    code = "queue_timeout"
+
+
+class ClientGone(VramgateError):
+    """The caller disconnected; nobody reads this, it only labels the metric."""
+
+    status = 499
+    error_type = "client_error"
+    code = "client_disconnected"
+
+
+class InternalError(VramgateError):
+    pass

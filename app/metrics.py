@@ -1,0 +1,92 @@
+"""Prometheus metrics (one registry per server) and the counters /status shows."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as PromCounter
+
+LATENCY_WINDOW = 2048
+_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Metrics:
+    """Names are listed in the README; labels are bounded (model names, error codes)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = PromCounter(
+            "vramgate_requests", "Requests by model and outcome", ["model", "outcome"], registry=r
+        )
+        self.rejections = PromCounter(
+            "vramgate_rejections", "Requests refused or failed, by reason", ["reason"], registry=r
+        )
+        self.ooms = PromCounter("vramgate_oom", "Out-of-memory errors during a job", registry=r)
+        self.queue_wait = Histogram(
+            "vramgate_queue_wait_seconds",
+            "Time spent waiting for admission",
+            ["model"],
+            buckets=_TIME_BUCKETS,
+            registry=r,
+        )
+        self.run_time = Histogram(
+            "vramgate_run_seconds",
+            "Time on the device",
+            ["model"],
+            buckets=_TIME_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("vramgate_queue_depth", "Jobs waiting", registry=r)
+        self.running = Gauge("vramgate_running_jobs", "Jobs on the device", registry=r)
+        self.pool = Gauge("vramgate_pool_bytes", "Bytes jobs may hold in total now", registry=r)
+        self.admitted = Gauge("vramgate_admitted_bytes", "Bytes held by running jobs", registry=r)
+        self.device_total = Gauge("vramgate_device_total_bytes", "Device memory", registry=r)
+        self.device_used = Gauge(
+            "vramgate_device_used_bytes", "Device memory in use by all processes", registry=r
+        )
+        self.device_ours = Gauge(
+            "vramgate_device_ours_bytes", "Device memory held by this server", registry=r
+        )
+        self.price = Gauge(
+            "vramgate_price_bytes", "Learned price per bucket", ["model", "bucket"], registry=r
+        )
+        self.ready = Gauge("vramgate_ready", "1 when the server is ready", registry=r)
+        # For /status: plain counters and a window of recent latencies.
+        self.served: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.oom_count = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+
+    def observe_success(self, model: str, wait_s: float, run_s: float, total_s: float) -> None:
+        self.requests.labels(model, "ok").inc()
+        self.queue_wait.labels(model).observe(wait_s)
+        self.run_time.labels(model).observe(run_s)
+        self.served[model] += 1
+        self.latencies.append(total_s)
+
+    def observe_failure(self, model: str, reason: str) -> None:
+        self.requests.labels(model, reason).inc()
+        self.rejections.labels(reason).inc()
+        self.rejected[reason] += 1
+
+    def observe_oom(self) -> None:
+        self.ooms.inc()
+        self.oom_count += 1
+
+    def latency_summary(self) -> dict[str, float]:
+        values = list(self.latencies)
+        return {
+            "count": len(values),
+            "p50_s": round(percentile(values, 0.50), 6),
+            "p95_s": round(percentile(values, 0.95), 6),
+            "p99_s": round(percentile(values, 0.99), 6),
+        }

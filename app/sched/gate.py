@@ -1,0 +1,249 @@
+"""MemoryGate: admits a job when its price in bytes fits in the pool AND a slot is free.
+
+Pure Python: no torch, no FastAPI, no asyncio; the clock and the pool are injected.
+The gate is owned by one thread (the server's event loop); it has no lock.
+
+Order: first come, first served among jobs that fit. A job at the head of the queue
+that does not fit yet may be overtaken by later, smaller jobs that fit now, at most
+`max_head_bypass` times; after that nothing passes it, so a large job is never starved
+by a stream of small ones. An *exclusive* job (an unseen bucket measured alone) runs
+only on an idle device and nothing runs beside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Ticket:
+    """A job waiting for admission. `expected_s` is its learned run time."""
+
+    nbytes: int
+    deadline: float
+    expected_s: float = 0.0
+    exclusive: bool = False
+    label: str = ""
+    enqueued_at: float = 0.0
+    bypassed: int = 0
+    id: int = field(default=0)
+    # Called (on the gate's thread) when the ticket is admitted, whichever call admits it.
+    on_admit: Callable[[Permit], None] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Permit:
+    """The right to run: holds `nbytes` of the pool and one slot until released."""
+
+    ticket_id: int
+    nbytes: int
+    exclusive: bool
+    expected_s: float
+    admitted_at: float
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class Admit:
+    permit: Permit
+
+
+@dataclass(frozen=True)
+class Wait:
+    position: int
+    estimated_wait_s: float
+
+
+@dataclass(frozen=True)
+class Reject:
+    reason: Literal["queue_full", "exceeds_device"]
+    needed: int
+    available: int
+    queue_depth: int
+    estimated_wait_s: float
+
+
+Decision = Admit | Wait | Reject
+
+
+def plan_admissions(
+    queue: Sequence[Ticket],
+    *,
+    free_bytes: int,
+    free_slots: int,
+    running: int,
+    exclusive_running: bool,
+    max_head_bypass: int,
+) -> list[int]:
+    """Which queued tickets (indices, in order) start now. Pure; tested with tables."""
+    if exclusive_running or free_slots <= 0:
+        return []
+    chosen: list[int] = []
+    head: Ticket | None = None  # the oldest ticket that is still waiting
+    for index, ticket in enumerate(queue):
+        if free_slots <= 0:
+            break
+        idle = running == 0 and not chosen
+        if ticket.exclusive:
+            if head is None and idle:
+                chosen.append(index)
+                break
+        elif ticket.nbytes <= free_bytes and (head is None or head.bypassed < max_head_bypass):
+            chosen.append(index)
+            free_bytes -= ticket.nbytes
+            free_slots -= 1
+            continue
+        if head is None:
+            head = ticket
+            if head.bypassed >= max_head_bypass:
+                break
+    return chosen
+
+
+class MemoryGate:
+    """Bytes + slots admission with a bounded FIFO queue and deadlines."""
+
+    def __init__(
+        self,
+        *,
+        pool: Callable[[], int],
+        capacity: Callable[[], int],
+        slots: int,
+        max_queue: int,
+        clock: Callable[[], float],
+        max_head_bypass: int = 16,
+    ) -> None:
+        if slots < 1:
+            raise ValueError("a gate needs at least one slot")
+        self._pool = pool  # bytes jobs may hold in total right now (follows the device)
+        self._capacity = capacity  # the most the pool could ever be on this device
+        self._clock = clock
+        self.slots = slots
+        self.max_queue = max_queue
+        self.max_head_bypass = max_head_bypass
+        self._queue: list[Ticket] = []
+        self._running: dict[int, Permit] = {}
+        self._ids = itertools.count(1)
+
+    # -- what is held -----------------------------------------------------------------
+    @property
+    def held_bytes(self) -> int:
+        return sum(p.nbytes for p in self._running.values())
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def waiting(self) -> tuple[Ticket, ...]:
+        return tuple(self._queue)
+
+    @property
+    def permits(self) -> tuple[Permit, ...]:
+        return tuple(self._running.values())
+
+    def pool_bytes(self) -> int:
+        return self._pool()
+
+    def oldest_wait_s(self) -> float:
+        if not self._queue:
+            return 0.0
+        return max(0.0, self._clock() - self._queue[0].enqueued_at)
+
+    def estimated_wait_s(self, position: int | None = None) -> float:
+        """Rough wait for a ticket at `position` (default: the tail) from learned run times."""
+        ahead = self._queue if position is None else self._queue[:position]
+        queued = sum(t.expected_s for t in ahead)
+        running = sum(p.expected_s for p in self._running.values()) / 2
+        return (queued + running) / self.slots
+
+    # -- decisions --------------------------------------------------------------------
+    def submit(self, ticket: Ticket, *, ignore_queue_limit: bool = False) -> Decision:
+        now = self._clock()
+        ticket.id = next(self._ids)
+        ticket.enqueued_at = now
+        capacity = self._capacity()
+        if ticket.nbytes > capacity:
+            return Reject("exceeds_device", ticket.nbytes, capacity, self.depth, 0.0)
+        self._queue.append(ticket)
+        admitted = self._admit(now)
+        mine = next((p for p in admitted if p.ticket_id == ticket.id), None)
+        if mine is not None:
+            return Admit(mine)
+        position = self._queue.index(ticket)
+        if position >= self.max_queue and not ignore_queue_limit:
+            self._queue.remove(ticket)
+            wait = self.estimated_wait_s()
+            return Reject("queue_full", ticket.nbytes, self.free_bytes(), self.depth, wait)
+        return Wait(position, self.estimated_wait_s(position))
+
+    def release(self, permit: Permit) -> list[Permit]:
+        """Give a permit back (idempotent) and return the permits this frees for waiters."""
+        self._running.pop(permit.ticket_id, None)
+        return self._admit(self._clock())
+
+    def cancel(self, ticket: Ticket) -> list[Permit]:
+        """Remove a waiting ticket (client gone, deadline passed). Idempotent."""
+        if any(t is ticket for t in self._queue):
+            self._queue.remove(ticket)
+        return self._admit(self._clock())
+
+    def expire(self) -> tuple[list[Ticket], list[Permit]]:
+        """Drop tickets whose deadline has passed; returns (expired, newly admitted)."""
+        now = self._clock()
+        expired = [t for t in self._queue if t.deadline <= now]
+        self._queue = [t for t in self._queue if t.deadline > now]
+        return expired, self._admit(now)
+
+    def pump(self) -> list[Permit]:
+        """Re-plan after the pool changed (memory freed by another program)."""
+        return self._admit(self._clock())
+
+    def drain_queue(self) -> list[Ticket]:
+        """Remove every waiting ticket (shutdown); running permits are untouched."""
+        waiting, self._queue = self._queue, []
+        return waiting
+
+    def free_bytes(self) -> int:
+        return self._pool() - self.held_bytes
+
+    def _admit(self, now: float) -> list[Permit]:
+        chosen = plan_admissions(
+            self._queue,
+            free_bytes=self.free_bytes(),
+            free_slots=self.slots - self.running,
+            running=self.running,
+            exclusive_running=any(p.exclusive for p in self._running.values()),
+            max_head_bypass=self.max_head_bypass,
+        )
+        if not chosen:
+            return []
+        picked = [self._queue[i] for i in chosen]
+        first_waiting = next((t for t in self._queue if t not in picked), None)
+        if first_waiting is not None and self._queue.index(first_waiting) < chosen[-1]:
+            overtakers = sum(1 for i in chosen if i > self._queue.index(first_waiting))
+            first_waiting.bypassed += overtakers
+        permits = []
+        for ticket in picked:
+            self._queue.remove(ticket)
+            permit = Permit(
+                ticket.id,
+                ticket.nbytes,
+                ticket.exclusive,
+                ticket.expected_s,
+                now,
+                now - ticket.enqueued_at,
+            )
+            self._running[ticket.id] = permit
+            permits.append(permit)
+        for ticket, permit in zip(picked, permits, strict=True):
+            if ticket.on_admit is not None:
+                ticket.on_admit(permit)
+        return permits

@@ -1,0 +1,405 @@
+"""InferenceService: the life of a request, from price to permit to measured peak.
+
+preprocess (CPU pool) → bucket → price (BudgetBook) → MemoryGate (admit / wait /
+reject) → forward (inference pool, peak measured) → record → postprocess (CPU pool).
+
+Every method runs on the event loop thread, which is the single owner of the gate and
+the book; only `forward` and pre/postprocessing run on other threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.engine.device import Device, MemorySnapshot
+from app.engine.executor import Executor, Measurement
+from app.engine.registry import ModelRegistry
+from app.errors import (
+    ClientGone,
+    DeviceFailed,
+    ExceedsDevice,
+    InternalError,
+    OutOfMemory,
+    QueueFull,
+    QueueTimeout,
+    ShuttingDown,
+    VramgateError,
+)
+from app.metrics import Metrics
+from app.models.base import ModelHandler, Prepared
+from app.sched.budget import BudgetBook, PriceKey, Quote
+from app.sched.gate import Admit, MemoryGate, Permit, Reject, Ticket
+from app.settings import Settings
+
+log = logging.getLogger("vramgate.service")
+
+HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
+SNAPSHOT_TTL_S = 0.05
+SAVE_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a request cost; sent back in headers and `usage`."""
+
+    bucket: str
+    price_bytes: int
+    price_source: str
+    queue_s: float
+    run_s: float
+    peak_bytes: int
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Vramgate-Bucket": self.bucket,
+            "X-Vramgate-Price-Bytes": str(self.price_bytes),
+            "X-Vramgate-Queue-Ms": f"{self.queue_s * 1000:.1f}",
+            "X-Vramgate-Run-Ms": f"{self.run_s * 1000:.1f}",
+        }
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: np.ndarray
+    tokens: int
+    cost: Cost
+
+
+class InferenceService:
+    def __init__(
+        self,
+        settings: Settings,
+        device: Device,
+        registry: ModelRegistry,
+        book: BudgetBook,
+        executor: Executor,
+        metrics: Metrics,
+        *,
+        on_fatal: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.device = device
+        self.registry = registry
+        self.book = book
+        self.executor = executor
+        self.metrics = metrics
+        self._on_fatal = on_fatal
+        self._clock = clock
+        self.reserve = (
+            int(settings.reserve) if settings.reserve is not None else device.default_reserve
+        )
+        self.baseline = 0  # our memory after the weights loaded; jobs are priced above it
+        self.state = "starting"  # starting | loading | warming | ready | stopping | failed
+        self.last_alive = clock()  # when a job last completed: a wedged device stops this
+        self._snap: tuple[float, MemorySnapshot] | None = None
+        self._waiters: dict[int, asyncio.Future[Permit]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.gate = MemoryGate(
+            pool=self.pool_bytes,
+            capacity=self.capacity_bytes,
+            slots=executor.slots,
+            max_queue=settings.max_queue,
+            clock=clock,
+            max_head_bypass=settings.max_head_bypass,
+        )
+
+    # -- memory ------------------------------------------------------------------------
+    def snapshot(self, fresh: bool = False) -> MemorySnapshot:
+        now = self._clock()
+        if fresh or self._snap is None or now - self._snap[0] > SNAPSHOT_TTL_S:
+            self._snap = (now, self.device.snapshot())
+        return self._snap[1]
+
+    def pool_bytes(self) -> int:
+        """What jobs may hold in total now: follows memory other programs take or free."""
+        snap = self.snapshot()
+        return max(0, snap.free_for_us + snap.ours_allocated - self.baseline - self.reserve)
+
+    def capacity_bytes(self) -> int:
+        """The most the pool could be, if every other program let go."""
+        return max(0, self.snapshot().total - self.baseline - self.reserve)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        self._tasks.append(asyncio.create_task(self._load_and_warm(), name="load"))
+
+    async def _load_and_warm(self) -> None:
+        self.state = "loading"
+        await asyncio.to_thread(self.registry.load_all)
+        self.baseline = self.snapshot(fresh=True).ours_allocated
+        self.state = "warming"
+        for name, entry in self.registry.entries.items():
+            if entry.state != "warming":
+                continue
+            try:
+                for inputs in entry.handler.warmup_inputs():
+                    await self.embed(name, inputs, probe=True)
+            except VramgateError as exc:
+                entry.state, entry.error = "failed", f"warm-up failed: {exc.message}"
+                log.error("model %s %s", name, entry.error)
+                continue
+            entry.state = "ready"
+        if self.state == "warming":
+            self.state = "ready" if self.registry.all_ready else "degraded"
+            self.last_alive = self._clock()
+            log.info("server %s; pool %.1f MiB", self.state, self.pool_bytes() / 2**20)
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name="probe"))
+
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Stop accepting, fail the waiting, let running jobs finish within `drain_s`."""
+        if self.state != "failed":
+            self.state = "stopping"
+        self._drop_waiting(ShuttingDown("the server is shutting down", retry_after=5))
+        deadline = self._clock() + drain_s
+        while self.gate.running and self._clock() < deadline:
+            await asyncio.sleep(0.05)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.book.save()
+        self.executor.shutdown(wait=False)
+
+    async def _housekeeping(self) -> None:
+        last_save = self._clock()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            expired, _ = self.gate.expire()
+            for ticket in expired:
+                self._fail_waiter(ticket.id, self._timeout_error())
+            self.gate.pump()
+            if self.book.dirty and self._clock() - last_save > SAVE_EVERY_S:
+                self.book.save()
+                last_save = self._clock()
+
+    async def _probe_loop(self) -> None:
+        """The readiness check's tiny real inference, so a wedged worker shows."""
+        name = self.registry.default_name
+        while True:
+            await asyncio.sleep(self.settings.health_interval)
+            with contextlib.suppress(VramgateError):
+                handler = self.registry.get(name)
+                await self.embed(name, handler.probe_input(), probe=True)
+
+    @property
+    def ready(self) -> bool:
+        stale_after = 3 * self.settings.health_interval + self.settings.queue_timeout
+        fresh = self._clock() - self.last_alive < stale_after
+        return self.state == "ready" and fresh
+
+    # -- the life of a request -----------------------------------------------------------
+    async def embed(
+        self,
+        model: str,
+        texts: list[str],
+        *,
+        gone: asyncio.Event | None = None,
+        probe: bool = False,
+    ) -> EmbeddingResult:
+        if self.state in ("stopping", "failed"):
+            raise ShuttingDown("the server is shutting down", retry_after=5)
+        handler = self.registry.get(model)
+        prepared = await self.executor.run_cpu(handler.preprocess, texts)
+        key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
+        quote = self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
+        started = self._clock()
+        outcome, measurement, waited = "error", None, 0.0
+        try:
+            permit = await self._admit(quote, key, gone, probe)
+            waited = permit.waited_s
+            raw, measurement = await self._forward(handler, prepared, permit, key)
+            vectors = await self.executor.run_cpu(handler.postprocess, raw)
+            outcome = "ok"
+        except VramgateError as exc:
+            outcome = exc.code
+            self.metrics.observe_failure(model, exc.metric_label)
+            raise
+        finally:
+            self._log_request(key, quote, waited, measurement, outcome)
+        self.last_alive = self._clock()
+        self.metrics.observe_success(model, waited, measurement.run_s, self._clock() - started)
+        cost = Cost(
+            prepared.bucket.label,
+            quote.nbytes,
+            quote.source,
+            waited,
+            measurement.run_s,
+            measurement.peak_bytes,
+        )
+        return EmbeddingResult(vectors, prepared.tokens, cost)
+
+    async def _admit(
+        self, quote: Quote, key: PriceKey, gone: asyncio.Event | None, probe: bool
+    ) -> Permit:
+        nbytes = min(quote.nbytes, self.capacity_bytes()) if quote.exclusive else quote.nbytes
+        loop = asyncio.get_running_loop()
+        admitted: asyncio.Future[Permit] = loop.create_future()
+        ticket = Ticket(
+            nbytes=nbytes,
+            deadline=self._clock() + self.settings.queue_timeout,
+            expected_s=quote.expected_s,
+            exclusive=quote.exclusive,
+            label=f"{key.model}/{key.bucket}",
+            on_admit=lambda permit: admitted.done() or admitted.set_result(permit),
+        )
+        decision = self.gate.submit(ticket, ignore_queue_limit=probe)
+        if isinstance(decision, Admit):
+            return decision.permit
+        if isinstance(decision, Reject):
+            raise self._rejection(decision)
+        self._waiters[ticket.id] = admitted
+        try:
+            return await self._wait_admitted(ticket, admitted, gone)
+        finally:
+            self._waiters.pop(ticket.id, None)
+
+    async def _wait_admitted(
+        self, ticket: Ticket, admitted: asyncio.Future[Permit], gone: asyncio.Event | None
+    ) -> Permit:
+        watcher = asyncio.ensure_future(gone.wait()) if gone is not None else None
+        try:
+            waits = {admitted} if watcher is None else {admitted, watcher}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._abandon(ticket, admitted)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if admitted.done():
+            return admitted.result()  # a permit, or the timeout/shutdown error set on it
+        self._abandon(ticket, admitted)
+        raise ClientGone("the client disconnected while queued")
+
+    def _abandon(self, ticket: Ticket, admitted: asyncio.Future[Permit]) -> None:
+        """Take a ticket out of the queue; a permit granted meanwhile goes straight back."""
+        self.gate.cancel(ticket)
+        if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
+            self._release(admitted.result())
+
+    async def _forward(
+        self, handler: ModelHandler, prepared: Prepared, permit: Permit, key: PriceKey
+    ) -> tuple[Any, Measurement]:
+        job = self.executor.submit_device(handler.forward, prepared)
+        try:
+            raw, measurement = await asyncio.shield(job)
+        except Exception as exc:
+            raise self._job_failed(exc, key, prepared, permit) from exc
+        finally:
+            # The permit's bytes are in use until the device is really done with the job,
+            # even if our caller was cancelled meanwhile.
+            if job.done():
+                self._release(permit)
+            else:
+                job.add_done_callback(lambda done: self._release_after(done, permit))
+        if measurement.alone:
+            self.book.record(key, prepared.bucket.size, measurement.peak_bytes, measurement.run_s)
+        else:
+            self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
+        return raw, measurement
+
+    def _job_failed(
+        self, exc: BaseException, key: PriceKey, prepared: Prepared, permit: Permit
+    ) -> VramgateError:
+        if self.device.is_oom(exc):
+            self.metrics.observe_oom()
+            self.device.empty_cache()
+            self.book.penalize(
+                key, prepared.bucket.size, alone=permit.exclusive, pool=self.pool_bytes()
+            )
+            log.warning("out of memory in %s/%s: %s", key.model, key.bucket, exc)
+            return OutOfMemory(
+                "the device ran out of memory for this request; its price was raised, "
+                "retry after the indicated time",
+                retry_after=max(1.0, self.gate.estimated_wait_s()),
+            )
+        if self.device.is_fatal(exc):
+            self._fatal(exc)
+            return DeviceFailed("the device failed; the server is restarting", retry_after=10)
+        log.error("model %s failed: %s: %s", key.model, type(exc).__name__, exc, exc_info=exc)
+        return InternalError("the model failed on this request")
+
+    def _release(self, permit: Permit) -> None:
+        self.gate.release(permit)
+
+    def _release_after(self, done: asyncio.Future[Any], permit: Permit) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved: the caller that wanted it is gone
+        self._release(permit)
+
+    # -- failures ----------------------------------------------------------------------
+    def _rejection(self, decision: Reject) -> VramgateError:
+        if decision.reason == "exceeds_device":
+            return ExceedsDevice(
+                f"this request needs {decision.needed} bytes of device memory; at most "
+                f"{decision.available} can ever be available on this device",
+                details={"needed_bytes": decision.needed, "available_bytes": decision.available},
+            )
+        wait = max(1.0, decision.estimated_wait_s)
+        return QueueFull(
+            f"the queue is full ({decision.queue_depth} waiting); retry in {wait:.0f}s",
+            retry_after=wait,
+            details={
+                "reason": "queue_full",
+                "queue_depth": decision.queue_depth,
+                "estimated_wait_s": round(decision.estimated_wait_s, 3),
+            },
+        )
+
+    def _timeout_error(self) -> QueueTimeout:
+        wait = max(1.0, self.gate.estimated_wait_s())
+        return QueueTimeout(
+            f"waited {self.settings.queue_timeout:g}s in the queue without being admitted",
+            retry_after=wait,
+            details={"queue_depth": self.gate.depth},
+        )
+
+    def _fail_waiter(self, ticket_id: int, error: VramgateError) -> None:
+        waiter = self._waiters.get(ticket_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def _drop_waiting(self, error: VramgateError) -> None:
+        for ticket in self.gate.drain_queue():
+            self._fail_waiter(ticket.id, error)
+
+    def _fatal(self, exc: BaseException) -> None:
+        if self.state == "failed":
+            return
+        self.state = "failed"
+        log.critical("fatal device error, the server will exit: %s", exc)
+        self._drop_waiting(DeviceFailed("the device failed; retry shortly", retry_after=10))
+        self._on_fatal()
+
+    def _log_request(
+        self,
+        key: PriceKey,
+        quote: Quote,
+        waited: float,
+        measurement: Measurement | None,
+        outcome: str,
+    ) -> None:
+        run_s = measurement.run_s if measurement else 0.0
+        peak = measurement.peak_bytes if measurement and measurement.alone else None
+        log.info(
+            "request model=%s bucket=%s price=%d%s queue_ms=%.1f run_ms=%.1f peak=%s outcome=%s",
+            key.model,
+            key.bucket,
+            quote.nbytes,
+            "(exclusive)" if quote.exclusive else "",
+            waited * 1000,
+            run_s * 1000,
+            peak if peak is not None else "-",
+            outcome,
+        )

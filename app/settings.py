@@ -1,0 +1,220 @@
+"""One frozen Settings object: defaults < TOML config file < VRAMGATE_* env < CLI flags.
+
+Nothing else in vramgate reads the environment. The object is built once at start
+(`load_settings`) and passed down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+APP_NAME = "vramgate"
+ENV_PREFIX = "VRAMGATE_"
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_DEVICE_PATTERN = re.compile(
+    r"^(auto|cpu|cuda(:\d{1,2})?|simulated:(?P<size>\d+(\.\d+)?\s*[KMGT]i?B))$"
+)
+_BYTES = TypeAdapter(ByteSize)
+
+
+def parse_bytes(text: str | int) -> int:
+    """Parse '512MiB', '2GiB' or a plain number of bytes."""
+    return int(_BYTES.validate_python(text))
+
+
+class SimulatedBucket(BaseModel):
+    """One declared bucket of the simulated model: inputs up to `size` words cost `bytes`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    size: int = Field(ge=1, le=1_000_000)
+    bytes: ByteSize
+    run_ms: float = Field(ge=0, le=600_000)
+
+
+DEFAULT_SIMULATED_BUCKETS: tuple[SimulatedBucket, ...] = (
+    SimulatedBucket(size=16, bytes=ByteSize(50 * 2**20), run_ms=20),
+    SimulatedBucket(size=64, bytes=ByteSize(200 * 2**20), run_ms=40),
+    SimulatedBucket(size=256, bytes=ByteSize(600 * 2**20), run_ms=80),
+    SimulatedBucket(size=1024, bytes=ByteSize(1536 * 2**20), run_ms=160),
+)
+
+
+class FaultInjection(BaseModel):
+    """Faults the simulated model raises on its k-th forward call (1-based), for tests."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    oom_on_calls: tuple[int, ...] = ()
+    fatal_on_calls: tuple[int, ...] = ()
+    error_on_calls: tuple[int, ...] = ()
+
+
+class ModelSpec(BaseModel):
+    """One model to serve. `kind` picks the handler; `path` None means the embedded model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    kind: Literal["embedding", "simulated"] = "embedding"
+    path: Path | None = None
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_batch: int = Field(default=32, ge=1, le=1024)
+    buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS
+    inject: FaultInjection = FaultInjection()
+
+    @classmethod
+    def parse_cli(cls, text: str) -> ModelSpec:
+        """`NAME=KIND` or `NAME=KIND:PATH`, e.g. `sim=simulated`, `bge=embedding:/models/bge`."""
+        name, sep, rest = text.partition("=")
+        if not sep:
+            raise ValueError(f"model spec {text!r} is not NAME=KIND[:PATH]")
+        kind, _, path = rest.partition(":")
+        return cls(name=name, kind=kind, path=Path(path) if path else None)  # type: ignore[arg-type]
+
+
+def default_config_file() -> Path:
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)) / "config.toml"
+
+
+class Settings(BaseSettings):
+    """Every knob of the server. Field descriptions double as `--help` text."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
+    port: int = Field(8450, ge=0, le=65535, description="TCP port (0 picks a free one)")
+    device: str = Field(
+        "auto", description="auto | cpu | cuda[:N] | simulated:<size> such as simulated:8GiB"
+    )
+    reserve: ByteSize | None = Field(
+        None,
+        description="device memory never handed to jobs (default: 512MiB on CUDA, "
+        "1GiB of RAM on CPU, 0 when simulated)",
+    )
+    max_queue: int = Field(256, ge=0, le=100_000, description="requests that may wait at once")
+    queue_timeout: float = Field(
+        60.0, gt=0, le=3600, description="seconds a request may wait in the queue before 504"
+    )
+    max_concurrent: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="jobs on the device at once (0: 4 on CUDA, 1 on CPU, 8 simulated)",
+    )
+    max_head_bypass: int = Field(
+        16,
+        ge=0,
+        le=10_000,
+        description="how often smaller jobs may overtake the job at the head of the queue",
+    )
+    cpu_threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads (0: auto)")
+    models: tuple[ModelSpec, ...] = Field(
+        (ModelSpec(name=DEFAULT_MODEL_NAME),),
+        description="models to serve, NAME=KIND[:PATH] on the command line (repeatable)",
+    )
+    max_body_bytes: ByteSize = Field(
+        ByteSize(4 * 2**20), description="largest request body accepted (413 beyond)"
+    )
+    max_inputs: int = Field(256, ge=1, le=4096, description="inputs in one embeddings request")
+    max_input_chars: int = Field(
+        50_000, ge=1, le=10_000_000, description="characters in one input string"
+    )
+    health_interval: float = Field(
+        30.0, ge=0.5, le=3600, description="seconds between the readiness probe's tiny inferences"
+    )
+    data_dir: Path | None = Field(
+        None, description="learned prices live here (default: user data dir)"
+    )
+    log_dir: Path | None = Field(None, description="rotating log files (default: user log dir)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        match = _DEVICE_PATTERN.match(value.strip())
+        if not match:
+            raise ValueError(f"device {value!r} is not auto, cpu, cuda[:N] or simulated:<size>")
+        if match.group("size") and parse_bytes(match.group("size")) <= 0:
+            raise ValueError("a simulated device needs a positive size")
+        return value.strip()
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, value: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
+        names = [m.name for m in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        if not value:
+            raise ValueError("at least one model is needed")
+        return value
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir or Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+    @property
+    def resolved_log_dir(self) -> Path:
+        return self.log_dir or Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
+
+    def simulated_capacity(self) -> int | None:
+        match = _DEVICE_PATTERN.match(self.device)
+        size = match.group("size") if match else None
+        return parse_bytes(size) if size else None
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved settings for the start-up log line (no secrets exist yet)."""
+        return self.model_dump(mode="json")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open("rb") as handle:
+        return tomllib.load(handle)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from the TOML config file, lowest priority above the defaults."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build the one Settings object. `cli` holds only the flags the user gave."""
+    path = config_file or Path(os.environ.get(ENV_PREFIX + "CONFIG") or default_config_file())
+    file_data = read_config_file(path)
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _FileSource(settings_cls, file_data))
+
+    layered = _Layered(**(cli or {}))
+    return Settings.model_construct(**dict(layered))
