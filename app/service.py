@@ -143,7 +143,8 @@ class InferenceService:
                 continue
             try:
                 for inputs in entry.handler.warmup_inputs():
-                    await self.embed(name, inputs, probe=True)
+                    with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
+                        await self.embed(name, inputs, probe=True)
             except VramgateError as exc:
                 entry.state, entry.error = "failed", f"warm-up failed: {exc.message}"
                 log.error("model %s %s", name, entry.error)
@@ -242,7 +243,9 @@ class InferenceService:
     async def _admit(
         self, quote: Quote, key: PriceKey, gone: asyncio.Event | None, probe: bool
     ) -> Permit:
-        nbytes = min(quote.nbytes, self.capacity_bytes()) if quote.exclusive else quote.nbytes
+        nbytes = quote.nbytes
+        if quote.exclusive:  # a guess: run alone whatever it says, unless proven too big
+            nbytes = max(min(nbytes, self.capacity_bytes()), quote.floor)
         loop = asyncio.get_running_loop()
         admitted: asyncio.Future[Permit] = loop.create_future()
         ticket = Ticket(

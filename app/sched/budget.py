@@ -48,6 +48,7 @@ class Quote:
     exclusive: bool
     source: Literal["learned", "neighbour", "extrapolated", "unseen"]
     expected_s: float
+    floor: int = 0  # proven need: the bucket failed alone with this much memory
 
 
 def p95(values: list[int]) -> int:
@@ -99,8 +100,8 @@ class BudgetBook:
         if smaller is not None:
             low_size, low_price = smaller
             guess = math.ceil(low_price * size / max(low_size, 1) * EXTRAPOLATION_MARGIN)
-            return Quote(max(guess, floor, prior), True, "extrapolated", expected)
-        return Quote(max(prior, floor), True, "unseen", expected)
+            return Quote(max(guess, floor, prior), True, "extrapolated", expected, floor)
+        return Quote(max(prior, floor), True, "unseen", expected, floor)
 
     def record(self, key: PriceKey, size: int, peak: int, run_s: float) -> None:
         """A peak measured while the job ran alone (a clean sample)."""

@@ -83,23 +83,26 @@ def plan_admissions(
         return []
     chosen: list[int] = []
     head: Ticket | None = None  # the oldest ticket that is still waiting
+    overtakes = 0  # admissions past the head in this pass
     for index, ticket in enumerate(queue):
         if free_slots <= 0:
             break
         idle = running == 0 and not chosen
+        may_pass = head is None or head.bypassed + overtakes < max_head_bypass
         if ticket.exclusive:
-            if head is None and idle:
+            if head is None and idle and ticket.nbytes <= free_bytes:
                 chosen.append(index)
                 break
-        elif ticket.nbytes <= free_bytes and (head is None or head.bypassed < max_head_bypass):
+        elif ticket.nbytes <= free_bytes and may_pass:
             chosen.append(index)
             free_bytes -= ticket.nbytes
             free_slots -= 1
+            overtakes += head is not None
             continue
         if head is None:
             head = ticket
-            if head.bypassed >= max_head_bypass:
-                break
+        if head.bypassed + overtakes >= max_head_bypass:
+            break
     return chosen
 
 
