@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.live import Live, live_server, make_settings
+
+
+@pytest.fixture(scope="session")
+def minilm(tmp_path_factory: pytest.TempPathFactory):
+    """One server with the embedded all-MiniLM-L6-v2 on the CPU, shared by the session."""
+    tmp = tmp_path_factory.mktemp("minilm")
+    with live_server(make_settings(tmp, device="cpu")) as live:
+        yield live
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """Start servers with given settings; each one stops when the test ends."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+
+        def start(ready: bool = True, **overrides) -> Live:
+            settings = make_settings(tmp_path, **overrides)
+            return stack.enter_context(live_server(settings, ready=ready))
+
+        yield start

@@ -1,0 +1,78 @@
+"""A real server on loopback for tests: uvicorn in a thread, real HTTP, the real app."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from app.api.app import create_app
+from app.engine.device import Device
+from app.service import InferenceService
+from app.settings import Settings, load_settings
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Settings isolated in `tmp_path` (no user config file, own data and log dirs)."""
+    base = {"data_dir": tmp_path / "data", "log_dir": tmp_path / "log", "port": 0}
+    return load_settings({**base, **overrides}, tmp_path / "no-config.toml")
+
+
+@dataclass
+class Live:
+    url: str
+    app: FastAPI
+    server: uvicorn.Server
+    fatal_calls: list[float] = field(default_factory=list)
+
+    @property
+    def service(self) -> InferenceService:
+        return self.app.state.service
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/status", timeout=30).json()
+
+
+def wait_until(predicate: Any, timeout: float = 120.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not reached within {timeout}s")
+
+
+@contextlib.contextmanager
+def live_server(
+    settings: Settings, *, device: Device | None = None, ready: bool = True
+) -> Iterator[Live]:
+    fatal_calls: list[float] = []
+    app = create_app(settings, device=device, on_fatal=lambda: fatal_calls.append(time.time()))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=settings.port, log_config=None, access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="live-server", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 60, "server start")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        live = Live(f"http://127.0.0.1:{port}", app, server, fatal_calls)
+        if ready:
+            wait_until(lambda: live.service.ready, 180, "readiness")
+        yield live
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        assert not thread.is_alive(), "the server did not stop"
