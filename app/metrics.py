@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics
 from prometheus_client import Counter as PromCounter
+
+disable_created_metrics()  # no `*_created` series: they double the families for no use
 
 LATENCY_WINDOW = 2048
 _TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
