@@ -67,6 +67,7 @@ class ModelHandler(ABC):
     def prime(self) -> None:
         """One unmeasured forward right after loading, so one-time lazy allocations
         (kernels, thread pools) land in the weights baseline and not in a bucket's price."""
+        return None
 
     def warmup_inputs(self) -> list[list[str]]:
         """Requests run once after loading so the common buckets have learned prices."""

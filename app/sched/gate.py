@@ -74,36 +74,70 @@ def plan_admissions(
     *,
     free_bytes: int,
     free_slots: int,
-    running: int,
+    running: Sequence[tuple[int, float]],
+    now: float,
     exclusive_running: bool,
     max_head_bypass: int,
 ) -> list[int]:
-    """Which queued tickets (indices, in order) start now. Pure; tested with tables."""
+    """Which queued tickets (indices, in order) start now. Pure; tested with tables.
+
+    `running` holds (bytes, expected end) of the jobs on the device. Tickets start in
+    order while they fit. The first that does not (the head) gets a reservation: the
+    time enough running jobs are expected to have ended for it to fit. A later ticket
+    may overtake it only if it fits now and either ends before that time or fits in
+    what will be spare when the head starts (EASY backfilling), and only while the head
+    has been overtaken fewer than `max_head_bypass` times, a bound that holds even when
+    run-time estimates are wrong.
+    """
     if exclusive_running or free_slots <= 0:
         return []
+    ends = list(running)
     chosen: list[int] = []
-    head: Ticket | None = None  # the oldest ticket that is still waiting
-    overtakes = 0  # admissions past the head in this pass
+    head: Ticket | None = None
+    shadow, spare, overtakes = 0.0, 0, 0
     for index, ticket in enumerate(queue):
         if free_slots <= 0:
             break
-        idle = running == 0 and not chosen
-        may_pass = head is None or head.bypassed + overtakes < max_head_bypass
-        if ticket.exclusive:
-            if head is None and idle and ticket.nbytes <= free_bytes:
-                chosen.append(index)
-                break
-        elif ticket.nbytes <= free_bytes and may_pass:
-            chosen.append(index)
-            free_bytes -= ticket.nbytes
-            free_slots -= 1
-            overtakes += head is not None
-            continue
+        fits = ticket.nbytes <= free_bytes
         if head is None:
+            if ticket.exclusive:
+                fits = fits and not ends
+            if fits:
+                chosen.append(index)
+                free_bytes -= ticket.nbytes
+                free_slots -= 1
+                ends.append((ticket.nbytes, now + ticket.expected_s))
+                if ticket.exclusive:
+                    break
+                continue
             head = ticket
+            shadow, spare = _reservation(ticket, free_bytes, ends)
+        elif head.bypassed + overtakes >= max_head_bypass:
+            break
+        elif fits and not ticket.exclusive:
+            ends_in_time = now + ticket.expected_s <= shadow
+            if ends_in_time or ticket.nbytes <= spare:
+                spare -= 0 if ends_in_time else ticket.nbytes
+                chosen.append(index)
+                free_bytes -= ticket.nbytes
+                free_slots -= 1
+                overtakes += 1
         if head.bypassed + overtakes >= max_head_bypass:
             break
     return chosen
+
+
+def _reservation(head: Ticket, free_bytes: int, ends: list[tuple[int, float]]) -> tuple[float, int]:
+    """When the blocked `head` is expected to fit, and the bytes spare beside it then."""
+    available, shadow = free_bytes, float("inf")
+    for nbytes, end in sorted(ends, key=lambda e: e[1]):
+        if available >= head.nbytes and not head.exclusive:
+            break
+        available += nbytes
+        shadow = end
+    if available < head.nbytes:
+        return float("inf"), 0  # only memory other programs hold can let it in
+    return shadow, 0 if head.exclusive else available - head.nbytes
 
 
 class MemoryGate:
@@ -222,7 +256,8 @@ class MemoryGate:
             self._queue,
             free_bytes=self.free_bytes(),
             free_slots=self.slots - self.running,
-            running=self.running,
+            running=[(p.nbytes, p.admitted_at + p.expected_s) for p in self._running.values()],
+            now=now,
             exclusive_running=any(p.exclusive for p in self._running.values()),
             max_head_bypass=self.max_head_bypass,
         )

@@ -42,8 +42,10 @@ def prices(live) -> dict[str, int]:
 
 def test_simulated_full_queue_gets_503_with_retry_after_and_reasons(server_factory):
     live = server_factory(
-        device="simulated:1GiB", models=(sim((16, 100 * MiB, 400)),),
-        max_concurrent=1, max_queue=1,
+        device="simulated:1GiB",
+        models=(sim((16, 100 * MiB, 400)),),
+        max_concurrent=1,
+        max_queue=1,
     )
     responses = asyncio.run(post_many(live.url, [body()] * 4))
     codes = sorted(r.status_code for r in responses)
@@ -58,8 +60,10 @@ def test_simulated_full_queue_gets_503_with_retry_after_and_reasons(server_facto
 
 def test_simulated_deadline_in_queue_gets_504(server_factory):
     live = server_factory(
-        device="simulated:1GiB", models=(sim((16, 100 * MiB, 1500)),),
-        max_concurrent=1, queue_timeout=0.3,
+        device="simulated:1GiB",
+        models=(sim((16, 100 * MiB, 1500)),),
+        max_concurrent=1,
+        queue_timeout=0.3,
     )
     responses = asyncio.run(post_many(live.url, [body(), body()]))
     assert sorted(r.status_code for r in responses) == [200, 504]

@@ -41,8 +41,12 @@ def test_float_and_base64_agree_and_costs_are_reported(minilm):
     floats = np.asarray(plain.json()["data"][0]["embedding"], dtype=np.float32)
     decoded = np.frombuffer(base64.b64decode(packed.json()["data"][0]["embedding"]), "<f4")
     np.testing.assert_allclose(floats, decoded, rtol=1e-5, atol=1e-6)
-    for header in ("X-Vramgate-Bucket", "X-Vramgate-Price-Bytes", "X-Vramgate-Queue-Ms",
-                   "X-Vramgate-Run-Ms"):
+    for header in (
+        "X-Vramgate-Bucket",
+        "X-Vramgate-Price-Bytes",
+        "X-Vramgate-Queue-Ms",
+        "X-Vramgate-Run-Ms",
+    ):
         assert header in plain.headers
     usage = plain.json()["usage"]
     assert usage["vram_bytes"] == int(plain.headers["X-Vramgate-Price-Bytes"]) > 0
@@ -74,21 +78,34 @@ BAD_INPUTS = [
     pytest.param({"model": MODEL, "input": ""}, 400, "invalid_request", id="empty string"),
     pytest.param({"model": MODEL, "input": []}, 400, "invalid_request", id="empty list"),
     pytest.param({"model": MODEL}, 400, "invalid_request", id="no input"),
-    pytest.param({"model": MODEL, "input": ["a"] * 100_000}, 400, "invalid_request",
-                 id="100k strings"),
-    pytest.param({"model": MODEL, "input": "x" * 10_000_000}, 413, "request_too_large",
-                 id="10 MB string"),
-    pytest.param({"model": "no-such-model", "input": "x"}, 404, "model_not_found",
-                 id="unknown model"),
-    pytest.param({"model": "../../etc/passwd", "input": "x"}, 400, "invalid_request",
-                 id="path as model name"),
+    pytest.param(
+        {"model": MODEL, "input": ["a"] * 100_000}, 400, "invalid_request", id="100k strings"
+    ),
+    pytest.param(
+        {"model": MODEL, "input": "x" * 10_000_000}, 413, "request_too_large", id="10 MB string"
+    ),
+    pytest.param(
+        {"model": "no-such-model", "input": "x"}, 404, "model_not_found", id="unknown model"
+    ),
+    pytest.param(
+        {"model": "../../etc/passwd", "input": "x"}, 400, "invalid_request", id="path as model name"
+    ),
     pytest.param({"model": MODEL, "input": [1, 2, 3]}, 400, "invalid_request", id="token ids"),
-    pytest.param({"model": MODEL, "input": "x", "encoding_format": "int8"}, 400,
-                 "invalid_request", id="bad encoding"),
-    pytest.param({"model": MODEL, "input": "x", "dimensions": 10**9}, 400, "invalid_request",
-                 id="absurd dimensions"),
-    pytest.param({"model": MODEL, "input": "x", "surprise": 1}, 400, "invalid_request",
-                 id="unknown field"),
+    pytest.param(
+        {"model": MODEL, "input": "x", "encoding_format": "int8"},
+        400,
+        "invalid_request",
+        id="bad encoding",
+    ),
+    pytest.param(
+        {"model": MODEL, "input": "x", "dimensions": 10**9},
+        400,
+        "invalid_request",
+        id="absurd dimensions",
+    ),
+    pytest.param(
+        {"model": MODEL, "input": "x", "surprise": 1}, 400, "invalid_request", id="unknown field"
+    ),
 ]
 
 
@@ -97,8 +114,10 @@ def test_bad_input_gets_an_openai_error_and_changes_nothing(minilm, payload, sta
     before = minilm.status()
     if isinstance(payload, bytes):
         response = httpx.post(
-            minilm.url + "/v1/embeddings", content=payload,
-            headers={"Content-Type": "application/json"}, timeout=60,
+            minilm.url + "/v1/embeddings",
+            content=payload,
+            headers={"Content-Type": "application/json"},
+            timeout=60,
         )
     else:
         response = httpx.post(minilm.url + "/v1/embeddings", json=payload, timeout=60)
@@ -119,8 +138,10 @@ def test_chunked_body_over_the_limit_is_refused_while_streaming(minilm):
         yield b'"}'
 
     response = httpx.post(
-        minilm.url + "/v1/embeddings", content=chunks(),
-        headers={"Content-Type": "application/json"}, timeout=60,
+        minilm.url + "/v1/embeddings",
+        content=chunks(),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"

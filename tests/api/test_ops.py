@@ -37,11 +37,20 @@ def test_metrics_parse_with_prometheus_own_parser_and_are_documented(minilm):
     httpx.post(minilm.url + "/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"})
     text = httpx.get(minilm.url + "/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("vramgate_requests", "vramgate_queue_depth", "vramgate_pool_bytes",
-                 "vramgate_price_bytes", "vramgate_queue_wait_seconds", "vramgate_ready"):
+    for name in (
+        "vramgate_requests",
+        "vramgate_queue_depth",
+        "vramgate_pool_bytes",
+        "vramgate_price_bytes",
+        "vramgate_queue_wait_seconds",
+        "vramgate_ready",
+    ):
         assert name in families, name
-    ok = [s for s in families["vramgate_requests"].samples
-          if s.name == "vramgate_requests_total" and s.labels["outcome"] == "ok"]
+    ok = [
+        s
+        for s in families["vramgate_requests"].samples
+        if s.name == "vramgate_requests_total" and s.labels["outcome"] == "ok"
+    ]
     assert ok and ok[0].value >= 1
     documented = set(re.findall(r"`(vramgate_[a-z_]+)`", README.read_text()))
     assert set(families) <= documented, set(families) - documented
@@ -51,8 +60,10 @@ def test_metrics_parse_with_prometheus_own_parser_and_are_documented(minilm):
 def test_learned_prices_survive_a_restart(tmp_path):
     settings = make_settings(tmp_path, device="cpu")
     with live_server(settings) as first:
-        httpx.post(first.url + "/v1/embeddings",
-                   json={"model": "all-MiniLM-L6-v2", "input": ["one", "two", "three"]})
+        httpx.post(
+            first.url + "/v1/embeddings",
+            json={"model": "all-MiniLM-L6-v2", "input": ["one", "two", "three"]},
+        )
         learned = first.status()["models"][0]["prices"]
     assert (tmp_path / "data" / "prices.json").is_file()
     with live_server(settings, ready=False) as second:

@@ -84,5 +84,5 @@ def test_cuda_without_a_driver_says_so(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     settings = load_settings({"device": "cuda:0"}, tmp_path / "none.toml")
-    with pytest.raises(RuntimeError, match="NVIDIA driver|CUDA"):
+    with pytest.raises(RuntimeError, match=r"NVIDIA driver|CUDA"):
         make_device(settings)

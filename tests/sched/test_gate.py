@@ -20,60 +20,108 @@ class FakeClock:
 def make_gate(pool: int = 100, slots: int = 4, max_queue: int = 8, bypass: int = 2):
     clock = FakeClock()
     gate = MemoryGate(
-        pool=lambda: pool, capacity=lambda: pool, slots=slots, max_queue=max_queue,
-        clock=clock, max_head_bypass=bypass,
+        pool=lambda: pool,
+        capacity=lambda: pool,
+        slots=slots,
+        max_queue=max_queue,
+        clock=clock,
+        max_head_bypass=bypass,
     )
     return gate, clock
 
 
-def t(nbytes: int, *, exclusive: bool = False, deadline: float = 1e9, bypassed: int = 0) -> Ticket:
-    return Ticket(nbytes=nbytes, deadline=deadline, exclusive=exclusive, bypassed=bypassed)
+def t(
+    nbytes: int,
+    *,
+    exclusive: bool = False,
+    deadline: float = 1e9,
+    bypassed: int = 0,
+    expected_s: float = 1.0,
+) -> Ticket:
+    return Ticket(
+        nbytes=nbytes,
+        deadline=deadline,
+        exclusive=exclusive,
+        bypassed=bypassed,
+        expected_s=expected_s,
+    )
 
 
-# (queue sizes, free bytes, free slots, running, max bypass) -> admitted indices
+def plan(queue, *, free, slots=4, running=(), bypass=2, exclusive_running=False):
+    """`running`: (bytes, expected end) of jobs on the device; now is 0."""
+    return plan_admissions(
+        queue,
+        free_bytes=free,
+        free_slots=slots,
+        running=list(running),
+        now=0.0,
+        exclusive_running=exclusive_running,
+        max_head_bypass=bypass,
+    )
+
+
+# (queue as (bytes, expected seconds), free bytes, free slots, running, bypass) -> indices
+LONG = [(50, 10.0)]  # one job holding 50 bytes that is expected to end at t=10
 PLAN_TABLE = [
-    pytest.param([10, 20], 100, 4, 0, 2, [0, 1], id="all fit in order"),
-    pytest.param([60, 60], 100, 4, 0, 2, [0], id="second waits for bytes"),
-    pytest.param([10, 10, 10], 100, 2, 0, 2, [0, 1], id="slots bound the count"),
-    pytest.param([90, 10], 50, 4, 1, 2, [1], id="small overtakes a blocked head"),
-    pytest.param([90, 10, 10, 10], 50, 4, 1, 2, [1, 2], id="overtaking stops at the bypass cap"),
-    pytest.param([], 100, 4, 0, 2, [], id="empty queue"),
-    pytest.param([10], 100, 0, 4, 2, [], id="no free slot"),
-    pytest.param([10], -5, 4, 1, 2, [], id="pool shrank below what is held"),
+    pytest.param([(10, 1), (20, 1)], 100, 4, [], 2, [0, 1], id="all fit in order"),
+    pytest.param([(60, 1), (60, 1)], 100, 4, [], 2, [0], id="second waits for bytes"),
+    pytest.param([(10, 1)] * 3, 100, 2, [], 2, [0, 1], id="slots bound the count"),
+    pytest.param(
+        [(90, 1), (10, 1)], 50, 4, LONG, 2, [1], id="a short job overtakes a blocked head"
+    ),
+    pytest.param(
+        [(90, 1), (10, 20)],
+        50,
+        4,
+        LONG,
+        2,
+        [],
+        id="a job that would delay the head may not overtake",
+    ),
+    pytest.param(
+        [(60, 1), (10, 20)],
+        50,
+        4,
+        LONG,
+        2,
+        [1],
+        id="a long job may overtake into bytes spare beside the head",
+    ),
+    pytest.param(
+        [(90, 1), (10, 1), (10, 1), (10, 1)],
+        50,
+        4,
+        LONG,
+        2,
+        [1, 2],
+        id="overtaking stops at the bypass cap",
+    ),
+    pytest.param([], 100, 4, [], 2, [], id="empty queue"),
+    pytest.param([(10, 1)], 100, 0, LONG, 2, [], id="no free slot"),
+    pytest.param([(10, 1)], -5, 4, LONG, 2, [], id="pool shrank below what is held"),
 ]
 
 
-@pytest.mark.parametrize(("sizes", "free", "slots", "running", "bypass", "expected"), PLAN_TABLE)
-def test_plan_admissions_table(sizes, free, slots, running, bypass, expected):
-    queue = [t(n) for n in sizes]
-    chosen = plan_admissions(
-        queue, free_bytes=free, free_slots=slots, running=running,
-        exclusive_running=False, max_head_bypass=bypass,
-    )
-    assert chosen == expected
+@pytest.mark.parametrize(("queue", "free", "slots", "running", "bypass", "expected"), PLAN_TABLE)
+def test_plan_admissions_table(queue, free, slots, running, bypass, expected):
+    tickets = [t(n, expected_s=s) for n, s in queue]
+    assert plan(tickets, free=free, slots=slots, running=running, bypass=bypass) == expected
 
 
 def test_plan_head_at_bypass_cap_blocks_everyone():
-    queue = [t(90, bypassed=2), t(10)]
-    assert plan_admissions(
-        queue, free_bytes=50, free_slots=4, running=1, exclusive_running=False, max_head_bypass=2
-    ) == []
+    assert plan([t(90, bypassed=2), t(10)], free=50, running=LONG) == []
 
 
 def test_plan_exclusive_runs_only_on_idle_device_and_alone():
     queue = [t(30, exclusive=True), t(10)]
-    idle = dict(free_bytes=100, free_slots=4, exclusive_running=False, max_head_bypass=2)
-    assert plan_admissions(queue, running=0, **idle) == [0]
-    # While something runs, the exclusive head waits and a small job may pass it.
-    assert plan_admissions(queue, running=1, **idle) == [1]
-    assert plan_admissions([t(10)], running=0, **{**idle, "exclusive_running": True}) == []
+    assert plan(queue, free=100) == [0]
+    # While something runs, the exclusive head waits; a job ending before it may pass.
+    assert plan(queue, free=100, running=[(20, 5.0)]) == [1]
+    assert plan([t(10)], free=100, exclusive_running=True) == []
 
 
 def test_plan_exclusive_behind_the_head_is_not_overtaking():
-    queue = [t(90), t(10, exclusive=True)]
-    assert plan_admissions(
-        queue, free_bytes=50, free_slots=4, running=0, exclusive_running=False, max_head_bypass=2
-    ) == []
+    assert plan([t(90), t(10, exclusive=True)], free=50) == []
 
 
 def test_submit_admits_when_bytes_and_slot_free():
@@ -173,7 +221,10 @@ def test_large_job_is_not_starved_by_a_stream_of_small_ones():
 def test_pool_follows_the_device():
     pool = {"bytes": 100}
     gate = MemoryGate(
-        pool=lambda: pool["bytes"], capacity=lambda: 100, slots=4, max_queue=8,
+        pool=lambda: pool["bytes"],
+        capacity=lambda: 100,
+        slots=4,
+        max_queue=8,
         clock=FakeClock(),
     )
     pool["bytes"] = 30  # a game took 70

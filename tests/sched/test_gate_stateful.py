@@ -29,8 +29,12 @@ class GateMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.pool = CAPACITY
         self.gate = MemoryGate(
-            pool=lambda: self.pool, capacity=lambda: CAPACITY, slots=SLOTS,
-            max_queue=MAX_QUEUE, clock=lambda: self.now, max_head_bypass=self.max_head_bypass,
+            pool=lambda: self.pool,
+            capacity=lambda: CAPACITY,
+            slots=SLOTS,
+            max_queue=MAX_QUEUE,
+            clock=lambda: self.now,
+            max_head_bypass=self.max_head_bypass,
         )
         self.running: dict[int, Permit] = {}
         self.admission_order: list[int] = []

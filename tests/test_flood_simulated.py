@@ -1,0 +1,117 @@
+"""The flood: 500 mixed requests from 64 concurrent clients against a simulated 2 GiB
+device. Nothing may run out of memory, and the packing must be close to ideal."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from app.settings import ModelSpec, SimulatedBucket
+
+MiB = 2**20
+CAPACITY = 2048 * MiB
+# (words, declared bytes, run ms, share of the requests)
+MIX = [
+    (16, 50 * MiB, 20, 0.4),
+    (64, 200 * MiB, 40, 0.3),
+    (256, 600 * MiB, 80, 0.2),
+    (1024, 1536 * MiB, 160, 0.1),
+]
+REQUESTS, CLIENTS = 500, 64
+
+
+@dataclass
+class Outcome:
+    status: int
+    retry_after: str | None
+    nbytes: int
+    run_s: float
+
+
+def ideal_makespan(jobs: list[tuple[int, float]], pool: int, slots: int) -> float:
+    """A lower bound on the time any scheduler needs for these (bytes, seconds) jobs.
+
+    The largest of: the byte-seconds over the pool; the seconds over the slots; and the
+    conflict bound: jobs larger than half the pool (B) never overlap each other, jobs
+    that cannot sit beside even the smallest of B (M) never overlap a B job, and at
+    most k of M fit together, so the device needs sum(B) + sum(M) / k seconds.
+    """
+    area = sum(b * t for b, t in jobs) / pool
+    per_slot = sum(t for _, t in jobs) / slots
+    big = [(b, t) for b, t in jobs if b > pool / 2]
+    if not big:
+        return max(area, per_slot)
+    smallest_big = min(b for b, _ in big)
+    medium = [(b, t) for b, t in jobs if b <= pool / 2 and b + smallest_big > pool]
+    together = min(slots, pool // min(b for b, _ in medium)) if medium else 1
+    conflict = sum(t for _, t in big) + sum(t for _, t in medium) / together
+    return max(area, per_slot, conflict)
+
+
+async def flood(url: str, sizes: list[int]) -> tuple[list[Outcome], float]:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for size in sizes:
+        queue.put_nowait(size)
+    by_words = {words: nbytes for words, nbytes, _, _ in MIX}
+    outcomes: list[Outcome] = []
+    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def one_client() -> None:
+            while not queue.empty():
+                words = queue.get_nowait()
+                body = {"model": "sim", "input": " ".join(["w"] * words)}
+                response = await client.post("/v1/embeddings", json=body)
+                run_ms = float(response.headers.get("X-Vramgate-Run-Ms", 0))
+                outcomes.append(
+                    Outcome(
+                        response.status_code,
+                        response.headers.get("Retry-After"),
+                        by_words[words],
+                        run_ms / 1000,
+                    )
+                )
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(CLIENTS)))
+        return outcomes, time.perf_counter() - started
+
+
+@pytest.mark.slow
+def test_simulated_flood_never_overcommits_and_packs_well(server_factory):
+    model = ModelSpec(
+        name="sim",
+        kind="simulated",
+        buckets=tuple(SimulatedBucket(size=w, bytes=b, run_ms=ms) for w, b, ms, _ in MIX),
+    )
+    live = server_factory(device="simulated:2GiB", models=(model,), max_head_bypass=16)
+    rng = random.Random(20261129)
+    sizes = rng.choices([m[0] for m in MIX], weights=[m[3] for m in MIX], k=REQUESTS)
+
+    outcomes, elapsed = asyncio.run(flood(live.url, sizes))
+
+    device = live.service.device
+    status = live.status()
+    assert len(outcomes) == REQUESTS
+    assert {o.status for o in outcomes} <= {200, 503, 504}
+    assert all(o.retry_after for o in outcomes if o.status != 200)
+    assert device.oom_count == 0 and status["counters"]["ooms"] == 0
+    assert device.high_water <= CAPACITY
+    served = [o for o in outcomes if o.status == 200]
+    assert status["counters"]["served_by_model"]["sim"] - len(MIX) == len(served)
+    assert status["queue"]["depth"] == 0 and status["queue"]["running"] == 0
+    assert status["pool"]["admitted_bytes"] == 0
+
+    ideal = ideal_makespan([(o.nbytes, o.run_s) for o in served], CAPACITY, status["pool"]["slots"])
+    efficiency = ideal / elapsed
+    print(
+        f"\nflood: {len(served)}/{REQUESTS} served in {elapsed:.2f}s; ideal packing bound "
+        f"{ideal:.2f}s; efficiency {efficiency:.1%}; device high-water "
+        f"{device.high_water / MiB:.0f} MiB of {CAPACITY / MiB:.0f} MiB; OOMs 0"
+    )
+    assert efficiency >= 0.85
