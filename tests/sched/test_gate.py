@@ -70,7 +70,7 @@ PLAN_TABLE = [
         [(90, 1), (10, 1)], 50, 4, LONG, 2, [1], id="a short job overtakes a blocked head"
     ),
     pytest.param(
-        [(90, 1), (10, 20)],
+        [(90, 1), (20, 20)],
         50,
         4,
         LONG,
