@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import socket
 import sys
 import urllib.error
@@ -137,10 +138,33 @@ def serve(settings: Settings) -> int:
         timeout_graceful_shutdown=15,
     )
     server = uvicorn.Server(config)
-    server.run()
+    run_until_stopped(server)
     log.info("vramgate stopped (exit code %d)", exit_code)
     logging.shutdown()
     return exit_code
+
+
+class _StopSignal(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopSignal(signum)
+
+
+def run_until_stopped(server: Any) -> None:
+    """Run uvicorn; a stop signal (Ctrl+C, SIGTERM) after its graceful shutdown is a
+    normal exit. uvicorn re-raises the signal it caught once it has shut down; our own
+    handler turns that into an exception we end on, so the log is flushed and the exit
+    code is ours."""
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    except (_StopSignal, KeyboardInterrupt):
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _gib(value: float) -> str:

@@ -128,6 +128,17 @@ class InferenceService:
         """The most the pool could be, if every other program let go."""
         return max(0, self.snapshot().total - self.baseline - self.reserve)
 
+    def memory_line(self) -> str:
+        """A compact device snapshot for log lines."""
+        snap = self.snapshot(fresh=True)
+        mib = 2**20
+        return (
+            f"total={snap.total // mib}MiB free={snap.free // mib}MiB ours={snap.ours // mib}MiB "
+            f"others={snap.used_by_others // mib}MiB pool={self.pool_bytes() // mib}MiB "
+            f"admitted={self.gate.held_bytes // mib}MiB running={self.gate.running} "
+            f"queued={self.gate.depth}"
+        )
+
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))

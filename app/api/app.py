@@ -15,6 +15,7 @@ from app.api.guard import BodyLimit
 from app.engine.device import Device, make_device
 from app.engine.executor import Executor
 from app.engine.registry import ModelRegistry
+from app.logconfig import set_snapshot_provider
 from app.metrics import Metrics
 from app.sched.budget import BudgetBook
 from app.service import InferenceService
@@ -54,11 +55,13 @@ def create_app(
             service.executor.slots,
             service.executor.torch_threads,
         )
+        set_snapshot_provider(service.memory_line)
         await service.start()
         try:
             yield
         finally:
             await service.stop()
+            set_snapshot_provider(None)
 
     app = FastAPI(
         title="vramgate",

@@ -1,0 +1,183 @@
+"""The `vramgate` command as a user runs it: real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli import EXIT_PORT_IN_USE
+from app.errors import EXIT_FATAL_DEVICE
+from app.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("VRAMGATE_")}
+
+
+def vramgate(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+        **kwargs,
+    )
+
+
+SIM_CONFIG = """
+device = "simulated:1GiB"
+[[models]]
+name = "sim"
+kind = "simulated"
+buckets = [{{size = 16, bytes = "100MiB", run_ms = 5}}, {{size = 64, bytes = "2GiB", run_ms = 5}}]
+inject = {{oom_on_calls = [{oom}], fatal_on_calls = [{fatal}]}}
+"""
+
+
+class ServerProcess:
+    def __init__(self, tmp_path: Path, *, oom: int = 0, fatal: int = 0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = tmp_path / "log"
+        config = tmp_path / "config.toml"
+        config.write_text(SIM_CONFIG.format(oom=oom, fatal=fatal))
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--log-dir",
+                str(self.log_dir),
+            ],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stdout.read()
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("server not ready")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(2)  # SIGINT, as Ctrl+C
+        return self.process.wait(30)
+
+
+@pytest.fixture
+def sim_server(tmp_path):
+    servers: list[ServerProcess] = []
+
+    def start(**kwargs) -> ServerProcess:
+        server = ServerProcess(tmp_path, **kwargs)
+        servers.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_help_documents_every_setting():
+    out = vramgate("serve", "--help").stdout
+    for name in Settings.model_fields:
+        flag = "--model" if name == "models" else "--" + name.replace("_", "-")
+        assert flag in out, flag
+        assert f"VRAMGATE_{name.upper()}" in out
+
+
+def test_invalid_setting_is_refused_clearly():
+    result = vramgate("serve", "--device", "gpu0")
+    assert result.returncode == 2
+    assert "device" in result.stderr
+
+
+def test_status_prints_a_running_server(sim_server):
+    server = sim_server()
+    httpx.post(server.url + "/v1/embeddings", json={"model": "sim", "input": "hello"})
+    text = vramgate("status", "--url", server.url)
+    assert text.returncode == 0
+    assert "ready" in text.stdout and "model    sim" in text.stdout and "w16" in text.stdout
+    raw = json.loads(vramgate("status", "--url", server.url, "--json").stdout)
+    assert raw["counters"]["served_by_model"]["sim"] >= 1
+
+
+def test_status_of_no_server_says_so():
+    result = vramgate("status", "--url", f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 1 and "not answering" in result.stderr
+
+
+def test_port_in_use_is_reported_not_crashed(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = vramgate(
+            "serve",
+            "--port",
+            str(port),
+            "--log-dir",
+            str(tmp_path),
+            "--device",
+            "simulated:1GiB",
+            "--model",
+            "sim=simulated",
+        )
+    assert result.returncode == EXIT_PORT_IN_USE
+    assert "already in use" in result.stderr
+
+
+def test_fatal_device_error_exits_with_its_code(sim_server):
+    server = sim_server(fatal=3)  # two warm-up calls, then the first request
+    response = httpx.post(server.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert response.status_code == 503
+    assert server.process.wait(30) == EXIT_FATAL_DEVICE
+    log = (server.log_dir / "server.log").read_text()
+    assert "fatal device error" in log
+
+
+def test_log_has_a_line_per_request_and_a_device_snapshot_on_warnings(sim_server):
+    server = sim_server(oom=4)  # the second request runs out of memory
+    for _ in range(3):
+        httpx.post(server.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert server.stop() == 0
+    log = (server.log_dir / "server.log").read_text()
+    assert "request model=sim bucket=w16 price=104857600 " in log
+    assert "outcome=ok" in log and "outcome=out_of_memory" in log
+    warning = next(
+        line for line in log.splitlines() if "WARNING" in line and "out of memory" in line
+    )
+    assert "[device: total=1024MiB" in warning
+    assert "vramgate stopped (exit code 0)" in log
