@@ -71,8 +71,9 @@ class ModelSpec(BaseModel):
     path: Path | None = None
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
-    buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS
-    inject: FaultInjection = FaultInjection()
+    buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
+    load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
+    inject: FaultInjection = FaultInjection()  # simulated only
 
     @classmethod
     def parse_cli(cls, text: str) -> ModelSpec:

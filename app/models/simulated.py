@@ -35,6 +35,7 @@ class SimulatedHandler(ModelHandler):
         self._device: Device | None = None
 
     def load(self, device: Device) -> None:
+        time.sleep(self.spec.load_ms / 1000)
         self._device = device
 
     def _bucket_for(self, words: int) -> SimulatedBucket:

@@ -1,0 +1,104 @@
+"""Readiness: false until models are loaded and warm, false when the device is wedged,
+false when a model cannot load; the handler's exceptions fail only their request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from app.settings import FaultInjection, ModelSpec, SimulatedBucket
+from tests.live import wait_until
+
+MiB = 2**20
+
+
+def sim(run_ms: float, inject: FaultInjection | None = None, name: str = "sim") -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        kind="simulated",
+        inject=inject or FaultInjection(),
+        buckets=(SimulatedBucket(size=16, bytes=10 * MiB, run_ms=run_ms),),
+    )
+
+
+def test_simulated_wedged_device_turns_health_unready_then_recovers(server_factory):
+    live = server_factory(
+        device="simulated:1GiB",
+        models=(sim(4000),),
+        max_concurrent=1,
+        health_interval=0.5,
+        queue_timeout=1,
+    )
+    wait_until(lambda: live.service.gate.running == 0, 30, "warm-up done")
+
+    async def scenario() -> list[int]:
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            stuck = asyncio.create_task(
+                client.post("/v1/embeddings", json={"model": "sim", "input": "x"})
+            )
+            # No job completes for longer than 3 probe intervals + the queue timeout.
+            await asyncio.to_thread(
+                wait_until,
+                lambda: httpx.get(live.url + "/health").status_code == 503,
+                10,
+                "unhealthy while wedged",
+            )
+            wedged = httpx.get(live.url + "/health")
+            done = await stuck
+            return [wedged.status_code, done.status_code]
+
+    assert asyncio.run(scenario()) == [503, 200]
+    wait_until(lambda: httpx.get(live.url + "/health").status_code == 200, 15, "healthy again")
+
+
+def test_model_that_fails_to_load_leaves_the_server_unready_but_others_serve(
+    server_factory, tmp_path
+):
+    broken = ModelSpec(name="broken", kind="embedding", path=tmp_path / "missing")
+    live = server_factory(device="simulated:1GiB", models=(sim(1), broken), ready=False)
+    wait_until(lambda: live.service.state in ("ready", "degraded"), 60, "start-up done")
+    assert httpx.get(live.url + "/health").status_code == 503
+    states = {m["name"]: m for m in live.status()["models"]}
+    assert states["broken"]["state"] == "failed" and "does not exist" in states["broken"]["error"]
+    ok = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert ok.status_code == 200
+    gone = httpx.post(live.url + "/v1/embeddings", json={"model": "broken", "input": "x"})
+    assert gone.status_code == 404 and "failed to load" in gone.json()["error"]["message"]
+
+
+def test_simulated_handler_exception_fails_only_its_request(server_factory):
+    live = server_factory(
+        device="simulated:1GiB", models=(sim(1, FaultInjection(error_on_calls=(2,))),)
+    )
+    with live.client() as client:
+        failed = client.post("/v1/embeddings", json={"model": "sim", "input": "x"})
+        ok = client.post("/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert failed.status_code == 500
+    assert failed.json()["error"] == {
+        "message": "the model failed on this request",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
+    assert ok.status_code == 200
+    assert live.status()["pool"]["admitted_bytes"] == 0
+
+
+def test_requests_before_the_model_is_ready_get_503_model_loading(server_factory):
+    slow = ModelSpec(
+        name="sim",
+        kind="simulated",
+        load_ms=3000,
+        buckets=(SimulatedBucket(size=16, bytes=10 * MiB, run_ms=1),),
+    )
+    live = server_factory(device="simulated:1GiB", models=(slow,), ready=False)
+    health = httpx.get(live.url + "/health")
+    assert health.status_code == 503 and health.json()["state"] == "loading"
+    response = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "model_loading"
+    assert int(response.headers["Retry-After"]) >= 1
+    wait_until(lambda: live.service.ready, 30, "ready")
+    ok = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert ok.status_code == 200

@@ -1,0 +1,123 @@
+"""EmbeddingHandler: the embedded model, and any sentence-transformers folder by path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel, BertTokenizerFast
+
+from app.engine.device import CpuDevice
+from app.models.embedding import EmbeddingHandler, embedded_model_path
+from app.settings import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def minilm_handler():
+    handler = EmbeddingHandler(ModelSpec(name="minilm", max_batch=4))
+    handler.load(CpuDevice())
+    return handler
+
+
+def test_embedded_model_is_found_offline():
+    path = embedded_model_path()
+    assert (path / "model.safetensors").is_file() and (path / "modules.json").is_file()
+
+
+def test_buckets_round_tokens_and_batch_up_to_powers_of_two(minilm_handler):
+    one = minilm_handler.preprocess(["hello there"])
+    assert one.bucket.label == "s16xb1" and one.tokens == 4  # [CLS] hello there [SEP]
+    many = minilm_handler.preprocess(["word " * 40] * 3)
+    assert many.bucket.label == "s64xb4"
+    capped = minilm_handler.preprocess(["a"] * 10)  # max_batch 4: chunks of 4
+    assert capped.bucket.label == "s16xb4" and len(capped.payload) == 3
+
+
+def test_long_inputs_are_truncated_to_the_models_limit(minilm_handler):
+    prepared = minilm_handler.preprocess(["word " * 5000])
+    assert prepared.bucket.label == "s256xb1" and prepared.tokens == 256
+
+
+def test_vectors_come_back_in_the_callers_order_and_normalised(minilm_handler):
+    texts = ["short", "a much longer sentence " * 5, "medium length text here", "x"]
+    prepared = minilm_handler.preprocess(texts)
+    vectors = minilm_handler.postprocess(minilm_handler.forward(prepared))
+    assert vectors.shape == (4, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    single = minilm_handler.postprocess(
+        minilm_handler.forward(minilm_handler.preprocess([texts[1]]))
+    )
+    np.testing.assert_allclose(vectors[1], single[0], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_cls_folder(tmp_path_factory):
+    """A small randomly initialised BERT saved as a sentence-transformers folder with CLS
+    pooling and no Normalize module, through the real save code."""
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(config).save_pretrained(folder)
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+            ]
+        )
+    )
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_cls_token": True,
+                "pooling_mode_mean_tokens": False,
+            }
+        )
+    )
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
+    return folder
+
+
+def test_any_sentence_transformers_folder_with_its_own_pooling(tiny_cls_folder):
+    handler = EmbeddingHandler(ModelSpec(name="tiny", path=tiny_cls_folder))
+    handler.load(CpuDevice())
+    assert handler.dimensions == 32 and handler.describe()["pooling"] == "cls"
+    prepared = handler.preprocess(["a b c", "z " * 100])
+    assert prepared.bucket.label == "s32xb2"  # truncated at the folder's max_seq_length
+    vectors = handler.postprocess(handler.forward(prepared))
+    model = BertModel.from_pretrained(tiny_cls_folder).eval()
+    ids = handler._tokenizer(["a b c"], return_tensors="pt")
+    with torch.inference_mode():
+        expected = model(**ids).last_hidden_state[0, 0].numpy()
+    np.testing.assert_allclose(vectors[0], expected, atol=1e-5)
+    assert not np.allclose(np.linalg.norm(vectors, axis=1), 1.0)  # no Normalize module
+
+
+def test_missing_folder_fails_clearly(tmp_path):
+    handler = EmbeddingHandler(ModelSpec(name="gone", path=tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        handler.load(CpuDevice())
