@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -76,3 +80,45 @@ def live_server(
         server.should_exit = True
         thread.join(60)
         assert not thread.is_alive(), "the server did not stop"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without VRAMGATE_* settings, so tests set everything themselves."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VRAMGATE_")}
+
+
+class ServerProcess:
+    """`vramgate serve` as a real child process on a free loopback port."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [*argv, "--port", str(self.port)],
+            env=env or clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.process.stdout.read()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError("server not ready")
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(30)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
+import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,16 +15,7 @@ import pytest
 from app.cli import EXIT_PORT_IN_USE
 from app.errors import EXIT_FATAL_DEVICE
 from app.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("VRAMGATE_")}
+from tests.live import ServerProcess, clean_env, free_port
 
 
 def vramgate(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -49,50 +39,25 @@ inject = {{oom_on_calls = [{oom}], fatal_on_calls = [{fatal}]}}
 """
 
 
-class ServerProcess:
-    def __init__(self, tmp_path: Path, *, oom: int = 0, fatal: int = 0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_dir = tmp_path / "log"
-        config = tmp_path / "config.toml"
-        config.write_text(SIM_CONFIG.format(oom=oom, fatal=fatal))
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(self.port),
-                "--data-dir",
-                str(tmp_path / "data"),
-                "--log-dir",
-                str(self.log_dir),
-            ],
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.stdout.read()
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("server not ready")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(2)  # SIGINT, as Ctrl+C
-        return self.process.wait(30)
+def sim_process(tmp_path: Path, *, oom: int = 0, fatal: int = 0) -> ServerProcess:
+    config = tmp_path / "config.toml"
+    config.write_text(SIM_CONFIG.format(oom=oom, fatal=fatal))
+    server = ServerProcess(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--log-dir",
+            str(tmp_path / "log"),
+        ]
+    )
+    server.log_dir = tmp_path / "log"
+    return server
 
 
 @pytest.fixture
@@ -100,7 +65,7 @@ def sim_server(tmp_path):
     servers: list[ServerProcess] = []
 
     def start(**kwargs) -> ServerProcess:
-        server = ServerProcess(tmp_path, **kwargs)
+        server = sim_process(tmp_path, **kwargs)
         servers.append(server)
         server.wait_ready()
         return server
@@ -172,7 +137,7 @@ def test_log_has_a_line_per_request_and_a_device_snapshot_on_warnings(sim_server
     server = sim_server(oom=4)  # the second request runs out of memory
     for _ in range(3):
         httpx.post(server.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
-    assert server.stop() == 0
+    assert server.stop(signal.SIGTERM) == 0
     log = (server.log_dir / "server.log").read_text()
     assert "request model=sim bucket=w16 price=104857600 " in log
     assert "outcome=ok" in log and "outcome=out_of_memory" in log
