@@ -28,16 +28,15 @@ class DeviceSnapshotFilter(logging.Filter):
     """Appends the device snapshot to WARNING and worse."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.levelno >= logging.WARNING
-            and _snapshot is not None
-            and not hasattr(record, "device_snapshot")
-        ):
+        # A record reaches this filter once per handler; decorate it only the first time.
+        decorated = getattr(record, "device_snapshot", None) is not None
+        if record.levelno >= logging.WARNING and _snapshot is not None and not decorated:
             try:
-                record.device_snapshot = _snapshot()
+                snapshot = _snapshot()
             except Exception as exc:  # a log line must never fail for its decoration
-                record.device_snapshot = f"unavailable ({exc})"
-            record.msg = f"{record.msg} [device: {record.device_snapshot}]"
+                snapshot = f"unavailable ({exc})"
+            record.__dict__["device_snapshot"] = snapshot
+            record.msg = f"{record.msg} [device: {snapshot}]"
         return True
 
 

@@ -259,13 +259,18 @@ class InferenceService:
             nbytes = max(min(nbytes, self.capacity_bytes()), quote.floor)
         loop = asyncio.get_running_loop()
         admitted: asyncio.Future[Permit] = loop.create_future()
+
+        def on_admit(permit: Permit) -> None:
+            if not admitted.done():
+                admitted.set_result(permit)
+
         ticket = Ticket(
             nbytes=nbytes,
             deadline=self._clock() + self.settings.queue_timeout,
             expected_s=quote.expected_s,
             exclusive=quote.exclusive,
             label=f"{key.model}/{key.bucket}",
-            on_admit=lambda permit: admitted.done() or admitted.set_result(permit),
+            on_admit=on_admit,
         )
         decision = self.gate.submit(ticket, ignore_queue_limit=probe)
         if isinstance(decision, Admit):
@@ -283,7 +288,9 @@ class InferenceService:
     ) -> Permit:
         watcher = asyncio.ensure_future(gone.wait()) if gone is not None else None
         try:
-            waits = {admitted} if watcher is None else {admitted, watcher}
+            waits: set[asyncio.Future[Any]] = {admitted}
+            if watcher is not None:
+                waits.add(watcher)
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             self._abandon(ticket, admitted)
@@ -411,7 +418,7 @@ class InferenceService:
             key.model,
             key.bucket,
             quote.nbytes,
-            "(exclusive)" if quote.exclusive else "",
+            " exclusive" if quote.exclusive else "",
             waited * 1000,
             run_s * 1000,
             peak if peak is not None else "-",

@@ -111,24 +111,33 @@ class Device(ABC):
 
 
 class CudaDevice(Device):
+    """An NVIDIA GPU: totals from the driver (NVML), our own use from torch.cuda.
+
+    `nvml` and `cuda` are the pynvml module and torch.cuda; they are parameters so the
+    arithmetic can be tested on machines without a GPU.
+    """
+
     kind = "cuda"
     default_reserve = 512 * MiB
     default_slots = 4
 
-    def __init__(self, index: int = 0) -> None:
-        import pynvml  # from nvidia-ml-py
+    def __init__(self, index: int = 0, *, nvml: Any = None, cuda: Any = None) -> None:
+        if nvml is None:
+            import pynvml  # the module shipped by nvidia-ml-py
 
+            nvml = pynvml
+        self._cuda = cuda if cuda is not None else torch.cuda
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError_LibraryNotFound as exc:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound as exc:
             raise RuntimeError("no NVIDIA driver found (NVML library missing)") from exc
-        if not torch.cuda.is_available():
+        if not self._cuda.is_available():
             raise RuntimeError("this torch build or machine has no CUDA")
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._nvml = nvml
+        self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
         self.index = index
         self.torch_device = torch.device("cuda", index)
-        self.name = torch.cuda.get_device_name(index)
+        self.name = self._cuda.get_device_name(index)
         self._pid = os.getpid()
 
     def _ours_from_driver(self) -> int | None:
@@ -143,8 +152,8 @@ class CudaDevice(Device):
 
     def snapshot(self) -> MemorySnapshot:
         info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        reserved = torch.cuda.memory_reserved(self.index)
-        allocated = torch.cuda.memory_allocated(self.index)
+        reserved = self._cuda.memory_reserved(self.index)
+        allocated = self._cuda.memory_allocated(self.index)
         ours = self._ours_from_driver() or reserved
         used = int(info.total) - int(info.free)
         return MemorySnapshot(
@@ -157,24 +166,25 @@ class CudaDevice(Device):
         )
 
     def allocated(self) -> int:
-        return torch.cuda.memory_allocated(self.index)
+        return int(self._cuda.memory_allocated(self.index))
 
     def begin_peak(self) -> None:
-        torch.cuda.reset_peak_memory_stats(self.index)
+        self._cuda.reset_peak_memory_stats(self.index)
 
     def peak(self) -> int:
-        return torch.cuda.max_memory_allocated(self.index)
+        return int(self._cuda.max_memory_allocated(self.index))
 
     def empty_cache(self) -> None:
-        torch.cuda.empty_cache()
+        self._cuda.empty_cache()
 
     def synchronize(self) -> None:
-        torch.cuda.synchronize(self.index)
+        self._cuda.synchronize(self.index)
 
     def describe(self) -> dict[str, Any]:
+        driver = self._nvml.nvmlSystemGetDriverVersion()
         return {
             **super().describe(),
-            "driver": self._nvml.nvmlSystemGetDriverVersion(),
+            "driver": driver.decode() if isinstance(driver, bytes) else driver,
             "cuda": torch.version.cuda,
         }
 
