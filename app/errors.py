@@ -73,6 +73,12 @@ class BodyTooLarge(VramgateError):
     code = "request_too_large"
 
 
+class Forbidden(VramgateError):
+    status = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
 class ExceedsDevice(VramgateError):
     """The job can never fit on this device, even with nothing else running."""
 
@@ -99,6 +105,10 @@ class ModelLoading(Overloaded):
 
 class OutOfMemory(Overloaded):
     code = "out_of_memory"
+
+
+class Paused(Overloaded):
+    code = "paused"
 
 
 class ShuttingDown(Overloaded):

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +29,14 @@ from app.errors import (
     ExceedsDevice,
     InternalError,
     OutOfMemory,
+    Paused,
     QueueFull,
     QueueTimeout,
     ShuttingDown,
     VramgateError,
 )
+from app.history import History, Sample
+from app.lifecycle import ModelLifecycle
 from app.metrics import Metrics
 from app.models.base import ModelHandler, Prepared
 from app.sched.budget import BudgetBook, PriceKey, Quote
@@ -93,13 +97,16 @@ class InferenceService:
         self.executor = executor
         self.metrics = metrics
         self._on_fatal = on_fatal
-        self._clock = clock
+        self.clock = clock
         self.reserve = (
             int(settings.reserve) if settings.reserve is not None else device.default_reserve
         )
         self.baseline = 0  # our memory after the weights loaded; jobs are priced above it
         self.state = "starting"  # starting | loading | warming | ready | stopping | failed
         self.last_alive = clock()  # when a job last completed: a wedged device stops this
+        self.paused = False  # the tray's "Pause new requests": new work gets 503
+        self.in_flight: Counter[str] = Counter()  # requests per model between admit and reply
+        self.history = History()
         self._snap: tuple[float, MemorySnapshot] | None = None
         self._waiters: dict[int, asyncio.Future[Permit]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -111,10 +118,11 @@ class InferenceService:
             clock=clock,
             max_head_bypass=settings.max_head_bypass,
         )
+        self.lifecycle = ModelLifecycle(self)
 
     # -- memory ------------------------------------------------------------------------
     def snapshot(self, fresh: bool = False) -> MemorySnapshot:
-        now = self._clock()
+        now = self.clock()
         if fresh or self._snap is None or now - self._snap[0] > SNAPSHOT_TTL_S:
             self._snap = (now, self.device.snapshot())
         return self._snap[1]
@@ -142,29 +150,11 @@ class InferenceService:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
-        self._tasks.append(asyncio.create_task(self._load_and_warm(), name="load"))
+        self._tasks.append(asyncio.create_task(self._start_models(), name="models"))
 
-    async def _load_and_warm(self) -> None:
-        self.state = "loading"
-        await asyncio.to_thread(self.registry.load_all)
-        self.baseline = self.snapshot(fresh=True).ours_allocated
-        self.state = "warming"
-        for name, entry in self.registry.entries.items():
-            if entry.state != "warming":
-                continue
-            try:
-                for inputs in entry.handler.warmup_inputs():
-                    with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
-                        await self.embed(name, inputs, probe=True)
-            except VramgateError as exc:
-                entry.state, entry.error = "failed", f"warm-up failed: {exc.message}"
-                log.error("model %s %s", name, entry.error)
-                continue
-            entry.state = "ready"
-        if self.state == "warming":
-            self.state = "ready" if self.registry.all_ready else "degraded"
-            self.last_alive = self._clock()
-            log.info("server %s; pool %.1f MiB", self.state, self.pool_bytes() / 2**20)
+    async def _start_models(self) -> None:
+        await self.lifecycle.start()
+        if self.state in ("ready", "degraded"):
             self._tasks.append(asyncio.create_task(self._probe_loop(), name="probe"))
 
     async def stop(self, drain_s: float = 10.0) -> None:
@@ -172,9 +162,10 @@ class InferenceService:
         if self.state != "failed":
             self.state = "stopping"
         self._drop_waiting(ShuttingDown("the server is shutting down", retry_after=5))
-        deadline = self._clock() + drain_s
-        while self.gate.running and self._clock() < deadline:
+        deadline = self.clock() + drain_s
+        while self.gate.running and self.clock() < deadline:
             await asyncio.sleep(0.05)
+        await self.lifecycle.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -184,16 +175,34 @@ class InferenceService:
         self.executor.shutdown(wait=False)
 
     async def _housekeeping(self) -> None:
-        last_save = self._clock()
+        last_save = last_sample = self.clock()
         while True:
             await asyncio.sleep(HOUSEKEEPING_S)
+            if self.clock() - last_sample >= 1.0:
+                last_sample = self.clock()
+                self._sample()
             expired, _ = self.gate.expire()
             for ticket in expired:
                 self._fail_waiter(ticket.id, self._timeout_error())
             self.gate.pump()
-            if self.book.dirty and self._clock() - last_save > SAVE_EVERY_S:
+            if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:
                 self.book.save()
-                last_save = self._clock()
+                last_save = self.clock()
+
+    def _sample(self) -> None:
+        snap = self.snapshot()
+        self.history.add_sample(
+            Sample(
+                t=time.time(),
+                total=snap.total,
+                used_by_others=snap.used_by_others,
+                used_by_us=snap.ours,
+                admitted=self.gate.held_bytes,
+                pool=self.pool_bytes(),
+                depth=self.gate.depth,
+                running=self.gate.running,
+            )
+        )
 
     async def _probe_loop(self) -> None:
         """The readiness check's tiny real inference, so a wedged worker shows."""
@@ -207,7 +216,7 @@ class InferenceService:
     @property
     def ready(self) -> bool:
         stale_after = 3 * self.settings.health_interval + self.settings.queue_timeout
-        fresh = self._clock() - self.last_alive < stale_after
+        fresh = self.clock() - self.last_alive < stale_after
         return self.state == "ready" and fresh
 
     # -- the life of a request -----------------------------------------------------------
@@ -221,11 +230,30 @@ class InferenceService:
     ) -> EmbeddingResult:
         if self.state in ("stopping", "failed"):
             raise ShuttingDown("the server is shutting down", retry_after=5)
+        if self.paused and not probe:
+            raise Paused(
+                "the server is paused; new requests are refused until resumed", retry_after=30
+            )
+        self.lifecycle.ensure_loaded(model)
         handler = self.registry.get(model)
+        self.in_flight[model] += 1
+        try:
+            return await self._embed(handler, model, texts, gone, probe)
+        finally:
+            self.in_flight[model] -= 1
+
+    async def _embed(
+        self,
+        handler: ModelHandler,
+        model: str,
+        texts: list[str],
+        gone: asyncio.Event | None,
+        probe: bool,
+    ) -> EmbeddingResult:
         prepared = await self.executor.run_cpu(handler.preprocess, texts)
         key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
         quote = self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
-        started = self._clock()
+        started = self.clock()
         outcome, measurement, waited = "error", None, 0.0
         try:
             permit = await self._admit(quote, key, gone, probe)
@@ -236,11 +264,12 @@ class InferenceService:
         except VramgateError as exc:
             outcome = exc.code
             self.metrics.observe_failure(model, exc.metric_label)
+            self.history.add_rejection(model, exc.code, exc.message)
             raise
         finally:
             self._log_request(key, quote, waited, measurement, outcome)
-        self.last_alive = self._clock()
-        self.metrics.observe_success(model, waited, measurement.run_s, self._clock() - started)
+        self.last_alive = self.clock()
+        self.metrics.observe_success(model, waited, measurement.run_s, self.clock() - started)
         cost = Cost(
             prepared.bucket.label,
             quote.nbytes,
@@ -266,7 +295,7 @@ class InferenceService:
 
         ticket = Ticket(
             nbytes=nbytes,
-            deadline=self._clock() + self.settings.queue_timeout,
+            deadline=self.clock() + self.settings.queue_timeout,
             expected_s=quote.expected_s,
             exclusive=quote.exclusive,
             label=f"{key.model}/{key.bucket}",

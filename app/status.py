@@ -23,6 +23,7 @@ def build_status(service: InferenceService) -> dict[str, Any]:
         "version": __version__,
         "time": time.time(),
         "state": service.state,
+        "paused": service.paused,
         "ready": service.ready,
         "device": {
             **service.device.describe(),

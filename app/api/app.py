@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import openai_routes, ops_routes
+from app.api import admin_routes, openai_routes, ops_routes
 from app.api.errors import install_error_handlers
 from app.api.guard import BodyLimit
 from app.engine.device import Device, make_device
@@ -72,6 +72,7 @@ def create_app(
     app.state.service = service
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
+    app.include_router(admin_routes.router)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_bytes))
     return app

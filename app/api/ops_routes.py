@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.service import InferenceService
@@ -49,3 +50,22 @@ async def metrics(request: Request) -> Response:
         if row["price_bytes"] is not None:
             m.price.labels(row["model"], row["bucket"]).set(row["price_bytes"])
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/history")
+async def history(request: Request) -> dict[str, Any]:
+    """The last minutes of once-a-second samples, and the recent rejections."""
+    return _service(request).history.as_dict()
+
+
+@router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
+async def dashboard() -> HTMLResponse:
+    page = resources.files("app.api").joinpath("dashboard.html").read_text(encoding="utf-8")
+    return HTMLResponse(page, headers={"Content-Security-Policy": DASHBOARD_CSP})
+
+
+# The page may talk to its own server only: no CDN, no other host.
+DASHBOARD_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
+)

@@ -16,7 +16,7 @@ from app.settings import ModelSpec
 
 log = logging.getLogger("vramgate.registry")
 
-State = Literal["waiting", "loading", "warming", "ready", "failed"]
+State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded", "failed"]
 
 
 def make_handler(spec: ModelSpec) -> ModelHandler:
@@ -47,34 +47,60 @@ class ModelRegistry:
             known = ", ".join(sorted(self.entries))
             raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
         if entry.state not in ("warming", "ready"):
+            if entry.state in ("unloading", "unloaded"):
+                raise ModelLoading(f"model {name!r} is unloaded; loading it now", retry_after=2)
             if entry.state == "failed":
                 raise ModelNotFound(f"model {name!r} failed to load: {entry.error}", param="model")
             raise ModelLoading(f"model {name!r} is still loading", retry_after=2)
         return entry.handler
 
+    def entry(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise ModelNotFound(f"model {name!r} does not exist", param="model")
+        return entry
+
     def load_all(self) -> None:
         """Load every model (blocking; run in a background thread)."""
-        for name, entry in self.entries.items():
-            entry.state = "loading"
-            before = self.device.allocated()
-            started = time.perf_counter()
-            try:
-                entry.handler.load(self.device)
-                entry.handler.prime()
-            except Exception as exc:  # a broken model must not stop the others
-                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
-                log.error("model %s failed to load: %s", name, entry.error)
-                continue
-            entry.load_s = time.perf_counter() - started
-            entry.weights_bytes = max(0, self.device.allocated() - before)
-            entry.state = "warming"
-            log.info(
-                "model %s loaded in %.1fs (%s, %.1f MiB)",
-                name,
-                entry.load_s,
-                entry.handler.dtype,
-                entry.weights_bytes / 2**20,
-            )
+        for name in self.entries:
+            self.load(name)
+
+    def load(self, name: str) -> bool:
+        """Load one model (blocking). Its weights are what our allocations grew by."""
+        entry = self.entries[name]
+        entry.state, entry.error = "loading", None
+        before = self.device.allocated()
+        started = time.perf_counter()
+        try:
+            entry.handler.load(self.device)
+            entry.handler.prime()
+        except Exception as exc:  # a broken model must not stop the others
+            entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.error("model %s failed to load: %s", name, entry.error)
+            return False
+        entry.load_s = time.perf_counter() - started
+        entry.weights_bytes = max(0, self.device.allocated() - before)
+        entry.state = "warming"
+        log.info(
+            "model %s loaded in %.1fs (%s, %.1f MiB)",
+            name,
+            entry.load_s,
+            entry.handler.dtype,
+            entry.weights_bytes / 2**20,
+        )
+        return True
+
+    def unload(self, name: str) -> int:
+        """Drop one model's weights (blocking; no job of it may be running). Returns the
+        bytes our allocations shrank by."""
+        entry = self.entries[name]
+        before = self.device.allocated()
+        entry.handler.unload()
+        self.device.empty_cache()
+        entry.state, entry.weights_bytes = "unloaded", 0
+        freed = max(0, before - self.device.allocated())
+        log.info("model %s unloaded (%.1f MiB freed)", name, freed / 2**20)
+        return freed
 
     @property
     def all_ready(self) -> bool:

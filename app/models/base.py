@@ -54,6 +54,10 @@ class ModelHandler(ABC):
     def load(self, device: Device) -> None:
         """Load weights onto `device`. Runs once, in a background thread."""
 
+    def unload(self) -> None:
+        """Drop the weights; `load` may be called again later."""
+        return None
+
     @abstractmethod
     def preprocess(self, texts: list[str]) -> Prepared: ...
 

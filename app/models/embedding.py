@@ -12,6 +12,7 @@ so their memory is that of one chunk).
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,11 @@ class EmbeddingHandler(ModelHandler):
         self._device = device.torch_device
         self.dimensions = int(self._model.config.hidden_size)
         self._max_seq = min(self._max_seq, int(self._tokenizer.model_max_length or self._max_seq))
+
+    def unload(self) -> None:
+        self._model = None
+        self._tokenizer = None
+        gc.collect()
 
     def _read_sentence_transformers_config(self) -> None:
         path = Path(self.path)

@@ -1,0 +1,60 @@
+"""Admin routes for the tray: pause/resume, load/unload. Loopback callers only."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Request
+
+from app.errors import Forbidden
+from app.service import InferenceService
+from app.settings import MODEL_NAME_PATTERN
+
+
+def loopback_only(request: Request) -> None:
+    host = request.client.host if request.client else ""
+    try:
+        local = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    if not local:
+        raise Forbidden("admin routes answer loopback callers only")
+
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(loopback_only)])
+ModelName = Path(max_length=64, pattern=MODEL_NAME_PATTERN)
+
+
+def _service(request: Request) -> InferenceService:
+    return request.app.state.service
+
+
+@router.post("/pause")
+async def pause(request: Request) -> dict[str, Any]:
+    """New inference requests get 503 `paused` until resumed; running ones finish."""
+    _service(request).paused = True
+    return {"paused": True}
+
+
+@router.post("/resume")
+async def resume(request: Request) -> dict[str, Any]:
+    _service(request).paused = False
+    return {"paused": False}
+
+
+@router.post("/models/{name}/unload")
+async def unload(request: Request, name: str = ModelName) -> dict[str, Any]:
+    """Wait for the model's running jobs, then free its weights."""
+    freed = await _service(request).lifecycle.unload(name)
+    return {"model": name, "state": _service(request).registry.entry(name).state,
+            "freed_bytes": freed}
+
+
+@router.post("/models/{name}/load")
+async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
+    service = _service(request)
+    await service.lifecycle.load(name)
+    entry = service.registry.entry(name)
+    return {"model": name, "state": entry.state, "weights_bytes": entry.weights_bytes,
+            "error": entry.error}
