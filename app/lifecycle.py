@@ -65,7 +65,7 @@ class ModelLifecycle:
             if entry.state not in ("unloaded", "failed"):
                 return
             if await asyncio.to_thread(self.registry.load, name):
-                self.service.baseline += entry.weights_bytes
+                self.service.baseline += entry.loaded_bytes
                 await self.warm(name)
         finally:
             self._loading.pop(name, None)
@@ -79,9 +79,8 @@ class ModelLifecycle:
         deadline = self.service.clock() + wait_s
         while self.service.in_flight[name] and self.service.clock() < deadline:
             await asyncio.sleep(0.02)
-        weights = entry.weights_bytes
         freed = await asyncio.to_thread(self.registry.unload, name)
-        self.service.baseline = max(0, self.service.baseline - weights)
+        self.service.baseline = max(0, self.service.baseline - freed)
         return freed
 
     async def stop(self) -> None:

@@ -228,6 +228,19 @@ class InferenceService:
         gone: asyncio.Event | None = None,
         probe: bool = False,
     ) -> EmbeddingResult:
+        try:
+            handler = self._admissible(model, probe)
+        except VramgateError as exc:
+            self._refused(model, exc)
+            raise
+        self.in_flight[model] += 1
+        try:
+            return await self._embed(handler, model, texts, gone, probe)
+        finally:
+            self.in_flight[model] -= 1
+
+    def _admissible(self, model: str, probe: bool) -> ModelHandler:
+        """The handler, if the server and the model take work now."""
         if self.state in ("stopping", "failed"):
             raise ShuttingDown("the server is shutting down", retry_after=5)
         if self.paused and not probe:
@@ -235,12 +248,12 @@ class InferenceService:
                 "the server is paused; new requests are refused until resumed", retry_after=30
             )
         self.lifecycle.ensure_loaded(model)
-        handler = self.registry.get(model)
-        self.in_flight[model] += 1
-        try:
-            return await self._embed(handler, model, texts, gone, probe)
-        finally:
-            self.in_flight[model] -= 1
+        return self.registry.get(model)
+
+    def _refused(self, model: str, exc: VramgateError) -> None:
+        label = model if model in self.registry.entries else "unknown"  # bounded labels
+        self.metrics.observe_failure(label, exc.metric_label)
+        self.history.add_rejection(label, exc.code, exc.message)
 
     async def _embed(
         self,
@@ -263,8 +276,7 @@ class InferenceService:
             outcome = "ok"
         except VramgateError as exc:
             outcome = exc.code
-            self.metrics.observe_failure(model, exc.metric_label)
-            self.history.add_rejection(model, exc.code, exc.message)
+            self._refused(model, exc)
             raise
         finally:
             self._log_request(key, quote, waited, measurement, outcome)

@@ -5,6 +5,14 @@ import pytest
 from tests.live import Live, live_server, make_settings
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-docs",
+        action="store_true",
+        help="write the screenshots and icons under docs/ that the README shows",
+    )
+
+
 @pytest.fixture(scope="session")
 def minilm(tmp_path_factory: pytest.TempPathFactory):
     """One server with the embedded all-MiniLM-L6-v2 on the CPU, shared by the session."""

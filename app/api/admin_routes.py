@@ -47,8 +47,11 @@ async def resume(request: Request) -> dict[str, Any]:
 async def unload(request: Request, name: str = ModelName) -> dict[str, Any]:
     """Wait for the model's running jobs, then free its weights."""
     freed = await _service(request).lifecycle.unload(name)
-    return {"model": name, "state": _service(request).registry.entry(name).state,
-            "freed_bytes": freed}
+    return {
+        "model": name,
+        "state": _service(request).registry.entry(name).state,
+        "freed_bytes": freed,
+    }
 
 
 @router.post("/models/{name}/load")
@@ -56,5 +59,9 @@ async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
     service = _service(request)
     await service.lifecycle.load(name)
     entry = service.registry.entry(name)
-    return {"model": name, "state": entry.state, "weights_bytes": entry.weights_bytes,
-            "error": entry.error}
+    return {
+        "model": name,
+        "state": entry.state,
+        "weights_bytes": entry.weights_bytes,
+        "error": entry.error,
+    }

@@ -29,7 +29,8 @@ def make_handler(spec: ModelSpec) -> ModelHandler:
 class ModelEntry:
     handler: ModelHandler
     state: State = "waiting"
-    weights_bytes: int = 0
+    weights_bytes: int = 0  # the handler's exact parameter and buffer bytes
+    loaded_bytes: int = 0  # what our memory grew by while loading (weights + one-time costs)
     load_s: float = 0.0
     error: str | None = None
 
@@ -79,7 +80,8 @@ class ModelRegistry:
             log.error("model %s failed to load: %s", name, entry.error)
             return False
         entry.load_s = time.perf_counter() - started
-        entry.weights_bytes = max(0, self.device.allocated() - before)
+        entry.loaded_bytes = max(0, self.device.allocated() - before)
+        entry.weights_bytes = entry.handler.weights_bytes()
         entry.state = "warming"
         log.info(
             "model %s loaded in %.1fs (%s, %.1f MiB)",
@@ -97,7 +99,7 @@ class ModelRegistry:
         before = self.device.allocated()
         entry.handler.unload()
         self.device.empty_cache()
-        entry.state, entry.weights_bytes = "unloaded", 0
+        entry.state, entry.weights_bytes, entry.loaded_bytes = "unloaded", 0, 0
         freed = max(0, before - self.device.allocated())
         log.info("model %s unloaded (%.1f MiB freed)", name, freed / 2**20)
         return freed

@@ -54,6 +54,10 @@ class ModelHandler(ABC):
     def load(self, device: Device) -> None:
         """Load weights onto `device`. Runs once, in a background thread."""
 
+    def weights_bytes(self) -> int:
+        """Bytes of the loaded weights (parameters and buffers); 0 when unloaded."""
+        return 0
+
     def unload(self) -> None:
         """Drop the weights; `load` may be called again later."""
         return None

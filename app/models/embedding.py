@@ -67,6 +67,12 @@ class EmbeddingHandler(ModelHandler):
         self.dimensions = int(self._model.config.hidden_size)
         self._max_seq = min(self._max_seq, int(self._tokenizer.model_max_length or self._max_seq))
 
+    def weights_bytes(self) -> int:
+        if self._model is None:
+            return 0
+        tensors = [*self._model.parameters(), *self._model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def unload(self) -> None:
         self._model = None
         self._tokenizer = None

@@ -1,0 +1,102 @@
+"""The dashboard in headless Chromium against a live server: live charts, offline."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.settings import FaultInjection, ModelSpec, SimulatedBucket
+from tests.live import wait_until
+
+MiB = 2**20
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run)")
+
+
+def painted_pixels(page, canvas_id: str) -> int:
+    return page.evaluate(
+        """id => { const c = document.getElementById(id);
+                   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                   let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+                   return n; }""",
+        canvas_id,
+    )
+
+
+def drive_traffic(live, seconds: float) -> None:
+    """Four clients of mixed sizes while another program's memory use comes and goes."""
+    device = live.service.device
+    stop = time.monotonic() + seconds
+
+    def client(words: int) -> None:
+        with httpx.Client(base_url=live.url, timeout=60) as http:
+            while time.monotonic() < stop:
+                http.post("/v1/embeddings", json={"model": "sim", "input": "w " * words})
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in (1, 1, 40, 40)]
+    for thread in threads:
+        thread.start()
+    while time.monotonic() < stop:
+        phase = int(time.monotonic() * 2 / max(seconds, 1) * 3) % 3
+        device.set_external((0, 400, 900)[phase] * MiB)
+        time.sleep(0.2)
+    for thread in threads:
+        thread.join()
+
+
+def test_dashboard_draws_live_data_and_talks_only_to_its_server(server_factory, request):
+    from playwright.sync_api import sync_playwright
+
+    model = ModelSpec(
+        name="sim",
+        kind="simulated",
+        inject=FaultInjection(oom_on_calls=(6,)),
+        buckets=(
+            SimulatedBucket(size=16, bytes=300 * MiB, run_ms=300),
+            SimulatedBucket(size=64, bytes=700 * MiB, run_ms=600),
+        ),
+    )
+    live = server_factory(device="simulated:2GiB", models=(model,))
+    seconds = 25 if request.config.getoption("--update-docs") else 4
+    traffic = threading.Thread(target=drive_traffic, args=(live, seconds), daemon=True)
+    traffic.start()
+    wait_until(lambda: len(live.service.history.samples) >= 3, 10, "history")
+
+    requested: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("request", lambda r: requested.append(r.url))
+        page.goto(live.url + "/dashboard")
+        traffic.join()
+        page.wait_for_function("document.body.dataset.updated !== undefined", timeout=15000)
+        page.wait_for_function(
+            "document.querySelectorAll('#prices tbody tr').length >= 2", timeout=15000
+        )
+        buckets = page.locator("#prices tbody tr td:nth-child(2)").all_inner_texts()
+        codes = page.locator("#rejections tbody tr td:nth-child(3)").all_inner_texts()
+        memory_pixels = painted_pixels(page, "memory")
+        state = page.inner_text("#state")
+        shot = Path(request.config.rootpath) / "docs" / "dashboard.png"
+        target = shot if request.config.getoption("--update-docs") else None
+        page.screenshot(
+            path=str(target or Path(live.service.settings.resolved_log_dir) / "dashboard.png"),
+            full_page=True,
+        )
+        browser.close()
+
+    assert set(buckets) == {"w16", "w64"}
+    assert "out_of_memory" in codes
+    assert memory_pixels > 5000
+    assert state == "ready"
+    assert requested and all(url.startswith(live.url + "/") for url in requested), requested
