@@ -1,0 +1,71 @@
+"""The tray's view of a /status document: state, gauge, tooltip, menu lines."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tray.view import view_of
+
+GiB = 2**30
+STATUS = {
+    "state": "ready",
+    "paused": False,
+    "device": {
+        "name": "RTX 4090",
+        "total_bytes": 24 * GiB,
+        "used_bytes": int(6.1 * GiB),
+        "used_by_us_bytes": 2 * GiB,
+    },
+    "queue": {"depth": 5, "max": 256, "running": 2},
+    "counters": {"served": 42},
+    "models": [{"name": "m", "state": "ready", "weights_bytes": 90 * 2**20}],
+}
+
+
+def status(**changes):
+    doc = copy.deepcopy(STATUS)
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            doc[section][field] = value
+        else:
+            doc[section] = value
+    return doc
+
+
+def test_tooltip_gives_the_figures():
+    view = view_of(STATUS)
+    assert view.tooltip == "VRAM 6.1 / 24.0 GiB · 2 running · 5 waiting"
+    assert view.icon.queued == 5 and view.icon.vram_fraction == pytest.approx(6.1 / 24, 1e-3)
+    assert view.lines[0] == "Busy on RTX 4090" and view.models[0].name == "m"
+
+
+STATE_TABLE = [
+    (status(queue__depth=0, queue__running=0), {}, "ready"),
+    (STATUS, {}, "busy"),
+    (status(queue__depth=210), {}, "overloaded"),
+    (status(queue__depth=0, queue__running=0), {"queue_full_delta": 3}, "overloaded"),
+    (status(paused=True), {}, "paused"),
+    (status(state="failed"), {}, "error"),
+    (status(state="warming"), {}, "starting"),
+    (None, {}, "starting"),
+    (None, {"supervisor_state": "gave_up", "supervisor_message": "port 8450 in use"}, "error"),
+]
+
+
+@pytest.mark.parametrize(("doc", "kwargs", "state"), STATE_TABLE)
+def test_state_table(doc, kwargs, state):
+    assert view_of(doc, **kwargs).icon.state == state
+
+
+def test_restarts_and_problems_show_in_the_tooltip():
+    assert view_of(None, restarts=2).tooltip == "vramgate: restarting · restarts 2"
+    gave_up = view_of(None, supervisor_state="gave_up", supervisor_message="port 8450 in use")
+    assert gave_up.tooltip == "vramgate: port 8450 in use"
+    assert view_of(status(paused=True)).tooltip.endswith("· paused")
+
+
+def test_equal_figures_give_equal_icon_views():
+    assert view_of(STATUS).icon == view_of(copy.deepcopy(STATUS)).icon

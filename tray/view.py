@@ -1,0 +1,100 @@
+"""What the tray shows, derived from one /status document and the supervisor's state.
+
+Pure: no display, no HTTP. The icon is redrawn only when `IconView` changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# starting: the server is not ready yet (or restarting); error: it failed or gave up.
+STATES = ("starting", "ready", "busy", "overloaded", "paused", "error")
+OVERLOADED_QUEUE_SHARE = 0.8
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class IconView:
+    state: str
+    vram_fraction: float  # device memory in use by all processes, 0..1
+    queued: int
+
+
+@dataclass(frozen=True)
+class ModelLine:
+    name: str
+    state: str
+    weights_bytes: int
+
+
+@dataclass(frozen=True)
+class TrayView:
+    icon: IconView
+    tooltip: str
+    lines: tuple[str, ...] = ()
+    models: tuple[ModelLine, ...] = ()
+    paused: bool = False
+    restarts: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def state_of(status: dict[str, Any], rejected_queue_full_delta: int = 0) -> str:
+    if status.get("paused"):
+        return "paused"
+    server_state = status.get("state")
+    if server_state == "failed":
+        return "error"
+    if server_state not in ("ready", "degraded"):
+        return "starting"
+    queue = status["queue"]
+    if rejected_queue_full_delta > 0 or queue["depth"] >= OVERLOADED_QUEUE_SHARE * max(
+        queue["max"], 1
+    ):
+        return "overloaded"
+    if queue["running"] or queue["depth"]:
+        return "busy"
+    return "ready"
+
+
+def _gib(value: float) -> str:
+    return f"{value / GiB:.1f}"
+
+
+def view_of(
+    status: dict[str, Any] | None,
+    *,
+    supervisor_state: str = "running",
+    supervisor_message: str = "",
+    restarts: int = 0,
+    queue_full_delta: int = 0,
+) -> TrayView:
+    """The tray's view; `status` None means the server is not answering (yet)."""
+    if supervisor_state in ("gave_up", "stopped") or status is None:
+        state = "error" if supervisor_state == "gave_up" else "starting"
+        word = supervisor_message or ("restarting" if restarts else "starting")
+        tooltip = f"vramgate: {word}" + (f" · restarts {restarts}" if restarts else "")
+        return TrayView(IconView(state, 0.0, 0), tooltip, (tooltip,), restarts=restarts)
+    device, queue = status["device"], status["queue"]
+    total = max(device["total_bytes"], 1)
+    used = device["used_bytes"]
+    state = state_of(status, queue_full_delta)
+    icon = IconView(state, min(1.0, used / total), queue["depth"])
+    tooltip = (
+        f"VRAM {_gib(used)} / {_gib(total)} GiB · {queue['running']} running · "
+        f"{queue['depth']} waiting"
+    )
+    if state not in ("ready", "busy"):
+        tooltip += f" · {state}"
+    if restarts:
+        tooltip += f" · restarts {restarts}"
+    lines = (
+        f"{state.capitalize()} on {device['name']}",
+        f"VRAM {_gib(used)} of {_gib(total)} GiB (vramgate {_gib(device['used_by_us_bytes'])})",
+        f"{queue['running']} running · {queue['depth']} waiting · served "
+        f"{status['counters']['served']}",
+    )
+    models = tuple(
+        ModelLine(m["name"], m["state"], m["weights_bytes"]) for m in status.get("models", [])
+    )
+    return TrayView(icon, tooltip, lines, models, bool(status.get("paused")), restarts)
