@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.errors import EXIT_FATAL_DEVICE
+from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
 from app.settings import ENV_PREFIX, ModelSpec, Settings, default_config_file, load_settings
 
 log = logging.getLogger("vramgate.cli")
-EXIT_PORT_IN_USE = 74
 _SKIP = {"models"}
 
 
@@ -56,11 +55,16 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vramgate",
-        description="A local GPU inference server that admits work by measured VRAM bytes.",
+        description="A local GPU inference server that admits work by measured VRAM bytes. "
+        "With no command, starts the tray icon, which runs the server and watches it.",
     )
     parser.add_argument("--version", action="version", version=f"vramgate {__version__}")
     commands = parser.add_subparsers(dest="command")
-    serve = commands.add_parser("serve", help="run the server (the default command)")
+    tray = commands.add_parser(
+        "tray", help="the tray icon that runs and watches the server (the default command)"
+    )
+    tray.add_argument("--config", type=Path, default=None, help="TOML config file")
+    serve = commands.add_parser("serve", help="run the server alone, headless")
     serve.add_argument(
         "--config",
         type=Path,
@@ -85,7 +89,7 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     if port == 0:
         return True
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -111,7 +115,7 @@ def serve(settings: Settings) -> int:
         json.dumps(settings.redacted()),
         log_file,
     )
-    if not _port_free(settings.host, settings.port):
+    if not port_free(settings.host, settings.port):
         log.error(
             "port %d on %s is already in use (is vramgate already running?)",
             settings.port,
@@ -222,10 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "status":
         return status_command(args.url, args.json)
-    if args.command is None:
-        args = parser.parse_args(["serve", *(argv or sys.argv[1:])])
+    if args.command in (None, "tray"):
+        from tray.app import run_tray
+
+        return run_tray(getattr(args, "config", None))
     try:
         settings = load_settings(_cli_overrides(args), args.config)
     except ValueError as exc:
-        parser.exit(2, f"vramgate: invalid settings: {exc}\n")
+        parser.exit(EXIT_INVALID_SETTINGS, f"vramgate: invalid settings: {exc}\n")
     return serve(settings)

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 # device-side assert, launch failure): the CUDA context is poisoned and only a fresh
 # process can use the GPU again. The tray's supervisor restarts at once on it.
 EXIT_FATAL_DEVICE = 75
+EXIT_PORT_IN_USE = 74  # another program (or vramgate) has the port: retrying cannot help
+EXIT_INVALID_SETTINGS = 2
 
 
 class VramgateError(Exception):

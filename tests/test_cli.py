@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli import EXIT_PORT_IN_USE
-from app.errors import EXIT_FATAL_DEVICE
+from app.errors import EXIT_FATAL_DEVICE, EXIT_PORT_IN_USE
 from app.settings import Settings
 from tests.live import ServerProcess, clean_env, free_port
 

@@ -1,0 +1,154 @@
+"""The tray process (what a double-click runs): single instance, supervisor, monitor,
+and the pystray icon on the main thread. Never imports torch or app.engine; talks to
+the server over HTTP only."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from app.cli import port_free
+from app.errors import EXIT_PORT_IN_USE
+from app.settings import Settings, load_settings
+from tray import single_instance
+from tray.icon import render
+from tray.menu import Item, TrayActions, build_menu
+from tray.monitor import Monitor
+from tray.supervisor import Supervisor, server_command
+from tray.view import TrayView, view_of
+
+log = logging.getLogger("vramgate.tray")
+QUIT_AFTER_PORT_CONFLICT_S = 5.0
+
+
+def configure_tray_logging(log_dir: Path) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [
+        logging.handlers.RotatingFileHandler(
+            log_dir / "tray.log", maxBytes=5 * 2**20, backupCount=3, encoding="utf-8"
+        )
+    ]
+    if sys.stderr is not None:  # None in a windowed executable
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=logging.INFO,
+        handlers=handlers,
+        force=True,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+
+
+def server_url(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.port}"
+
+
+def to_pystray(items: tuple[Item, ...]) -> list[Any]:
+    import pystray
+
+    converted: list[Any] = []
+    for item in items:
+        if item.separator:
+            converted.append(pystray.Menu.SEPARATOR)
+            continue
+        if item.submenu:
+            action: Any = pystray.Menu(*to_pystray(item.submenu))
+        else:
+            act = item.action
+
+            def action(icon: Any, _item: Any, act: Any = act) -> None:
+                if act is not None:
+                    act(icon)
+
+        checked = None if item.checked is None else (lambda _i, v=item.checked: v)
+        converted.append(
+            pystray.MenuItem(
+                item.text,
+                action,
+                checked=checked,
+                enabled=item.enabled,
+                default=item.text == "Open dashboard",
+            )
+        )
+    return converted
+
+
+class Tray:
+    def __init__(self, url: str, supervisor: Supervisor, log_dir: Path) -> None:
+        import pystray
+
+        self.supervisor = supervisor
+        self.exit_code = 0
+        self.view = view_of(None)
+        self.actions = TrayActions(url, supervisor, log_dir)
+        self.icon = pystray.Icon(
+            "vramgate",
+            render(self.view.icon),
+            self.view.tooltip,
+            menu=pystray.Menu(lambda: to_pystray(build_menu(self.view, self.actions))),
+        )
+        self.monitor = Monitor(url, supervisor, self.show)
+
+    def show(self, view: TrayView, previous: TrayView | None) -> None:
+        """Redraw only what changed."""
+        self.view = view
+        if previous is None or view.icon != previous.icon:
+            self.icon.icon = render(view.icon)
+        if previous is None or view.tooltip != previous.tooltip:
+            self.icon.title = view.tooltip
+        self.icon.update_menu()
+        if self.supervisor.state == "gave_up" and self.supervisor.last_exit == EXIT_PORT_IN_USE:
+            self._quit_after_port_conflict()
+
+    def _quit_after_port_conflict(self) -> None:
+        if self.exit_code:
+            return
+        self.exit_code = EXIT_PORT_IN_USE
+        log.error("the server's port is in use by another program; vramgate stops")
+        with contextlib.suppress(NotImplementedError):  # not every backend can notify
+            self.icon.notify("The port is in use by another program; vramgate stops.")
+        threading.Timer(QUIT_AFTER_PORT_CONFLICT_S, self.icon.stop).start()
+
+    def run(self) -> int:
+        def setup(icon: Any) -> None:
+            icon.visible = True
+            self.supervisor.start()
+            self.monitor.start()
+
+        self.icon.run(setup=setup)
+        self.monitor.stop()
+        self.supervisor.stop()
+        return self.exit_code
+
+
+def run_tray(config_file: Path | None = None) -> int:
+    settings = load_settings({}, config_file)
+    configure_tray_logging(settings.resolved_log_dir)
+    lock = single_instance.acquire(settings.resolved_data_dir)
+    if lock is None:
+        log.info("vramgate is already running; see its tray icon")
+        return 0
+    if not port_free(settings.host, settings.port):
+        log.error(
+            "port %d on %s is already in use by another program; set another port "
+            "(port = ... in %s) or stop that program",
+            settings.port,
+            settings.host,
+            config_file or "the config file",
+        )
+        return EXIT_PORT_IN_USE
+    supervisor = Supervisor(
+        server_command(config_file),
+        log_dir=settings.resolved_log_dir,
+        pid_file=settings.resolved_data_dir / "server.pid",
+    )
+    try:
+        return Tray(server_url(settings), supervisor, settings.resolved_log_dir).run()
+    finally:
+        lock.release()

@@ -1,0 +1,156 @@
+"""The tray menu as plain data, and the actions behind it.
+
+`build_menu` returns `Item`s whose actions take the icon; the tray app turns them into
+pystray menu items. Kept free of pystray so the menu is tested without a display.
+Actions talk to the server over HTTP only, like everything in the tray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import webbrowser
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tray.autostart import Autostart
+from tray.supervisor import Supervisor
+from tray.view import TrayView
+
+log = logging.getLogger("vramgate.tray.menu")
+Action = Callable[[Any], None]  # called with the pystray icon
+
+
+@dataclass(frozen=True)
+class Item:
+    text: str
+    action: Action | None = None
+    checked: bool | None = None  # None: not a checkbox
+    enabled: bool = True
+    submenu: tuple[Item, ...] = ()
+    separator: bool = False
+
+
+SEPARATOR = Item("-", separator=True)
+
+
+def open_folder(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    if sys.platform == "win32":
+        os.startfile(path)  # type: ignore[attr-defined]
+    elif sys.platform == "darwin":
+        subprocess.Popen(["open", str(path)])
+    else:
+        subprocess.Popen(["xdg-open", str(path)])
+
+
+class TrayActions:
+    def __init__(
+        self,
+        url: str,
+        supervisor: Supervisor,
+        log_dir: Path,
+        *,
+        autostart: Autostart | None = None,
+        open_url: Callable[[str], object] = webbrowser.open,
+        open_path: Callable[[Path], None] = open_folder,
+        on_quit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.supervisor = supervisor
+        self.log_dir = log_dir
+        self.autostart = autostart or Autostart()
+        self.open_url = open_url
+        self.open_path = open_path
+        self.on_quit = on_quit
+
+    def post(self, path: str) -> dict[str, Any] | None:
+        request = urllib.request.Request(self.url + path, data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return json.load(response)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.warning("POST %s failed: %s", path, exc)
+            return None
+
+    def set_paused(self, paused: bool) -> None:
+        self.post("/admin/pause" if paused else "/admin/resume")
+
+    def unload(self, name: str) -> Action:
+        return lambda icon: self._in_background(self.post, f"/admin/models/{name}/unload")
+
+    def load(self, name: str) -> Action:
+        return lambda icon: self._in_background(self.post, f"/admin/models/{name}/load")
+
+    def open_dashboard(self, icon: Any) -> None:
+        self.open_url(self.url + "/dashboard")
+
+    def open_docs(self, icon: Any) -> None:
+        self.open_url(self.url + "/docs")
+
+    def open_logs(self, icon: Any) -> None:
+        self.open_path(self.log_dir)
+
+    def restart_server(self, icon: Any) -> None:
+        self._in_background(self.supervisor.restart)
+
+    def toggle_autostart(self, icon: Any) -> None:
+        self.autostart.set(not self.autostart.enabled())
+
+    def quit(self, icon: Any) -> None:
+        """Drain and stop the server, then end the tray."""
+        self.supervisor.stop()
+        self.on_quit()
+        if icon is not None and hasattr(icon, "stop"):
+            icon.stop()
+
+    @staticmethod
+    def _in_background(fn: Callable[..., object], *args: object) -> None:
+        # Menu callbacks run on the tray's event thread: never block it on the network.
+        threading.Thread(target=fn, args=args, daemon=True).start()
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.0f} MiB"
+
+
+def build_menu(view: TrayView, actions: TrayActions) -> tuple[Item, ...]:
+    status = tuple(Item(line, enabled=False) for line in view.lines)
+    models = tuple(
+        Item(
+            f"{m.name} ({_mib(m.weights_bytes)}, {m.state})"
+            if m.weights_bytes
+            else f"{m.name} ({m.state})",
+            submenu=(
+                Item("Unload", actions.unload(m.name), enabled=m.state == "ready"),
+                Item("Load", actions.load(m.name), enabled=m.state in ("unloaded", "failed")),
+            ),
+        )
+        for m in view.models
+    )
+    return (
+        *status,
+        SEPARATOR,
+        Item("Models", submenu=models or (Item("none loaded", enabled=False),)),
+        Item("Open dashboard", actions.open_dashboard),
+        Item("Open API docs", actions.open_docs),
+        Item("Open logs folder", actions.open_logs),
+        SEPARATOR,
+        Item(
+            "Pause new requests",
+            lambda icon: actions.set_paused(not view.paused),
+            checked=view.paused,
+        ),
+        Item("Restart server", actions.restart_server),
+        Item("Start at login", actions.toggle_autostart, checked=actions.autostart.enabled()),
+        SEPARATOR,
+        Item("Quit", actions.quit),
+    )

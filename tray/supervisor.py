@@ -1,0 +1,239 @@
+"""The supervisor: runs `vramgate serve` as a child process and keeps it running.
+
+Crash-only: whatever kills the server (a crash, a fatal CUDA error that poisoned the
+context, the user's task manager), a fresh one starts, after a capped exponential
+backoff that resets once a child has run healthily for a while. Repeated fast crashes
+end in giving up, said in the tray; a port already in use or invalid settings are never
+retried (a restart cannot fix them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
+
+log = logging.getLogger("vramgate.tray.supervisor")
+OUTPUT_LOG = "server-output.log"
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    restart: bool
+    delay_s: float
+    reason: str
+
+
+class RestartPolicy:
+    """When to start the server again after it exited. Pure; the uptime is passed in."""
+
+    def __init__(
+        self,
+        *,
+        base_s: float = 1.0,
+        cap_s: float = 30.0,
+        healthy_s: float = 60.0,
+        fast_s: float = 10.0,
+        max_fast: int = 5,
+    ) -> None:
+        self.base_s, self.cap_s = base_s, cap_s
+        self.healthy_s, self.fast_s, self.max_fast = healthy_s, fast_s, max_fast
+        self.failures = 0  # exits since the last healthy run
+        self.fast = 0  # consecutive exits soon after starting
+
+    def decide(self, exit_code: int, uptime_s: float) -> RestartDecision:
+        if exit_code == EXIT_PORT_IN_USE:
+            return RestartDecision(False, 0, "the port is already in use")
+        if exit_code == EXIT_INVALID_SETTINGS:
+            return RestartDecision(False, 0, "the settings are invalid (see the log)")
+        if uptime_s >= self.healthy_s:
+            self.failures = self.fast = 0
+        self.failures += 1
+        self.fast = self.fast + 1 if uptime_s < self.fast_s else 0
+        if self.fast >= self.max_fast:
+            return RestartDecision(
+                False, 0, f"the server crashed {self.fast} times within {self.fast_s:g}s of start"
+            )
+        if exit_code == EXIT_FATAL_DEVICE:
+            return RestartDecision(True, 0, "fatal device error; restarting with a fresh context")
+        delay = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
+        return RestartDecision(True, delay, f"the server exited with code {exit_code}")
+
+
+def server_command(config_file: Path | None = None) -> list[str]:
+    """The child's command line: the same executable when frozen."""
+    if getattr(sys, "frozen", False):
+        command = [sys.executable, "serve"]
+    else:
+        command = [sys.executable, "-m", "app", "serve"]
+    return [*command, "--config", str(config_file)] if config_file else command
+
+
+class Supervisor:
+    """Owns the child process. Its state is read by the tray's monitor thread."""
+
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        log_dir: Path,
+        pid_file: Path,
+        policy: RestartPolicy | None = None,
+        drain_s: float = 20.0,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.command = command
+        self.pid_file = pid_file
+        self.policy = policy or RestartPolicy()
+        self.drain_s = drain_s
+        self.on_change = on_change
+        self.clock = clock
+        self.state = "starting"  # starting | running | restarting | gave_up | stopped
+        self.message = ""
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self._lock = threading.Lock()  # guards _child and the _stopping/_restart flags
+        self._child: subprocess.Popen[str] | None = None
+        self._stopping = False
+        self._restart_requested = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._output = _rotating_logger(log_dir / OUTPUT_LOG)
+
+    @property
+    def pid(self) -> int | None:
+        child = self._child
+        return child.pid if child is not None else None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def restart(self) -> None:
+        """Stop the child gracefully; a fresh one starts at once (not counted as a crash)."""
+        with self._lock:
+            self._restart_requested = True
+            child = self._child
+        if child is not None:
+            self._terminate(child)
+        self._wake.set()
+
+    def stop(self) -> int | None:
+        """Drain and stop the child: it stops accepting, running jobs finish within the
+        drain bound, then it exits; killed if it does not. Returns its exit code."""
+        with self._lock:
+            self._stopping = True
+            child = self._child
+        self._wake.set()
+        code = None
+        if child is not None:
+            self._terminate(child)
+            try:
+                code = child.wait(self.drain_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server did not stop within %.0fs; killing it", self.drain_s)
+                child.kill()
+                code = child.wait(10)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._set("stopped", "")
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_file.unlink()
+        return code
+
+    # -- the loop -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            started = self.clock()
+            child = self._spawn()
+            if child is None:
+                return
+            code = child.wait()
+            uptime = self.clock() - started
+            self.last_exit = code
+            with self._lock:
+                if self._stopping:
+                    return
+                requested, self._restart_requested = self._restart_requested, False
+            if requested:
+                self.restarts += 1
+                self._set("restarting", "restart requested")
+                continue
+            decision = self.policy.decide(code, uptime)
+            log.warning("server exited with code %d after %.1fs: %s", code, uptime, decision.reason)
+            if not decision.restart:
+                self._set("gave_up", decision.reason)
+                return
+            self.restarts += 1
+            self._set("restarting", decision.reason)
+            self._wake.wait(decision.delay_s)
+            self._wake.clear()
+
+    def _spawn(self) -> subprocess.Popen[str] | None:
+        flags = 0
+        if sys.platform == "win32":  # its own group, so CTRL_BREAK reaches only it
+            flags = subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
+        with self._lock:
+            if self._stopping:
+                return None
+            child = subprocess.Popen(
+                self.command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                creationflags=flags,
+            )
+            self._child = child
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.write_text(str(child.pid))
+        threading.Thread(target=self._copy_output, args=(child.stdout,), daemon=True).start()
+        log.info("server started (pid %d): %s", child.pid, " ".join(self.command))
+        self._set("running", "")
+        return child
+
+    def _copy_output(self, stream: IO[str] | None) -> None:
+        if stream is None:
+            return
+        for line in stream:
+            self._output.info(line.rstrip("\n"))
+
+    @staticmethod
+    def _terminate(child: subprocess.Popen[str]) -> None:
+        if child.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            if sys.platform == "win32":
+                child.send_signal(signal.CTRL_BREAK_EVENT)
+            else:
+                child.send_signal(signal.SIGTERM)
+
+    def _set(self, state: str, message: str) -> None:
+        self.state, self.message = state, message
+        self.on_change()
+
+
+def _rotating_logger(path: Path) -> logging.Logger:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger(f"vramgate.child.{os.getpid()}.{id(path)}")
+    logger.propagate = False
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=10 * 2**20, backupCount=3, encoding="utf-8"
+    )
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return logger
