@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import logging.handlers
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -121,6 +122,8 @@ class Tray:
             self.supervisor.start()
             self.monitor.start()
 
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a stop signal is a Quit
+            signal.signal(sig, lambda *_: self.icon.stop())
         self.icon.run(setup=setup)
         self.monitor.stop()
         self.supervisor.stop()

@@ -196,6 +196,7 @@ class Supervisor:
                 text=True,
                 errors="replace",
                 creationflags=flags,
+                preexec_fn=_die_with_parent(),
             )
             self._child = child
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -224,6 +225,21 @@ class Supervisor:
     def _set(self, state: str, message: str) -> None:
         self.state, self.message = state, message
         self.on_change()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux: the child gets SIGTERM if the tray dies, even by SIGKILL, so a server is
+    never left behind."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def set_death_signal() -> None:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+    return set_death_signal
 
 
 def _rotating_logger(path: Path) -> logging.Logger:

@@ -1,0 +1,125 @@
+"""The tray menu without a display: its items are called with a fake icon object and
+really act on a live server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from app.settings import ModelSpec, SimulatedBucket
+from tests.live import wait_until
+from tray.autostart import Autostart
+from tray.menu import Item, TrayActions, build_menu
+from tray.monitor import fetch_status
+from tray.supervisor import Supervisor
+from tray.view import view_of
+
+MiB = 2**20
+SIM = ModelSpec(
+    name="sim", kind="simulated", buckets=(SimulatedBucket(size=16, bytes=10 * MiB, run_ms=1),)
+)
+
+
+class FakeIcon:
+    """Stands in for the pystray icon, which needs a display."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def find(items: tuple[Item, ...], *path: str) -> Item:
+    for item in items:
+        if item.text.startswith(path[0]):
+            return item if len(path) == 1 else find(item.submenu, *path[1:])
+    raise KeyError(path)
+
+
+def actions_for(url: str, tmp_path: Path, **kwargs) -> TrayActions:
+    never_started = Supervisor(["true"], log_dir=tmp_path / "log", pid_file=tmp_path / "pid")
+    return TrayActions(
+        url,
+        never_started,
+        tmp_path / "log",
+        autostart=Autostart(["vramgate"], config_dir=tmp_path),
+        **kwargs,
+    )
+
+
+def menu(url: str, actions: TrayActions) -> tuple[Item, ...]:
+    return build_menu(view_of(fetch_status(url)), actions)
+
+
+def test_pause_item_makes_the_server_refuse_and_resume_undoes_it(server_factory, tmp_path):
+    live = server_factory(device="simulated:1GiB", models=(SIM,))
+    actions = actions_for(live.url, tmp_path)
+    icon = FakeIcon()
+    pause = find(menu(live.url, actions), "Pause new requests")
+    assert pause.checked is False
+    pause.action(icon)
+    refused = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "paused"
+    resume = find(menu(live.url, actions), "Pause new requests")
+    assert resume.checked is True
+    resume.action(icon)
+    ok = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
+    assert ok.status_code == 200
+
+
+def test_unload_item_frees_the_models_memory_in_status(server_factory, tmp_path):
+    live = server_factory(device="cpu")
+    actions = actions_for(live.url, tmp_path)
+    before = live.status()
+    items = menu(live.url, actions)
+    model = find(items, "Models", "all-MiniLM-L6-v2")
+    assert "MiB, ready" in model.text
+    assert find(model.submenu, "Load").enabled is False
+    find(model.submenu, "Unload").action(FakeIcon())
+    wait_until(lambda: live.status()["models"][0]["state"] == "unloaded", 30, "unloaded")
+    after = live.status()
+    assert after["models"][0]["weights_bytes"] == 0
+    assert after["device"]["used_by_us_bytes"] < before["device"]["used_by_us_bytes"]
+    reload = find(menu(live.url, actions), "Models", "all-MiniLM-L6-v2", "Load")
+    assert reload.enabled
+    reload.action(FakeIcon())
+    wait_until(lambda: live.status()["models"][0]["state"] == "ready", 60, "loaded again")
+
+
+def test_open_items_and_start_at_login(tmp_path):
+    opened: list[object] = []
+    actions = actions_for(
+        "http://127.0.0.1:8450", tmp_path, open_url=opened.append, open_path=opened.append
+    )
+    items = build_menu(view_of(None), actions)
+    find(items, "Open dashboard").action(FakeIcon())
+    find(items, "Open API docs").action(FakeIcon())
+    find(items, "Open logs folder").action(FakeIcon())
+    assert opened == [
+        "http://127.0.0.1:8450/dashboard",
+        "http://127.0.0.1:8450/docs",
+        tmp_path / "log",
+    ]
+    login = find(items, "Start at login")
+    assert login.checked is False  # opt-in: off by default
+    login.action(FakeIcon())
+    assert find(build_menu(view_of(None), actions), "Start at login").checked is True
+
+
+def test_quit_stops_the_server_and_the_icon(tmp_path):
+    import sys
+
+    supervisor = Supervisor(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        log_dir=tmp_path / "log",
+        pid_file=tmp_path / "pid",
+    )
+    supervisor.start()
+    wait_until(lambda: supervisor.state == "running", 10, "running")
+    actions = TrayActions("http://127.0.0.1:1", supervisor, tmp_path / "log")
+    icon = FakeIcon()
+    find(build_menu(view_of(None), actions), "Quit").action(icon)
+    assert icon.stopped and supervisor.state == "stopped"
+    assert not (tmp_path / "pid").exists()

@@ -1,0 +1,168 @@
+"""The supervisor with real child processes, and its restart policy as a table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
+from tests.live import wait_until
+from tray.supervisor import OUTPUT_LOG, RestartPolicy, Supervisor
+
+# (exit code, uptime) sequence -> (restart?, delay) of the last decision
+POLICY_TABLE = [
+    pytest.param([(1, 0.5)], (True, 1.0), id="first crash waits the base delay"),
+    pytest.param([(1, 20), (1, 20), (1, 20)], (True, 4.0), id="backoff doubles"),
+    pytest.param([(1, 20)] * 9, (True, 30.0), id="backoff is capped"),
+    pytest.param([(1, 20)] * 5 + [(1, 120)], (True, 1.0), id="a healthy run resets it"),
+    pytest.param([(1, 0.5)] * 5, (False, 0), id="repeated fast crashes give up"),
+    pytest.param([(EXIT_FATAL_DEVICE, 30)], (True, 0.0), id="fatal device error restarts now"),
+    pytest.param([(EXIT_PORT_IN_USE, 0.5)], (False, 0), id="port in use is never retried"),
+    pytest.param([(EXIT_INVALID_SETTINGS, 0.5)], (False, 0), id="invalid settings neither"),
+]
+
+
+@pytest.mark.parametrize(("exits", "expected"), POLICY_TABLE)
+def test_restart_policy_table(exits, expected):
+    policy = RestartPolicy()
+    decision = None
+    for code, uptime in exits:
+        decision = policy.decide(code, uptime)
+    assert (decision.restart, decision.delay_s) == expected
+    assert decision.reason
+
+
+def child(script: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(script)]
+
+
+SLEEPER = child("""
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *a: (print("draining", flush=True), sys.exit(0)))
+    print("child up", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.fixture
+def supervise(tmp_path):
+    started: list[Supervisor] = []
+
+    def make(command, **kwargs) -> Supervisor:
+        policy = kwargs.pop("policy", RestartPolicy(base_s=0.05, cap_s=0.2))
+        sup = Supervisor(
+            command,
+            log_dir=tmp_path / "log",
+            pid_file=tmp_path / "server.pid",
+            policy=policy,
+            **kwargs,
+        )
+        sup.start()
+        started.append(sup)
+        return sup
+
+    yield make
+    for sup in started:
+        sup.stop()
+
+
+def test_a_killed_child_is_brought_back(supervise, tmp_path):
+    sup = supervise(SLEEPER)
+    wait_until(lambda: sup.state == "running" and sup.pid, 10, "first child")
+    first = sup.pid
+    assert (tmp_path / "server.pid").read_text() == str(first)
+    subprocess.run(["kill", "-9", str(first)], check=True)
+    wait_until(lambda: sup.pid not in (None, first) and sup.state == "running", 10, "restart")
+    assert sup.restarts == 1 and sup.last_exit == -9
+    assert (tmp_path / "server.pid").read_text() == str(sup.pid)
+
+
+def test_port_in_use_is_not_a_restart_loop(supervise):
+    sup = supervise(child(f"import sys; sys.exit({EXIT_PORT_IN_USE})"))
+    wait_until(lambda: sup.state == "gave_up", 10, "gave up")
+    time.sleep(0.3)
+    assert sup.restarts == 0 and "port" in sup.message
+
+
+def test_repeated_fast_crashes_give_up_and_say_so(supervise):
+    sup = supervise(child("import sys; sys.exit(3)"))
+    wait_until(lambda: sup.state == "gave_up", 20, "gave up")
+    assert sup.restarts == 4 and "crashed 5 times" in sup.message
+
+
+def test_fatal_device_exit_restarts_at_once(supervise):
+    sup = supervise(
+        child(f"import sys, time; time.sleep(0.2); sys.exit({EXIT_FATAL_DEVICE})"),
+        policy=RestartPolicy(base_s=60, max_fast=100),
+    )
+    wait_until(lambda: sup.restarts >= 2, 10, "two immediate restarts despite a 60 s base")
+
+
+def test_stop_drains_the_child_and_cleans_up(supervise, tmp_path):
+    sup = supervise(SLEEPER)
+    wait_until(lambda: sup.state == "running", 10, "running")
+    wait_until(lambda: "child up" in (tmp_path / "log" / OUTPUT_LOG).read_text(), 10, "output")
+    assert sup.stop() == 0
+    assert sup.state == "stopped" and not (tmp_path / "server.pid").exists()
+    assert "draining" in (tmp_path / "log" / OUTPUT_LOG).read_text()
+
+
+def test_stop_kills_a_child_that_will_not_drain(supervise):
+    stubborn = child("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
+    """)
+    sup = supervise(stubborn, drain_s=0.5)
+    wait_until(lambda: sup.state == "running", 10, "running")
+    time.sleep(0.3)  # let the child install its handler
+    assert sup.stop() == -9
+
+
+def test_requested_restart_is_not_a_crash(supervise):
+    sup = supervise(SLEEPER, policy=RestartPolicy(base_s=60))
+    wait_until(lambda: sup.state == "running", 10, "running")
+    first = sup.pid
+    sup.restart()
+    wait_until(lambda: sup.pid != first and sup.state == "running", 10, "restarted at once")
+    assert sup.policy.failures == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_child_dies_with_a_killed_tray(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tray.supervisor import Supervisor
+        sup = Supervisor({SLEEPER!r}, log_dir=Path({str(tmp_path)!r}),
+                         pid_file=Path({str(tmp_path / "pid")!r}))
+        sup.start()
+        time.sleep(600)
+    """)
+    tray = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        wait_until(
+            lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(),
+            10,
+            "child started",
+        )
+        child_pid = int((tmp_path / "pid").read_text())
+        wait_until(lambda: "child up" in (tmp_path / OUTPUT_LOG).read_text(), 10, "child up")
+    finally:
+        tray.kill()
+        tray.wait()
+
+    def gone() -> bool:
+        try:
+            state = open(f"/proc/{child_pid}/stat").read().split()[2]
+        except FileNotFoundError:
+            return True
+        return state == "Z"
+
+    wait_until(gone, 10, "child ended with its parent")
