@@ -160,7 +160,7 @@ def test_the_child_dies_with_a_killed_tray(tmp_path):
 
     def gone() -> bool:
         try:
-            state = open(f"/proc/{child_pid}/stat").read().split()[2]
+            state = Path(f"/proc/{child_pid}/stat").read_text().split()[2]
         except FileNotFoundError:
             return True
         return state == "Z"
