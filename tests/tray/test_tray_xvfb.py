@@ -1,0 +1,171 @@
+"""The real tray process on a virtual display with a real tray host (trayer), running a
+real server child with the simulated device."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.live import clean_env, free_port, wait_until
+from tray.icon import COLOURS
+
+TOOLS = ("Xvfb", "trayer", "xdotool", "import")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in TOOLS), reason="needs Xvfb, trayer, xdotool, imagemagick"
+    ),
+]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+CONFIG = """
+device = "simulated:8GiB"
+port = {port}
+max_concurrent = 1
+data_dir = "{tmp}/data"
+log_dir = "{tmp}/log"
+[[models]]
+name = "sim"
+kind = "simulated"
+buckets = [{{size = 16, bytes = "3GiB", run_ms = 1500}}]
+"""
+
+
+class Desktop:
+    """Xvfb plus trayer: a display with a system tray."""
+
+    def __init__(self) -> None:
+        self.xvfb = subprocess.Popen(
+            ["Xvfb", "-displayfd", "1", "-screen", "0", "480x96x24", "-nolisten", "tcp"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        self.display = ":" + self.xvfb.stdout.readline().strip()
+        self.env = clean_env() | {"DISPLAY": self.display, "PYSTRAY_BACKEND": "xorg"}
+        self.trayer = subprocess.Popen(
+            ["trayer", "--edge", "top", "--align", "right", "--widthtype", "request",
+             "--height", "64", "--transparent", "false", "--tint", "0x202830",
+             "--SetDockType", "true"],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def titles(self) -> list[str]:
+        found = subprocess.run(["xdotool", "search", "--name", "^(VRAM|vramgate)"],
+                               env=self.env, capture_output=True, text=True).stdout.split()
+        names = []
+        for window in found:
+            raw = subprocess.run(["xdotool", "getwindowname", window], env=self.env,
+                                 capture_output=True).stdout
+            names.append(raw.decode("latin-1").strip())  # pystray sets a Latin-1 WM_NAME
+        return names
+
+    def title(self) -> str:
+        titles = self.titles()
+        return titles[0] if titles else ""
+
+    def screenshot(self) -> Image.Image:
+        png = subprocess.run(["import", "-window", "root", "png:-"], env=self.env,
+                             capture_output=True, check=True).stdout
+        return Image.open(io.BytesIO(png)).convert("RGB")
+
+    def close(self) -> None:
+        for process in (self.trayer, self.xvfb):
+            process.terminate()
+            process.wait(10)
+
+
+def colour_pixels(image: Image.Image, state: str) -> int:
+    colour = COLOURS[state][:3]
+    width, height = image.size
+    return sum(1 for y in range(height) for x in range(width) if image.getpixel((x, y)) == colour)
+
+
+def servers_for(config: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", f"app serve --config {config}"], capture_output=True,
+                         text=True).stdout
+    return out.split()
+
+
+@pytest.fixture
+def desktop():
+    screen = Desktop()
+    yield screen
+    screen.close()
+
+
+def test_real_tray_shows_live_figures_survives_a_killed_server_and_stays_single(
+    desktop, tmp_path, request
+):
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG.format(port=port, tmp=tmp_path))
+    url = f"http://127.0.0.1:{port}"
+    tray = subprocess.Popen([sys.executable, "-m", "app", "tray", "--config", str(config)],
+                            env=desktop.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        # Our icon appears, ready, with the figures in its title.
+        wait_until(lambda: desktop.title().startswith("VRAM 0.0 / 8.0 GiB"), 90, "ready title")
+        assert desktop.title() == "VRAM 0.0 / 8.0 GiB · 0 running · 0 waiting"
+        assert colour_pixels(desktop.screenshot(), "ready") > 20
+
+        # Live figures: a long job runs and two wait.
+        load = [threading.Thread(target=httpx.post, args=(url + "/v1/embeddings",),
+                                 kwargs={"json": {"model": "sim", "input": "x"}, "timeout": 60})
+                for _ in range(3)]
+        for thread in load:
+            thread.start()
+        wait_until(lambda: "1 running · 2 waiting" in desktop.title(), 20, "busy title")
+        assert desktop.title() == "VRAM 3.0 / 8.0 GiB · 1 running · 2 waiting"
+        busy = desktop.screenshot()
+        assert colour_pixels(busy, "busy") > 20
+        if request.config.getoption("--update-docs"):
+            crop = busy.crop((busy.width - 80, 0, busy.width, 64))
+            crop.resize((crop.width * 3, crop.height * 3), Image.NEAREST).save(DOCS / "tray.png")
+        for thread in load:
+            thread.join()
+
+        # A second start finds the first and leaves exactly one server.
+        second = subprocess.run([sys.executable, "-m", "app", "tray", "--config", str(config)],
+                                env=desktop.env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 0 and "already running" in second.stderr
+        assert len(servers_for(config)) == 1
+
+        # The server is killed; the supervisor brings it back and the icon says so.
+        pid = int((tmp_path / "data" / "server.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: "restart" in desktop.title(), 10, "restart shown")
+        back = "VRAM 0.0 / 8.0 GiB · 0 running · 0 waiting · restarts 1"
+        wait_until(lambda: desktop.title() == back, 90, "ready again after the restart")
+        new_pid = int((tmp_path / "data" / "server.pid").read_text())
+        assert new_pid != pid and httpx.get(url + "/health").status_code == 200
+    finally:
+        tray.send_signal(signal.SIGTERM)  # as Quit: drains and stops the server
+        code = tray.wait(60)
+    assert code == 0
+    time.sleep(0.5)
+    assert servers_for(config) == []
+
+
+def test_tray_refuses_a_port_that_is_taken(desktop, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = tmp_path / "config.toml"
+        config.write_text(CONFIG.format(port=taken.getsockname()[1], tmp=tmp_path))
+        result = subprocess.run([sys.executable, "-m", "app", "tray", "--config", str(config)],
+                                env=desktop.env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 74
+    assert "already in use" in result.stderr
+    assert servers_for(config) == []
