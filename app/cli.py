@@ -132,7 +132,11 @@ def serve(settings: Settings) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, on_fatal=on_fatal)
+    def on_shutdown_request() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal, on_shutdown_request=on_shutdown_request)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -62,7 +62,18 @@ def live_server(
     settings: Settings, *, device: Device | None = None, ready: bool = True
 ) -> Iterator[Live]:
     fatal_calls: list[float] = []
-    app = create_app(settings, device=device, on_fatal=lambda: fatal_calls.append(time.time()))
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        settings,
+        device=device,
+        on_fatal=lambda: fatal_calls.append(time.time()),
+        on_shutdown_request=stop,
+    )
     config = uvicorn.Config(
         app, host="127.0.0.1", port=settings.port, log_config=None, access_log=False
     )

@@ -146,12 +146,14 @@ def run_tray(config_file: Path | None = None) -> int:
             config_file or "the config file",
         )
         return EXIT_PORT_IN_USE
+    url = server_url(settings)
     supervisor = Supervisor(
         server_command(config_file),
         log_dir=settings.resolved_log_dir,
         pid_file=settings.resolved_data_dir / "server.pid",
+        shutdown_url=url + "/admin/shutdown",
     )
     try:
-        return Tray(server_url(settings), supervisor, settings.resolved_log_dir).run()
+        return Tray(url, supervisor, settings.resolved_log_dir).run()
     finally:
         lock.release()

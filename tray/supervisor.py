@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +94,12 @@ class Supervisor:
         pid_file: Path,
         policy: RestartPolicy | None = None,
         drain_s: float = 20.0,
+        shutdown_url: str | None = None,
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.command = command
+        self.shutdown_url = shutdown_url  # POST here asks the server to drain and exit
         self.pid_file = pid_file
         self.policy = policy or RestartPolicy()
         self.drain_s = drain_s
@@ -212,9 +216,12 @@ class Supervisor:
         for line in stream:
             self._output.info(line.rstrip("\n"))
 
-    @staticmethod
-    def _terminate(child: subprocess.Popen[str]) -> None:
+    def _terminate(self, child: subprocess.Popen[str]) -> None:
+        """Ask the server to drain and exit: over HTTP first (a windowed Windows process
+        gets no console signals), then by signal."""
         if child.poll() is not None:
+            return
+        if self.shutdown_url and _post(self.shutdown_url):
             return
         with contextlib.suppress(OSError):
             if sys.platform == "win32":
@@ -225,6 +232,15 @@ class Supervisor:
     def _set(self, state: str, message: str) -> None:
         self.state, self.message = state, message
         self.on_change()
+
+
+def _post(url: str) -> bool:
+    request = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=3):
+            return True
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _die_with_parent() -> Callable[[], None] | None:

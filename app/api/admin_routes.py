@@ -43,6 +43,14 @@ async def resume(request: Request) -> dict[str, Any]:
     return {"paused": False}
 
 
+@router.post("/shutdown")
+async def shutdown(request: Request) -> dict[str, Any]:
+    """Stop the server as Ctrl+C does: stop accepting, drain, exit 0. The tray's Quit
+    uses this, since a windowed Windows process receives no console signals."""
+    request.app.state.request_shutdown()
+    return {"stopping": True}
+
+
 @router.post("/models/{name}/unload")
 async def unload(request: Request, name: str = ModelName) -> dict[str, Any]:
     """Wait for the model's running jobs, then free its weights."""

@@ -43,8 +43,10 @@ def create_app(
     *,
     device: Device | None = None,
     on_fatal: Callable[[], None] = lambda: None,
+    on_shutdown_request: Callable[[], None] = lambda: None,
 ) -> FastAPI:
-    """`on_fatal` is called once after a fatal device error (the CLI exits the process)."""
+    """`on_fatal` is called once after a fatal device error, `on_shutdown_request` when
+    POST /admin/shutdown asks the process to stop (the CLI stops uvicorn for both)."""
     service = build_service(settings, device, on_fatal)
 
     @contextlib.asynccontextmanager
@@ -70,6 +72,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.request_shutdown = on_shutdown_request
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(admin_routes.router)

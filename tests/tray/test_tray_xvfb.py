@@ -47,24 +47,47 @@ class Desktop:
     def __init__(self) -> None:
         self.xvfb = subprocess.Popen(
             ["Xvfb", "-displayfd", "1", "-screen", "0", "480x96x24", "-nolisten", "tcp"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         self.display = ":" + self.xvfb.stdout.readline().strip()
         self.env = clean_env() | {"DISPLAY": self.display, "PYSTRAY_BACKEND": "xorg"}
         self.trayer = subprocess.Popen(
-            ["trayer", "--edge", "top", "--align", "right", "--widthtype", "request",
-             "--height", "64", "--transparent", "false", "--tint", "0x202830",
-             "--SetDockType", "true"],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "trayer",
+                "--edge",
+                "top",
+                "--align",
+                "right",
+                "--widthtype",
+                "request",
+                "--height",
+                "64",
+                "--transparent",
+                "false",
+                "--tint",
+                "0x202830",
+                "--SetDockType",
+                "true",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
 
     def titles(self) -> list[str]:
-        found = subprocess.run(["xdotool", "search", "--name", "^(VRAM|vramgate)"],
-                               env=self.env, capture_output=True, text=True).stdout.split()
+        found = subprocess.run(
+            ["xdotool", "search", "--name", "^(VRAM|vramgate)"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         names = []
         for window in found:
-            raw = subprocess.run(["xdotool", "getwindowname", window], env=self.env,
-                                 capture_output=True).stdout
+            raw = subprocess.run(
+                ["xdotool", "getwindowname", window], env=self.env, capture_output=True
+            ).stdout
             names.append(raw.decode("latin-1").strip())  # pystray sets a Latin-1 WM_NAME
         return names
 
@@ -73,8 +96,9 @@ class Desktop:
         return titles[0] if titles else ""
 
     def screenshot(self) -> Image.Image:
-        png = subprocess.run(["import", "-window", "root", "png:-"], env=self.env,
-                             capture_output=True, check=True).stdout
+        png = subprocess.run(
+            ["import", "-window", "root", "png:-"], env=self.env, capture_output=True, check=True
+        ).stdout
         return Image.open(io.BytesIO(png)).convert("RGB")
 
     def close(self) -> None:
@@ -90,8 +114,9 @@ def colour_pixels(image: Image.Image, state: str) -> int:
 
 
 def servers_for(config: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-f", f"app serve --config {config}"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-f", f"app serve --config {config}"], capture_output=True, text=True
+    ).stdout
     return out.split()
 
 
@@ -109,9 +134,13 @@ def test_real_tray_shows_live_figures_survives_a_killed_server_and_stays_single(
     config = tmp_path / "config.toml"
     config.write_text(CONFIG.format(port=port, tmp=tmp_path))
     url = f"http://127.0.0.1:{port}"
-    tray = subprocess.Popen([sys.executable, "-m", "app", "tray", "--config", str(config)],
-                            env=desktop.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    tray = subprocess.Popen(
+        [sys.executable, "-m", "app", "tray", "--config", str(config)],
+        env=desktop.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # Our icon appears, ready, with the figures in its title.
         wait_until(lambda: desktop.title().startswith("VRAM 0.0 / 8.0 GiB"), 90, "ready title")
@@ -119,9 +148,14 @@ def test_real_tray_shows_live_figures_survives_a_killed_server_and_stays_single(
         assert colour_pixels(desktop.screenshot(), "ready") > 20
 
         # Live figures: a long job runs and two wait.
-        load = [threading.Thread(target=httpx.post, args=(url + "/v1/embeddings",),
-                                 kwargs={"json": {"model": "sim", "input": "x"}, "timeout": 60})
-                for _ in range(3)]
+        load = [
+            threading.Thread(
+                target=httpx.post,
+                args=(url + "/v1/embeddings",),
+                kwargs={"json": {"model": "sim", "input": "x"}, "timeout": 60},
+            )
+            for _ in range(3)
+        ]
         for thread in load:
             thread.start()
         wait_until(lambda: "1 running · 2 waiting" in desktop.title(), 20, "busy title")
@@ -135,8 +169,13 @@ def test_real_tray_shows_live_figures_survives_a_killed_server_and_stays_single(
             thread.join()
 
         # A second start finds the first and leaves exactly one server.
-        second = subprocess.run([sys.executable, "-m", "app", "tray", "--config", str(config)],
-                                env=desktop.env, capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            [sys.executable, "-m", "app", "tray", "--config", str(config)],
+            env=desktop.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 0 and "already running" in second.stderr
         assert len(servers_for(config)) == 1
 
@@ -164,8 +203,13 @@ def test_tray_refuses_a_port_that_is_taken(desktop, tmp_path):
         taken.listen()
         config = tmp_path / "config.toml"
         config.write_text(CONFIG.format(port=taken.getsockname()[1], tmp=tmp_path))
-        result = subprocess.run([sys.executable, "-m", "app", "tray", "--config", str(config)],
-                                env=desktop.env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "app", "tray", "--config", str(config)],
+            env=desktop.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 74
     assert "already in use" in result.stderr
     assert servers_for(config) == []

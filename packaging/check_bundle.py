@@ -1,0 +1,90 @@
+"""Build-output check, run after every build; needs no GPU.
+
+    python packaging/check_bundle.py dist/vramgate --flavour cuda [--site SITE_PACKAGES]
+
+For the CUDA flavour: every CUDA library the build environment has (cuBLAS, cuBLASLt,
+cudart, each cuDNN sub-library, ...) is in the bundle at its package-relative place; for
+every flavour: the executable is there, no driver library is, and the size is reported.
+Exit status 1 on any problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_libs import Platform, is_driver, missing_groups, select_libraries
+
+
+@dataclass
+class Report:
+    size_bytes: int = 0
+    files: int = 0
+    cuda_libraries: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        lines = [
+            f"bundle size {self.size_bytes / 2**20:.0f} MiB in {self.files} files; "
+            f"{self.cuda_libraries} CUDA libraries"
+        ]
+        lines += [f"ERROR: {error}" for error in self.errors]
+        lines.append("bundle check " + ("FAILED" if self.errors else "passed"))
+        return "\n".join(lines)
+
+
+def contents_dir(bundle: Path) -> Path:
+    """PyInstaller 6 puts everything but the executable under `_internal`."""
+    internal = bundle / "_internal"
+    return internal if internal.is_dir() else bundle
+
+
+def check(bundle: Path, flavour: str, site: Path, platform: Platform) -> Report:
+    report = Report()
+    exe = bundle / ("vramgate.exe" if platform == "windows" else "vramgate")
+    if not exe.is_file():
+        report.errors.append(f"no executable at {exe}")
+    files = [p for p in bundle.rglob("*") if p.is_file()]
+    report.files = len(files)
+    report.size_bytes = sum(p.stat().st_size for p in files)
+    drivers = sorted(p.name for p in files if is_driver(p.name, platform))
+    if drivers:
+        report.errors.append(f"driver libraries must not be bundled: {', '.join(drivers)}")
+    if flavour == "cuda":
+        expected = select_libraries(site, platform)
+        for group in missing_groups(expected):
+            report.errors.append(f"the build environment has no {group} library")
+        root = contents_dir(bundle)
+        absent = [
+            f"{lib.dest}/{lib.name}"
+            for lib in expected
+            if not (root / lib.dest / lib.name).is_file()
+        ]
+        if absent:
+            report.errors.append(f"missing from the bundle: {', '.join(absent)}")
+        report.cuda_libraries = len(expected) - len(absent)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--flavour", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--site", type=Path, default=Path(sysconfig.get_paths()["purelib"]))
+    parser.add_argument(
+        "--platform",
+        choices=("windows", "linux"),
+        default="windows" if sys.platform == "win32" else "linux",
+    )
+    args = parser.parse_args(argv)
+    report = check(args.bundle, args.flavour, args.site, args.platform)
+    print(report.text())
+    return 1 if report.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The bundle, built for real: the CPU flavour here, with the same three steps the
+Windows workflow runs (pyinstaller app.spec, check_bundle.py, smoke_test.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "windows-bundle.yml"
+STEPS = ("pyinstaller app.spec", "packaging/check_bundle.py", "packaging/smoke_test.py")
+
+
+def pyinstaller(tmp_path: Path, flavour: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"VRAMGATE_FLAVOUR": flavour}
+    return subprocess.run(
+        [sys.executable, "-m", "PyInstaller", "app.spec", "--noconfirm",
+         "--distpath", str(tmp_path / "dist"), "--workpath", str(tmp_path / "build")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    )
+
+
+@pytest.mark.slow
+def test_cpu_bundle_builds_checks_and_serves_a_real_embedding(tmp_path):
+    started = time.monotonic()
+    build = pyinstaller(tmp_path, "cpu")
+    build_s = time.monotonic() - started
+    assert build.returncode == 0, build.stderr[-3000:]
+    bundle = tmp_path / "dist" / "vramgate"
+    check = subprocess.run([sys.executable, "packaging/check_bundle.py", str(bundle),
+                            "--flavour", "cpu"], cwd=ROOT, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    smoke = subprocess.run([sys.executable, "packaging/smoke_test.py", str(bundle)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+    assert smoke.returncode == 0, smoke.stderr
+    figures = json.loads(smoke.stdout)
+    assert figures["embedding_dims"] == 384 and figures["exit_code"] == 0
+    print(f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
+          f"ready in {figures['time_to_ready_s']}s")
+    shutil.rmtree(tmp_path / "build", ignore_errors=True)
+
+
+def test_cuda_flavour_without_cuda_libraries_stops_with_a_clear_message(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA libraries")
+    build = pyinstaller(tmp_path, "cuda")
+    assert build.returncode != 0
+    assert "the CUDA flavour was asked for" in build.stderr
+    assert "install the CUDA build of torch" in build.stderr
+    assert not (tmp_path / "dist" / "vramgate").exists()
+
+
+def test_windows_workflow_runs_the_same_steps_and_lints_clean():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    runs = [step.get("run", "") for step in workflow["jobs"]["bundle"]["steps"]]
+    for command in STEPS:
+        assert any(command in run for run in runs), command
+    assert workflow["jobs"]["bundle"]["runs-on"].startswith("windows")
+    actionlint = shutil.which("actionlint", path=os.path.dirname(sys.executable))
+    assert actionlint, "actionlint comes with the test extras"
+    lint = subprocess.run([actionlint, str(WORKFLOW)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
