@@ -77,3 +77,18 @@ def test_history_keeps_samples_and_rejections(server_factory):
     assert history["rejections"][0]["code"] == "paused"
     sample = history["samples"][-1]
     assert sample["total"] == 1024 * MiB and {"admitted", "depth", "running"} <= set(sample)
+
+
+def test_shutdown_route_drains_and_stops_the_server(server_factory):
+    live = server_factory(device="simulated:1GiB", models=(SIM,))
+    assert httpx.post(live.url + "/admin/shutdown").json() == {"stopping": True}
+
+    def refused() -> bool:
+        try:
+            httpx.get(live.url + "/health", timeout=1)
+        except httpx.TransportError:
+            return True
+        return False
+
+    wait_until(refused, 30, "no longer accepting")
+    wait_until(lambda: live.service.state == "stopping", 30, "drained and stopped")
