@@ -22,9 +22,22 @@ STEPS = ("pyinstaller app.spec", "packaging/check_bundle.py", "packaging/smoke_t
 def pyinstaller(tmp_path: Path, flavour: str) -> subprocess.CompletedProcess:
     env = os.environ | {"VRAMGATE_FLAVOUR": flavour}
     return subprocess.run(
-        [sys.executable, "-m", "PyInstaller", "app.spec", "--noconfirm",
-         "--distpath", str(tmp_path / "dist"), "--workpath", str(tmp_path / "build")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        [
+            sys.executable,
+            "-m",
+            "PyInstaller",
+            "app.spec",
+            "--noconfirm",
+            "--distpath",
+            str(tmp_path / "dist"),
+            "--workpath",
+            str(tmp_path / "build"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
 
 
@@ -35,16 +48,27 @@ def test_cpu_bundle_builds_checks_and_serves_a_real_embedding(tmp_path):
     build_s = time.monotonic() - started
     assert build.returncode == 0, build.stderr[-3000:]
     bundle = tmp_path / "dist" / "vramgate"
-    check = subprocess.run([sys.executable, "packaging/check_bundle.py", str(bundle),
-                            "--flavour", "cpu"], cwd=ROOT, capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "packaging/check_bundle.py", str(bundle), "--flavour", "cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stdout
-    smoke = subprocess.run([sys.executable, "packaging/smoke_test.py", str(bundle)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
+    smoke = subprocess.run(
+        [sys.executable, "packaging/smoke_test.py", str(bundle)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert smoke.returncode == 0, smoke.stderr
     figures = json.loads(smoke.stdout)
     assert figures["embedding_dims"] == 384 and figures["exit_code"] == 0
-    print(f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
-          f"ready in {figures['time_to_ready_s']}s")
+    print(
+        f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
+        f"ready in {figures['time_to_ready_s']}s"
+    )
     shutil.rmtree(tmp_path / "build", ignore_errors=True)
 
 
