@@ -36,6 +36,7 @@ from app.errors import (
     VramgateError,
 )
 from app.history import History, Sample
+from app.jobs import Job, JobResult, JobRunner
 from app.lifecycle import ModelLifecycle
 from app.metrics import Metrics
 from app.models.base import ModelHandler, Prepared
@@ -48,6 +49,7 @@ log = logging.getLogger("vramgate.service")
 HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
 SNAPSHOT_TTL_S = 0.05
 SAVE_EVERY_S = 5.0
+INLINE_PREPROCESS_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Cost:
     queue_s: float
     run_s: float
     peak_bytes: int
+    batch: int = 1  # requests that ran together in one forward, this one included
 
     def headers(self) -> dict[str, str]:
         return {
@@ -67,6 +70,7 @@ class Cost:
             "X-Vramgate-Price-Bytes": str(self.price_bytes),
             "X-Vramgate-Queue-Ms": f"{self.queue_s * 1000:.1f}",
             "X-Vramgate-Run-Ms": f"{self.run_s * 1000:.1f}",
+            "X-Vramgate-Batch": str(self.batch),
         }
 
 
@@ -117,7 +121,9 @@ class InferenceService:
             max_queue=settings.max_queue,
             clock=clock,
             max_head_bypass=settings.max_head_bypass,
+            price_group=lambda tickets: self.runner.price_group(tickets),
         )
+        self.runner = JobRunner(self, self._job_failed)
         self.lifecycle = ModelLifecycle(self)
 
     # -- memory ------------------------------------------------------------------------
@@ -263,70 +269,100 @@ class InferenceService:
         gone: asyncio.Event | None,
         probe: bool,
     ) -> EmbeddingResult:
-        prepared = await self.executor.run_cpu(handler.preprocess, texts)
+        prepared = await self._preprocess(handler, texts)
         key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
-        quote = self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
+        quote = self.quote(handler, key, prepared)
         started = self.clock()
-        outcome, measurement, waited = "error", None, 0.0
+        job = Job(model, handler, prepared, key, quote, asyncio.get_running_loop().create_future())
+        outcome, result, waited = "error", None, 0.0
         try:
-            permit = await self._admit(quote, key, gone, probe)
-            waited = permit.waited_s
-            raw, measurement = await self._forward(handler, prepared, permit, key)
-            vectors = await self.executor.run_cpu(handler.postprocess, raw)
+            waited = await self._admit(job, gone, probe)
+            result = await job.result
             outcome = "ok"
         except VramgateError as exc:
             outcome = exc.code
             self._refused(model, exc)
             raise
         finally:
-            self._log_request(key, quote, waited, measurement, outcome)
+            self._log_request(key, quote, waited, result, outcome)
         self.last_alive = self.clock()
-        self.metrics.observe_success(model, waited, measurement.run_s, self.clock() - started)
+        run_s = result.measurement.run_s
+        self.metrics.observe_success(model, waited, run_s, self.clock() - started)
         cost = Cost(
-            prepared.bucket.label,
-            quote.nbytes,
+            result.bucket,
+            result.price_bytes,
             quote.source,
             waited,
-            measurement.run_s,
-            measurement.peak_bytes,
+            run_s,
+            result.measurement.peak_bytes,
+            result.batch,
         )
-        return EmbeddingResult(vectors, prepared.tokens, cost)
+        return EmbeddingResult(result.vectors, prepared.tokens, cost)
 
-    async def _admit(
-        self, quote: Quote, key: PriceKey, gone: asyncio.Event | None, probe: bool
-    ) -> Permit:
-        nbytes = quote.nbytes
-        if quote.exclusive:  # a guess: run alone whatever it says, unless proven too big
-            nbytes = max(min(nbytes, self.capacity_bytes()), quote.floor)
+    async def _preprocess(self, handler: ModelHandler, texts: list[str]) -> Prepared:
+        """Small inputs are tokenised on the loop (a thread hop costs more than the
+        work); large ones on the CPU pool so the loop stays responsive."""
+        if sum(len(text) for text in texts) <= INLINE_PREPROCESS_CHARS:
+            return handler.preprocess(texts)
+        return await self.executor.run_cpu(handler.preprocess, texts)
+
+    def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
+        return self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
+
+    def admitted_bytes(self, quote: Quote) -> int:
+        """An exclusive price is a guess: it runs alone whatever it says, unless proven
+        too big for the device."""
+        if quote.exclusive:
+            return max(min(quote.nbytes, self.capacity_bytes()), quote.floor)
+        return quote.nbytes
+
+    def record(self, key: PriceKey, prepared: Prepared, measurement: Measurement) -> None:
+        if measurement.alone:
+            self.book.record(key, prepared.bucket.size, measurement.peak_bytes, measurement.run_s)
+        else:
+            self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
+
+    def release(self, permit: Permit) -> None:
+        self.gate.release(permit)
+
+    async def _admit(self, job: Job, gone: asyncio.Event | None, probe: bool) -> float:
+        """Wait for admission (maybe as part of a group); returns the seconds waited."""
         loop = asyncio.get_running_loop()
         admitted: asyncio.Future[Permit] = loop.create_future()
 
         def on_admit(permit: Permit) -> None:
             if not admitted.done():
                 admitted.set_result(permit)
+            self.runner.start(permit)
 
+        handler = job.handler
         ticket = Ticket(
-            nbytes=nbytes,
+            nbytes=self.admitted_bytes(job.quote),
             deadline=self.clock() + self.settings.queue_timeout,
-            expected_s=quote.expected_s,
-            exclusive=quote.exclusive,
-            label=f"{key.model}/{key.bucket}",
+            expected_s=job.quote.expected_s,
+            exclusive=job.quote.exclusive,
+            label=f"{job.key.model}/{job.key.bucket}",
             on_admit=on_admit,
+            batch_key=job.model if handler.batchable else None,
+            batch_limit=handler.spec.max_batch,
         )
-        decision = self.gate.submit(ticket, ignore_queue_limit=probe)
-        if isinstance(decision, Admit):
-            return decision.permit
-        if isinstance(decision, Reject):
-            raise self._rejection(decision)
-        self._waiters[ticket.id] = admitted
+        ticket.id = self.gate.next_id()
+        self.runner.jobs[ticket.id] = job
         try:
-            return await self._wait_admitted(ticket, admitted, gone)
+            decision = self.gate.submit(ticket, ignore_queue_limit=probe)
+            if isinstance(decision, Reject):
+                raise self._rejection(decision)
+            if not isinstance(decision, Admit):
+                self._waiters[ticket.id] = admitted
+                await self._wait_admitted(ticket, admitted, gone)
+            return admitted.result().admitted_at - ticket.enqueued_at
         finally:
             self._waiters.pop(ticket.id, None)
+            self.runner.jobs.pop(ticket.id, None)  # still here only if never admitted
 
     async def _wait_admitted(
         self, ticket: Ticket, admitted: asyncio.Future[Permit], gone: asyncio.Event | None
-    ) -> Permit:
+    ) -> None:
         watcher = asyncio.ensure_future(gone.wait()) if gone is not None else None
         try:
             waits: set[asyncio.Future[Any]] = {admitted}
@@ -334,42 +370,14 @@ class InferenceService:
                 waits.add(watcher)
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            self._abandon(ticket, admitted)
+            self.gate.cancel(ticket)  # admitted meanwhile: the runner owns the permit
             raise
         finally:
             if watcher is not None:
                 watcher.cancel()
-        if admitted.done():
-            return admitted.result()  # a permit, or the timeout/shutdown error set on it
-        self._abandon(ticket, admitted)
-        raise ClientGone("the client disconnected while queued")
-
-    def _abandon(self, ticket: Ticket, admitted: asyncio.Future[Permit]) -> None:
-        """Take a ticket out of the queue; a permit granted meanwhile goes straight back."""
-        self.gate.cancel(ticket)
-        if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
-            self._release(admitted.result())
-
-    async def _forward(
-        self, handler: ModelHandler, prepared: Prepared, permit: Permit, key: PriceKey
-    ) -> tuple[Any, Measurement]:
-        job = self.executor.submit_device(handler.forward, prepared)
-        try:
-            raw, measurement = await asyncio.shield(job)
-        except Exception as exc:
-            raise self._job_failed(exc, key, prepared, permit) from exc
-        finally:
-            # The permit's bytes are in use until the device is really done with the job,
-            # even if our caller was cancelled meanwhile.
-            if job.done():
-                self._release(permit)
-            else:
-                job.add_done_callback(lambda done: self._release_after(done, permit))
-        if measurement.alone:
-            self.book.record(key, prepared.bucket.size, measurement.peak_bytes, measurement.run_s)
-        else:
-            self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
-        return raw, measurement
+        if not admitted.done():
+            self.gate.cancel(ticket)
+            raise ClientGone("the client disconnected while queued")
 
     def _job_failed(
         self, exc: BaseException, key: PriceKey, prepared: Prepared, permit: Permit
@@ -391,14 +399,6 @@ class InferenceService:
             return DeviceFailed("the device failed; the server is restarting", retry_after=10)
         log.error("model %s failed: %s: %s", key.model, type(exc).__name__, exc, exc_info=exc)
         return InternalError("the model failed on this request")
-
-    def _release(self, permit: Permit) -> None:
-        self.gate.release(permit)
-
-    def _release_after(self, done: asyncio.Future[Any], permit: Permit) -> None:
-        if not done.cancelled():
-            done.exception()  # retrieved: the caller that wanted it is gone
-        self._release(permit)
 
     # -- failures ----------------------------------------------------------------------
     def _rejection(self, decision: Reject) -> VramgateError:
@@ -449,19 +449,23 @@ class InferenceService:
         key: PriceKey,
         quote: Quote,
         waited: float,
-        measurement: Measurement | None,
+        result: JobResult | None,
         outcome: str,
     ) -> None:
-        run_s = measurement.run_s if measurement else 0.0
+        """One line per request. A request that ran in a batch shows the batch's bucket,
+        price and size; its peak is the batch's, measured when it ran alone."""
+        measurement = result.measurement if result else None
         peak = measurement.peak_bytes if measurement and measurement.alone else None
         log.info(
-            "request model=%s bucket=%s price=%d%s queue_ms=%.1f run_ms=%.1f peak=%s outcome=%s",
+            "request model=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f run_ms=%.1f "
+            "peak=%s outcome=%s",
             key.model,
-            key.bucket,
-            quote.nbytes,
+            result.bucket if result else key.bucket,
+            result.price_bytes if result else quote.nbytes,
             " exclusive" if quote.exclusive else "",
+            result.batch if result else 1,
             waited * 1000,
-            run_s * 1000,
+            measurement.run_s * 1000 if measurement else 0.0,
             peak if peak is not None else "-",
             outcome,
         )

@@ -105,6 +105,7 @@ def encode_embeddings(valid: ValidEmbeddingRequest, result: EmbeddingResult) -> 
             "queue_ms": round(cost.queue_s * 1000, 3),
             "run_ms": round(cost.run_s * 1000, 3),
             "vram_bytes": cost.price_bytes,
+            "batch": cost.batch,
         },
     }
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

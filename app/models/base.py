@@ -26,11 +26,14 @@ class Bucket:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A preprocessed request: what `forward` needs, its bucket, and its token count."""
+    """A preprocessed request: what `forward` needs, its bucket, its token count, how
+    many inputs it holds, and the length of its longest input (tokens or words)."""
 
     bucket: Bucket
     payload: Any
     tokens: int
+    count: int = 1
+    longest: int = 0
 
 
 def next_pow2(value: int, floor: int = 1) -> int:
@@ -71,6 +74,15 @@ class ModelHandler(ABC):
     @abstractmethod
     def postprocess(self, raw: Any) -> np.ndarray:
         """Float32 array, one row per input, in the caller's order."""
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        """Several requests as one forward (continuous batching), or None if they cannot
+        share one (too many inputs together). The rows of the result follow `parts`."""
+        return parts[0] if len(parts) == 1 else None
+
+    @property
+    def batchable(self) -> bool:
+        return self.spec.max_batch > 1
 
     def prime(self) -> None:
         """One unmeasured forward right after loading, so one-time lazy allocations

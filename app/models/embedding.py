@@ -94,35 +94,57 @@ class EmbeddingHandler(ModelHandler):
                 self._normalize = True
 
     def preprocess(self, texts: list[str]) -> Prepared:
-        encoded = self._tokenizer(texts, truncation=True, max_length=self._max_seq, padding=False)
+        encoded = self._tokenizer(texts, truncation=True, max_length=self._max_seq)
         ids: list[list[int]] = encoded["input_ids"]
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        chunks = []
-        step = self.spec.max_batch
-        for start in range(0, len(order), step):
-            members = order[start : start + step]
-            batch = self._tokenizer.pad(
-                {"input_ids": [ids[i] for i in members]}, return_tensors="pt"
-            )
-            chunks.append((members, batch))
+        return self._prepared(ids)
+
+    def _prepared(self, ids: list[list[int]]) -> Prepared:
         longest = max(len(x) for x in ids)
         seq = next_pow2(longest, MIN_SEQ_BUCKET)
-        batch_size = next_pow2(min(len(ids), step))
-        tokens = sum(len(x) for x in ids)
-        return Prepared(Bucket(f"s{seq}xb{batch_size}", seq * batch_size), chunks, tokens)
+        batch = next_pow2(min(len(ids), self.spec.max_batch))
+        return Prepared(
+            Bucket(f"s{seq}xb{batch}", seq * batch),
+            ids,
+            sum(len(x) for x in ids),
+            count=len(ids),
+            longest=longest,
+        )
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        if len(parts) == 1:
+            return parts[0]
+        if sum(p.count for p in parts) > self.spec.max_batch:
+            return None
+        return self._prepared([ids for p in parts for ids in p.payload])
 
     def forward(self, prepared: Prepared) -> Any:
+        """Inputs sorted by length and run in chunks of `max_batch`, each padded only to
+        its own longest input; rows come back in the inputs' order."""
         self.forward_calls += 1  # one inference thread per job; a torn count is harmless
-        results = []
+        ids: list[list[int]] = prepared.payload
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out = np.empty((len(ids), self.dimensions), dtype=np.float32)
+        pad = int(self._tokenizer.pad_token_id or 0)
         with torch.inference_mode():
-            for members, batch in prepared.payload:
-                batch = {k: v.to(self._device, non_blocking=True) for k, v in batch.items()}
-                hidden = self._model(**batch).last_hidden_state
-                pooled = self._pool(hidden, batch["attention_mask"])
-                if self._normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-                results.append((members, pooled.float().cpu()))
-        return results
+            for start in range(0, len(order), self.spec.max_batch):
+                members = order[start : start + self.spec.max_batch]
+                width = max(len(ids[i]) for i in members)
+                input_ids = torch.full((len(members), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(members), width), dtype=torch.long)
+                for row, i in enumerate(members):
+                    input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
+                    mask[row, : len(ids[i])] = 1
+                out[members] = self._embed(input_ids, mask).numpy()
+        return out
+
+    def _embed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        input_ids = input_ids.to(self._device, non_blocking=True)
+        mask = mask.to(self._device, non_blocking=True)
+        hidden = self._model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        pooled = self._pool(hidden, mask)
+        if self._normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.float().cpu()
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self._pooling == "cls":
@@ -132,11 +154,7 @@ class EmbeddingHandler(ModelHandler):
         return summed / weights.sum(dim=1).clamp(min=1e-9)
 
     def postprocess(self, raw: Any) -> np.ndarray:
-        count = sum(len(members) for members, _ in raw)
-        out = np.empty((count, self.dimensions), dtype=np.float32)
-        for members, vectors in raw:
-            out[members] = vectors.numpy()
-        return out
+        return raw
 
     def prime(self) -> None:
         self.postprocess(self.forward(self.preprocess(self.probe_input())))

@@ -51,7 +51,30 @@ class SimulatedHandler(ModelHandler):
     def preprocess(self, texts: list[str]) -> Prepared:
         words = sum(max(1, len(text.split())) for text in texts)
         declared = self._bucket_for(words)
-        return Prepared(Bucket(f"w{declared.size}", declared.size), list(texts), words)
+        return Prepared(
+            Bucket(f"w{declared.size}", declared.size),
+            list(texts),
+            words,
+            count=len(texts),
+            longest=words,
+        )
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        """A batch costs what one request with all its words would."""
+        if len(parts) == 1:
+            return parts[0]
+        words = sum(p.tokens for p in parts)
+        texts = [text for p in parts for text in p.payload]
+        if words > self._buckets[-1].size or len(texts) > self.spec.max_batch:
+            return None
+        declared = self._bucket_for(words)
+        return Prepared(
+            Bucket(f"w{declared.size}", declared.size),
+            texts,
+            words,
+            count=len(texts),
+            longest=words,
+        )
 
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"

@@ -30,6 +30,9 @@ class Ticket:
     enqueued_at: float = 0.0
     bypassed: int = 0
     id: int = field(default=0)
+    # Waiting tickets with the same batch key may be admitted together, as one job.
+    batch_key: str | None = None
+    batch_limit: int = 1
     # Called (on the gate's thread) when the ticket is admitted, whichever call admits it.
     on_admit: Callable[[Permit], None] | None = field(default=None, repr=False, compare=False)
 
@@ -44,6 +47,7 @@ class Permit:
     expected_s: float
     admitted_at: float
     waited_s: float
+    members: tuple[int, ...] = ()  # the tickets admitted together, the first one leading
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,33 @@ def plan_admissions(
     return chosen
 
 
+# Prices a would-be group of tickets: (bytes, exclusive), or None if they cannot be merged.
+GroupPricer = Callable[[Sequence[Ticket]], tuple[int, bool] | None]
+
+
+def grow_group(
+    leader: Ticket,
+    riders: Sequence[Ticket],
+    *,
+    available: int,
+    alone: bool,
+    price_group: GroupPricer,
+) -> tuple[list[Ticket], int, bool]:
+    """The largest group of `leader` plus a prefix of `riders` (same batch key, in queue
+    order) whose price fits in `available` bytes; exclusive only if it would run `alone`.
+    Tries the largest group first, then halves. Pure."""
+    count = min(len(riders), max(0, leader.batch_limit - 1))
+    while count > 0:
+        members = [leader, *riders[:count]]
+        priced = price_group(members)
+        if priced is not None:
+            nbytes, exclusive = priced
+            if nbytes <= available and (alone or not exclusive):
+                return members, nbytes, exclusive
+        count //= 2
+    return [leader], leader.nbytes, leader.exclusive
+
+
 def _reservation(head: Ticket, free_bytes: int, ends: list[tuple[int, float]]) -> tuple[float, int]:
     """When the blocked `head` is expected to fit, and the bytes spare beside it then."""
     available, shadow = free_bytes, float("inf")
@@ -152,6 +183,7 @@ class MemoryGate:
         max_queue: int,
         clock: Callable[[], float],
         max_head_bypass: int = 16,
+        price_group: GroupPricer | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("a gate needs at least one slot")
@@ -161,6 +193,7 @@ class MemoryGate:
         self.slots = slots
         self.max_queue = max_queue
         self.max_head_bypass = max_head_bypass
+        self._price_group = price_group
         self._queue: list[Ticket] = []
         self._running: dict[int, Permit] = {}
         self._ids = itertools.count(1)
@@ -186,6 +219,10 @@ class MemoryGate:
     def permits(self) -> tuple[Permit, ...]:
         return tuple(self._running.values())
 
+    def next_id(self) -> int:
+        """A fresh ticket id, for callers that must know it before submitting."""
+        return next(self._ids)
+
     def pool_bytes(self) -> int:
         return self._pool()
 
@@ -204,7 +241,7 @@ class MemoryGate:
     # -- decisions --------------------------------------------------------------------
     def submit(self, ticket: Ticket, *, ignore_queue_limit: bool = False) -> Decision:
         now = self._clock()
-        ticket.id = next(self._ids)
+        ticket.id = ticket.id or self.next_id()
         ticket.enqueued_at = now
         capacity = self._capacity()
         if ticket.nbytes > capacity:
@@ -263,25 +300,61 @@ class MemoryGate:
         )
         if not chosen:
             return []
-        picked = [self._queue[i] for i in chosen]
-        first_waiting = next((t for t in self._queue if t not in picked), None)
-        if first_waiting is not None and self._queue.index(first_waiting) < chosen[-1]:
-            overtakers = sum(1 for i in chosen if i > self._queue.index(first_waiting))
-            first_waiting.bypassed += overtakers
-        permits = []
-        for ticket in picked:
-            self._queue.remove(ticket)
-            permit = Permit(
-                ticket.id,
-                ticket.nbytes,
-                ticket.exclusive,
-                ticket.expected_s,
-                now,
-                now - ticket.enqueued_at,
+        groups = self._groups(chosen)
+        positions = {id(t): i for i, t in enumerate(self._queue)}
+        picked = {id(t) for members, _, _ in groups for t in members}
+        first_waiting = next((t for t in self._queue if id(t) not in picked), None)
+        if first_waiting is not None:
+            head = positions[id(first_waiting)]
+            first_waiting.bypassed += sum(
+                1 for members, _, _ in groups for t in members if positions[id(t)] > head
             )
-            self._running[ticket.id] = permit
+        self._queue = [t for t in self._queue if id(t) not in picked]
+        permits = []
+        for members, nbytes, exclusive in groups:
+            leader = members[0]
+            permit = Permit(
+                leader.id,
+                nbytes,
+                exclusive,
+                max(t.expected_s for t in members),
+                now,
+                now - leader.enqueued_at,
+                tuple(t.id for t in members),
+            )
+            self._running[leader.id] = permit
             permits.append(permit)
-        for ticket, permit in zip(picked, permits, strict=True):
-            if ticket.on_admit is not None:
-                ticket.on_admit(permit)
+        for (members, _, _), permit in zip(groups, permits, strict=True):
+            for ticket in members:
+                if ticket.on_admit is not None:
+                    ticket.on_admit(permit)
         return permits
+
+    def _groups(self, chosen: list[int]) -> list[tuple[list[Ticket], int, bool]]:
+        """Grow each admitted ticket that has a batch key into a group of the waiting
+        tickets with the same key that come after it, as far as the free bytes allow."""
+        free = self.free_bytes() - sum(self._queue[i].nbytes for i in chosen)
+        taken = set(chosen)
+        alone = len(chosen) == 1 and self.running == 0
+        groups = []
+        for index in chosen:
+            leader = self._queue[index]
+            if leader.batch_key is None or self._price_group is None or leader.batch_limit < 2:
+                groups.append(([leader], leader.nbytes, leader.exclusive))
+                continue
+            riders = [
+                t
+                for j, t in enumerate(self._queue)
+                if j > index and j not in taken and t.batch_key == leader.batch_key
+            ]
+            members, nbytes, exclusive = grow_group(
+                leader,
+                riders,
+                available=free + leader.nbytes,
+                alone=alone,
+                price_group=self._price_group,
+            )
+            taken.update(self._queue.index(t) for t in members[1:])
+            free -= nbytes - leader.nbytes
+            groups.append((members, nbytes, exclusive))
+        return groups

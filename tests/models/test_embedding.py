@@ -31,8 +31,8 @@ def test_buckets_round_tokens_and_batch_up_to_powers_of_two(minilm_handler):
     assert one.bucket.label == "s16xb1" and one.tokens == 4  # [CLS] hello there [SEP]
     many = minilm_handler.preprocess(["word " * 40] * 3)
     assert many.bucket.label == "s64xb4"
-    capped = minilm_handler.preprocess(["a"] * 10)  # max_batch 4: chunks of 4
-    assert capped.bucket.label == "s16xb4" and len(capped.payload) == 3
+    capped = minilm_handler.preprocess(["a"] * 10)  # max_batch 4: forward runs chunks of 4
+    assert capped.bucket.label == "s16xb4" and capped.count == 10
 
 
 def test_long_inputs_are_truncated_to_the_models_limit(minilm_handler):
@@ -121,3 +121,25 @@ def test_missing_folder_fails_clearly(tmp_path):
     handler = EmbeddingHandler(ModelSpec(name="gone", path=tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         handler.load(CpuDevice())
+
+
+def test_merged_requests_take_the_bucket_of_the_whole_batch(minilm_handler):
+    short = minilm_handler.preprocess(["hi"])
+    long = minilm_handler.preprocess(["word " * 40])
+    merged = minilm_handler.merge([short, long, short])
+    assert merged.bucket.label == "s64xb4" and merged.count == 3
+    assert merged.tokens == 2 * short.tokens + long.tokens
+    too_many = [minilm_handler.preprocess(["a", "b"])] * 3  # 6 inputs > max_batch 4
+    assert minilm_handler.merge(too_many) is None
+
+
+def test_batched_results_equal_unbatched_ones(minilm_handler):
+    texts = ["short", "a rather longer sentence about batching " * 3, "medium text here",
+             "x", "the last one, of middling length"]
+    alone = [minilm_handler.forward(minilm_handler.preprocess([t]))[0] for t in texts]
+    merged = minilm_handler.merge([minilm_handler.preprocess([t]) for t in texts[:4]])
+    together = list(minilm_handler.forward(merged))
+    together += list(minilm_handler.forward(minilm_handler.preprocess(texts[4:])))
+    for a, b in zip(alone, together, strict=True):
+        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+        assert cosine >= 0.99999

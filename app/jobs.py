@@ -1,0 +1,119 @@
+"""Jobs and continuous batching.
+
+A request becomes a `Job` waiting in the MemoryGate. When the gate admits it, it may
+bring along the waiting jobs of the same model behind it (a group), priced by the
+group's own bucket so admission still holds. The `JobRunner` runs each admitted group
+as one forward on the inference pool, releases its permit when the device is done,
+records the group's measured peak, and hands every member its rows.
+
+Everything here runs on the event loop thread, except the forward itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from app.engine.executor import Measurement
+from app.errors import VramgateError
+from app.models.base import ModelHandler, Prepared
+from app.sched.budget import PriceKey, Quote
+from app.sched.gate import Permit, Ticket
+
+if TYPE_CHECKING:
+    from app.service import InferenceService
+
+log = logging.getLogger("vramgate.jobs")
+
+
+@dataclass(frozen=True)
+class JobResult:
+    vectors: np.ndarray
+    measurement: Measurement
+    bucket: str  # the group's bucket
+    price_bytes: int  # what the group was admitted with
+    batch: int  # requests in the group
+
+
+@dataclass
+class Job:
+    model: str
+    handler: ModelHandler
+    prepared: Prepared
+    key: PriceKey
+    quote: Quote
+    result: asyncio.Future[JobResult]
+
+
+FailureMapper = Callable[[BaseException, PriceKey, Prepared, Permit], VramgateError]
+
+
+class JobRunner:
+    def __init__(self, service: InferenceService, on_failure: FailureMapper) -> None:
+        self.service = service
+        self.on_failure = on_failure
+        self.jobs: dict[int, Job] = {}  # waiting jobs by ticket id
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def key_for(self, job: Job, prepared: Prepared) -> PriceKey:
+        return PriceKey(job.model, prepared.bucket.label, job.key.device, job.key.dtype)
+
+    def price_group(self, tickets: Sequence[Ticket]) -> tuple[int, bool] | None:
+        """The gate's group pricer: the merged request's quote, or None if unmergeable."""
+        jobs = [self.jobs.get(t.id) for t in tickets]
+        if any(job is None for job in jobs):
+            return None
+        leader = jobs[0]
+        assert leader is not None
+        merged = leader.handler.merge([job.prepared for job in jobs if job is not None])
+        if merged is None:
+            return None
+        quote = self.service.quote(leader.handler, self.key_for(leader, merged), merged)
+        return self.service.admitted_bytes(quote), quote.exclusive
+
+    def start(self, permit: Permit) -> None:
+        """Called by the gate for every member of an admitted group; runs it once."""
+        if permit.members and permit.ticket_id != permit.members[0]:
+            return
+        members = permit.members or (permit.ticket_id,)
+        jobs = [job for tid in members if (job := self.jobs.pop(tid, None)) is not None]
+        if not jobs:  # everyone left before the group started
+            self.service.release(permit)
+            return
+        task = asyncio.get_running_loop().create_task(self._run(permit, jobs))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, permit: Permit, jobs: list[Job]) -> None:
+        leader = jobs[0]
+        merged = leader.handler.merge([job.prepared for job in jobs]) or leader.prepared
+        key = self.key_for(leader, merged)
+        executor = self.service.executor
+        work = executor.submit_device(leader.handler.forward, merged)
+        # The permit's bytes stay taken until the device is really done with the job.
+        work.add_done_callback(lambda _: self.service.release(permit))
+        try:
+            raw, measurement = await asyncio.shield(work)
+            vectors = leader.handler.postprocess(raw)
+        except Exception as exc:
+            error = self.on_failure(exc, key, merged, permit)
+            for job in jobs:
+                if not job.result.done():
+                    job.result.set_exception(error)
+            return
+        self.service.record(key, merged, measurement)
+        counts = np.cumsum([job.prepared.count for job in jobs])[:-1]
+        for job, rows in zip(jobs, np.split(vectors, counts), strict=True):
+            if not job.result.done():
+                job.result.set_result(
+                    JobResult(rows, measurement, merged.bucket.label, permit.nbytes, len(jobs))
+                )
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
