@@ -77,9 +77,7 @@ class JobRunner:
         return self.service.admitted_bytes(quote), quote.exclusive
 
     def start(self, permit: Permit) -> None:
-        """Called by the gate for every member of an admitted group; runs it once."""
-        if permit.members and permit.ticket_id != permit.members[0]:
-            return
+        """Run an admitted group; called once per permit, by its leader's admission."""
         members = permit.members or (permit.ticket_id,)
         jobs = [job for tid in members if (job := self.jobs.pop(tid, None)) is not None]
         if not jobs:  # everyone left before the group started

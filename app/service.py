@@ -333,7 +333,8 @@ class InferenceService:
         def on_admit(permit: Permit) -> None:
             if not admitted.done():
                 admitted.set_result(permit)
-            self.runner.start(permit)
+            if permit.ticket_id == ticket.id:  # the group's leader starts it, once
+                self.runner.start(permit)
 
         handler = job.handler
         ticket = Ticket(

@@ -179,3 +179,23 @@ def test_simulated_fatal_device_error_fails_over_to_restart(server_factory):
     assert health.status_code == 503 and health.json()["state"] == "failed"
     again = httpx.post(live.url + "/v1/embeddings", json=body(), timeout=30)
     assert again.status_code == 503
+
+
+def test_simulated_waiting_requests_run_together_as_one_batch(server_factory):
+    live = server_factory(
+        device="simulated:1GiB",
+        models=(sim((16, 10 * MiB, 300), (64, 40 * MiB, 300)),),
+        max_concurrent=1,
+    )
+    handler = live.service.registry.entries["sim"].handler
+    calls_before = handler.forward_calls
+    responses = asyncio.run(post_many(live.url, [body(2)] * 8))
+    assert [r.status_code for r in responses] == [200] * 8
+    batches = sorted(int(r.headers["X-Vramgate-Batch"]) for r in responses)
+    assert batches[-1] > 1  # those that waited behind the first ran together
+    assert handler.forward_calls - calls_before < 8
+    assert [r.json()["usage"]["batch"] for r in responses] == [
+        int(r.headers["X-Vramgate-Batch"]) for r in responses
+    ]
+    status = live.status()
+    assert status["counters"]["ooms"] == 0 and status["pool"]["admitted_bytes"] == 0

@@ -134,8 +134,13 @@ def test_merged_requests_take_the_bucket_of_the_whole_batch(minilm_handler):
 
 
 def test_batched_results_equal_unbatched_ones(minilm_handler):
-    texts = ["short", "a rather longer sentence about batching " * 3, "medium text here",
-             "x", "the last one, of middling length"]
+    texts = [
+        "short",
+        "a rather longer sentence about batching " * 3,
+        "medium text here",
+        "x",
+        "the last one, of middling length",
+    ]
     alone = [minilm_handler.forward(minilm_handler.preprocess([t]))[0] for t in texts]
     merged = minilm_handler.merge([minilm_handler.preprocess([t]) for t in texts[:4]])
     together = list(minilm_handler.forward(merged))

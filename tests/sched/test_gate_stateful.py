@@ -163,3 +163,63 @@ TestGate = GateMachine.TestCase
 TestGate.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestStrictFifo = StrictFifoMachine.TestCase
 TestStrictFifo.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class GroupingMachine(RuleBasedStateMachine):
+    """Tickets with batch keys are admitted in groups priced by a callback: every ticket
+    is admitted exactly once, a group's bytes fit when admitted, and releasing a group's
+    permit returns all of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.gate = MemoryGate(
+            pool=lambda: CAPACITY,
+            capacity=lambda: CAPACITY,
+            slots=SLOTS,
+            max_queue=MAX_QUEUE,
+            clock=lambda: self.now,
+            max_head_bypass=3,
+            price_group=self.price_group,
+        )
+        self.admitted: dict[int, int] = {}  # ticket id -> permit (leader) id
+        self.permits: dict[int, Permit] = {}
+
+    def price_group(self, tickets):
+        # A group costs its members' bytes plus 10% (padding), and cannot pass 90 bytes.
+        total = int(sum(t.nbytes for t in tickets) * 1.1)
+        return None if total > 90 else (total, False)
+
+    def _on_admit(self, ticket: Ticket, permit: Permit) -> None:
+        assert ticket.id not in self.admitted, "a ticket was admitted twice"
+        assert ticket.id in (permit.members or (permit.ticket_id,))
+        assert self.gate.held_bytes <= CAPACITY
+        self.admitted[ticket.id] = permit.ticket_id
+        self.permits[permit.ticket_id] = permit
+
+    @rule(nbytes=st.integers(1, 60), key=st.sampled_from([None, "a", "b"]))
+    def submit(self, nbytes: int, key: str | None):
+        ticket = Ticket(nbytes=nbytes, deadline=self.now + 100, batch_key=key, batch_limit=4)
+        ticket.on_admit = lambda permit, t=ticket: self._on_admit(t, permit)
+        self.gate.submit(ticket)
+
+    @rule(data=st.data())
+    def finish_a_group(self, data):
+        if not self.permits:
+            return
+        leader = data.draw(st.sampled_from(sorted(self.permits)))
+        self.gate.release(self.permits.pop(leader))
+
+    @invariant()
+    def groups_are_accounted_as_one(self):
+        assert self.gate.held_bytes == sum(p.nbytes for p in self.permits.values())
+        for permit in self.permits.values():
+            assert len(permit.members) <= 4
+            if len(permit.members) > 1:
+                assert permit.nbytes <= 90  # what the pricer allowed
+        waiting = {t.id for t in self.gate.waiting}
+        assert not waiting & set(self.admitted)
+
+
+TestGrouping = GroupingMachine.TestCase
+TestGrouping.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
