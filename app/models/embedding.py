@@ -47,6 +47,7 @@ class EmbeddingHandler(ModelHandler):
         self.dimensions = 0
         self._model: Any = None
         self._tokenizer: Any = None
+        self._backend: Any = None
         self._device: torch.device = torch.device("cpu")
         self._pooling = "mean"
         self._normalize = False
@@ -66,6 +67,13 @@ class EmbeddingHandler(ModelHandler):
         self._device = device.torch_device
         self.dimensions = int(self._model.config.hidden_size)
         self._max_seq = min(self._max_seq, int(self._tokenizer.model_max_length or self._max_seq))
+        # The Rust tokenizer itself: half the per-request cost of the transformers wrapper.
+        # Its own file may set truncation and padding (to 128 here): ours replace them.
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            backend.enable_truncation(self._max_seq)
+            backend.no_padding()
+        self._backend = backend
 
     def weights_bytes(self) -> int:
         if self._model is None:
@@ -94,8 +102,10 @@ class EmbeddingHandler(ModelHandler):
                 self._normalize = True
 
     def preprocess(self, texts: list[str]) -> Prepared:
-        encoded = self._tokenizer(texts, truncation=True, max_length=self._max_seq)
-        ids: list[list[int]] = encoded["input_ids"]
+        if self._backend is not None:
+            ids = [encoding.ids for encoding in self._backend.encode_batch(texts)]
+        else:
+            ids = self._tokenizer(texts, truncation=True, max_length=self._max_seq)["input_ids"]
         return self._prepared(ids)
 
     def _prepared(self, ids: list[list[int]]) -> Prepared:
