@@ -1,0 +1,272 @@
+"""The CUDA check, for a session lent a GPU machine (see ../shared/gpu-check.md).
+
+    python bench/gpu_check.py [--device cuda] [--pool-gib 4] [--out $OUT]
+
+Runs the real server in-process on the device and prints (and writes to OUT/gpu_check.json):
+1. the device: name, total memory, driver, torch and CUDA versions;
+2. per bucket of a real model (a randomly initialised BERT made on the spot and saved with
+   save_pretrained, so nothing has to travel): the learned price against the peak measured
+   with the model run alone, and their ratio;
+3. a flood at high concurrency with mixed sizes (the real model and the simulated one, which
+   really allocates on the device) against a pool limited to --pool-gib: OOMs (must be 0),
+   rejected, served, throughput, and the peak of torch's allocations against the limit;
+4. a real device-side assert in a child process, and how vramgate classifies it.
+
+On a machine without CUDA, `--device cpu` runs the same steps as a dry run. The device
+machine has no network: carry the pure dependencies as wheels, e.g.
+`pip download --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.12
+-d .whl fastapi starlette pydantic pydantic-core pydantic-settings uvicorn platformdirs
+orjson annotated-types typing-inspection anyio sniffio h11 idna` and install them there with
+`pip install --no-index --find-links .whl ...` before running this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GiB = 2**30
+MiB = 2**20
+
+
+def make_model(folder: Path, hidden: int, layers: int) -> Path:
+    """A random BERT saved as a sentence-transformers folder, through the real save code."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(folder)
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+            ]
+        )
+    )
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_mean_tokens": True})
+    )
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    return folder
+
+
+def text(tokens: int) -> str:
+    return " ".join(["a"] * max(1, tokens - 2))
+
+
+def device_facts(service: Any) -> dict[str, Any]:
+    import torch
+
+    snap = service.snapshot(fresh=True)
+    return {
+        **service.device.describe(),
+        "total_bytes": snap.total,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "pool_bytes": service.pool_bytes(),
+    }
+
+
+def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, int]]) -> dict:
+    """Each bucket's peak with the model alone on the device, outside the server."""
+    from app.engine.device import make_device
+    from app.models.embedding import EmbeddingHandler
+    from app.settings import ModelSpec, load_settings
+
+    device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
+    handler = EmbeddingHandler(ModelSpec(name="bert", path=model_dir))
+    handler.load(device)
+    handler.prime()
+    peaks = {}
+    for tokens, batch in shapes:
+        prepared = handler.preprocess([text(tokens)] * batch)
+        device.synchronize()
+        device.begin_peak()
+        base = device.allocated()
+        handler.forward(prepared)
+        device.synchronize()
+        peaks[prepared.bucket.label] = device.peak() - base
+    handler.unload()
+    device.empty_cache()
+    return peaks
+
+
+async def flood(url: str, bodies: list[dict], clients: int) -> dict[str, Any]:
+    import httpx
+
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    codes: dict[int, int] = {}
+    async with httpx.AsyncClient(
+        base_url=url, timeout=300, limits=httpx.Limits(max_connections=clients)
+    ) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                response = await client.post("/v1/embeddings", json=queue.get_nowait())
+                codes[response.status_code] = codes.get(response.status_code, 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return {"codes": codes, "seconds": time.perf_counter() - started}
+
+
+def device_side_assert(device_spec: str) -> dict[str, Any]:
+    """A real device-side assert (an out-of-range index in a kernel) in a child process,
+    and how vramgate's device classifies the exception it raises."""
+    if not device_spec.startswith("cuda"):
+        return {"skipped": "needs CUDA"}
+    code = (
+        "import torch, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from app.engine.device import CudaDevice\n"
+        "device = CudaDevice(0)\n"
+        "x = torch.zeros(4, device='cuda')\n"
+        "try:\n"
+        "    x[torch.tensor([99], device='cuda')] = 1.0\n"
+        "    torch.cuda.synchronize()\n"
+        "    print('no error raised')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, '|', str(exc).splitlines()[0])\n"
+        "    print('fatal' if device.is_fatal(exc) else 'not fatal')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return {"stdout": done.stdout.strip().splitlines(), "exit": done.returncode}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--pool-gib", type=float, default=4.0)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+
+    import torch
+
+    from app.settings import ModelSpec, SimulatedBucket
+    from tests.live import live_server, make_settings
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    model_dir = make_model(work / "bert", args.hidden, args.layers)
+    shapes = [(16, 1), (64, 8), (128, 32), (256, 32), (512, 16)]
+    report: dict[str, Any] = {"isolated_peaks": isolated_peaks(model_dir, args.device, shapes)}
+
+    limit = int(args.pool_gib * GiB)
+    sim = ModelSpec(
+        name="sim",
+        kind="simulated",
+        buckets=(  # sized to the limited pool
+            SimulatedBucket(size=16, bytes=limit // 16, run_ms=20),
+            SimulatedBucket(size=64, bytes=limit // 4, run_ms=60),
+            SimulatedBucket(size=256, bytes=limit * 5 // 8, run_ms=120),
+        ),
+    )
+    bert = ModelSpec(name="bert", path=model_dir, max_batch=32)
+    settings = make_settings(
+        work, device=args.device, models=(bert, sim), max_queue=10_000, queue_timeout=600
+    )
+    with live_server(settings) as live:
+        service = live.service
+        snap = service.snapshot(fresh=True)
+        # Limit the pool: reserve everything above --pool-gib of what jobs may hold.
+        service.reserve = max(0, service.pool_bytes() + service.reserve - limit)
+        report["device"] = device_facts(service)
+        import httpx
+
+        for tokens, batch in shapes:  # teach the book the same buckets
+            httpx.post(
+                live.url + "/v1/embeddings",
+                timeout=300,
+                json={"model": "bert", "input": [text(tokens)] * batch},
+            )
+        prices = {
+            p["bucket"]: p["price_bytes"]
+            for m in live.status()["models"]
+            if m["name"] == "bert"
+            for p in m["prices"]
+        }
+        report["buckets"] = [
+            {
+                "bucket": b,
+                "learned": prices.get(b),
+                "isolated": peak,
+                "ratio": round(prices[b] / peak, 3) if prices.get(b) and peak else None,
+            }
+            for b, peak in report["isolated_peaks"].items()
+        ]
+        if torch.cuda.is_available() and args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        base = service.device.allocated()
+        rng = __import__("random").Random(7)
+        bodies = []
+        for _ in range(args.requests):
+            if rng.random() < 0.5:
+                tokens, batch = rng.choice(shapes)
+                bodies.append({"model": "bert", "input": [text(tokens)] * batch})
+            else:
+                bodies.append({"model": "sim", "input": text(rng.choice([10, 50, 200]))})
+        result = asyncio.run(flood(live.url, bodies, args.clients))
+        status = live.status()
+        peak = (
+            torch.cuda.max_memory_allocated()
+            if args.device.startswith("cuda")
+            else getattr(service.device, "high_water", 0)
+        ) - base
+        report["flood"] = {
+            **result,
+            "requests_per_s": round(args.requests / result["seconds"], 1),
+            "ooms": status["counters"]["ooms"],
+            "rejected": status["counters"]["rejected"],
+            "served": status["counters"]["served"],
+            "pool_limit_bytes": limit,
+            "peak_allocated_above_weights": peak,
+            "snapshot_total": snap.total,
+        }
+    report["device_side_assert"] = device_side_assert(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps(report, indent=2, default=str))
+    return 0 if report["flood"]["ooms"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
