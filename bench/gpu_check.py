@@ -246,11 +246,8 @@ def main() -> int:
                 bodies.append({"model": "sim", "input": text(rng.choice([10, 50, 200]))})
         result = asyncio.run(flood(live.url, bodies, args.clients))
         status = live.status()
-        peak = (
-            torch.cuda.max_memory_allocated()
-            if args.device.startswith("cuda")
-            else getattr(service.device, "high_water", 0)
-        ) - base
+        on_cuda = args.device.startswith("cuda")
+        peak = torch.cuda.max_memory_allocated() - base if on_cuda else None  # not on CPU
         report["flood"] = {
             **result,
             "requests_per_s": round(args.requests / result["seconds"], 1),
