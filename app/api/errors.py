@@ -56,9 +56,9 @@ def _from_http(exc: HTTPException) -> VramgateError:
         return RouteNotFound("no such route")
     if exc.status_code == 405:
         return MethodNotAllowed("method not allowed on this route")
-    error = InvalidRequest(str(exc.detail))
-    error.status = exc.status_code  # type: ignore[misc]
-    return error
+    if 400 <= exc.status_code < 500:  # e.g. FastAPI's "There was an error parsing the body"
+        return InvalidRequest(str(exc.detail))
+    return InternalError("internal server error")
 
 
 async def _vramgate_error(request: Request, exc: Exception) -> JSONResponse:
