@@ -210,13 +210,17 @@ class InferenceService:
         )
 
     async def _probe_loop(self) -> None:
-        """The readiness check's tiny real inference, so a wedged worker shows."""
-        name = self.registry.default_name
+        """The readiness check's tiny real inference on a loaded model, so a wedged
+        worker shows. With every model unloaded (the user's choice) nothing can wedge."""
         while True:
             await asyncio.sleep(self.settings.health_interval)
+            loaded = [n for n, e in self.registry.entries.items() if e.state == "ready"]
+            if not loaded:
+                self.last_alive = self.clock()
+                continue
             with contextlib.suppress(VramgateError):
-                handler = self.registry.get(name)
-                await self.embed(name, handler.probe_input(), probe=True)
+                handler = self.registry.get(loaded[0])
+                await self.embed(loaded[0], handler.probe_input(), probe=True)
 
     @property
     def ready(self) -> bool:

@@ -39,7 +39,6 @@ class ModelRegistry:
     def __init__(self, specs: tuple[ModelSpec, ...], device: Device) -> None:
         self.device = device
         self.entries = {spec.name: ModelEntry(make_handler(spec)) for spec in specs}
-        self.default_name = specs[0].name
 
     def get(self, name: str) -> ModelHandler:
         """The handler for `name` if it is ready to serve."""

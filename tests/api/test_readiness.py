@@ -4,6 +4,7 @@ false when a model cannot load; the handler's exceptions fail only their request
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
@@ -102,3 +103,15 @@ def test_requests_before_the_model_is_ready_get_503_model_loading(server_factory
     wait_until(lambda: live.service.ready, 30, "ready")
     ok = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
     assert ok.status_code == 200
+
+
+def test_simulated_server_with_every_model_unloaded_stays_healthy(server_factory):
+    live = server_factory(
+        device="simulated:1GiB", models=(sim(1),), health_interval=0.5, queue_timeout=1
+    )
+    assert httpx.post(live.url + "/admin/models/sim/unload").json()["state"] == "unloaded"
+    stale_after = 3 * 0.5 + 1  # what readiness allows without a completed job
+    time.sleep(stale_after + 1.5)
+    health = httpx.get(live.url + "/health")
+    assert health.status_code == 200, health.json()
+    assert live.status()["models"][0]["state"] == "unloaded"  # the probe did not reload it
