@@ -112,6 +112,7 @@ class JobRunner:
                     JobResult(rows, measurement, merged.bucket.label, permit.nbytes, len(jobs))
                 )
 
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            await asyncio.gather(task, return_exceptions=True)
+    async def stop(self, timeout_s: float) -> None:
+        """Let running groups hand out their results, for at most `timeout_s`."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)

@@ -170,6 +170,7 @@ class InferenceService:
         deadline = self.clock() + drain_s
         while self.gate.running and self.clock() < deadline:
             await asyncio.sleep(0.05)
+        await self.runner.stop(max(0.1, deadline - self.clock()))
         await self.lifecycle.stop()
         for task in self._tasks:
             task.cancel()
