@@ -144,6 +144,9 @@ def serve(settings: Settings) -> int:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=15,
+        # No proxy sits in front of a desktop server: the client address is the socket's
+        # peer, never an X-Forwarded-For header a local program could forge.
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     run_until_stopped(server)

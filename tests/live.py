@@ -75,7 +75,12 @@ def live_server(
         on_shutdown_request=stop,
     )
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=settings.port, log_config=None, access_log=False
+        app,
+        host="127.0.0.1",
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="live-server", daemon=True)

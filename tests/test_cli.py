@@ -145,3 +145,11 @@ def test_log_has_a_line_per_request_and_a_device_snapshot_on_warnings(sim_server
     )
     assert "[device: total=1024MiB" in warning
     assert "vramgate stopped (exit code 0)" in log
+
+
+def test_a_forged_forwarded_address_does_not_change_who_the_server_sees(sim_server):
+    server = sim_server()
+    # Loopback is who we are; a header claiming otherwise is ignored, not trusted.
+    response = httpx.post(server.url + "/admin/pause", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert response.status_code == 200
+    httpx.post(server.url + "/admin/resume")
