@@ -39,51 +39,6 @@ GiB = 2**30
 MiB = 2**20
 
 
-def make_model(folder: Path, hidden: int, layers: int) -> Path:
-    """A random BERT saved as a sentence-transformers folder, through the real save code."""
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        intermediate_size=4 * hidden,
-        max_position_embeddings=512,
-    )
-    BertModel(config).save_pretrained(folder)
-    (folder / "modules.json").write_text(
-        json.dumps(
-            [
-                {
-                    "idx": 0,
-                    "name": "0",
-                    "path": "",
-                    "type": "sentence_transformers.models.Transformer",
-                },
-                {
-                    "idx": 1,
-                    "name": "1",
-                    "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling",
-                },
-            ]
-        )
-    )
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(
-        json.dumps({"pooling_mode_mean_tokens": True})
-    )
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
-    return folder
-
-
 def text(tokens: int) -> str:
     return " ".join(["a"] * max(1, tokens - 2))
 
@@ -184,9 +139,12 @@ def main() -> int:
 
     from app.settings import ModelSpec, SimulatedBucket
     from tests.live import live_server, make_settings
+    from tests.random_models import save_random_bert
 
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    model_dir = make_model(work / "bert", args.hidden, args.layers)
+    model_dir = save_random_bert(
+        work / "bert", hidden=args.hidden, layers=args.layers, heads=args.hidden // 64, max_seq=512
+    )
     shapes = [(16, 1), (64, 8), (128, 32), (256, 32), (512, 16)]
     report: dict[str, Any] = {"isolated_peaks": isolated_peaks(model_dir, args.device, shapes)}
 

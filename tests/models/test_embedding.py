@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast
+from transformers import BertModel
 
 from app.engine.device import CpuDevice
 from app.models.embedding import EmbeddingHandler, embedded_model_path
 from app.settings import ModelSpec
+from tests.random_models import save_random_bert
 
 
 @pytest.fixture(scope="module")
@@ -56,50 +55,14 @@ def test_vectors_come_back_in_the_callers_order_and_normalised(minilm_handler):
 def tiny_cls_folder(tmp_path_factory):
     """A small randomly initialised BERT saved as a sentence-transformers folder with CLS
     pooling and no Normalize module, through the real save code."""
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
+    return save_random_bert(
+        tmp_path_factory.mktemp("tiny-bert"),
+        hidden=32,
+        layers=2,
+        heads=2,
+        max_seq=32,
+        pooling="cls",
     )
-    BertModel(config).save_pretrained(folder)
-    (folder / "modules.json").write_text(
-        json.dumps(
-            [
-                {
-                    "idx": 0,
-                    "name": "0",
-                    "path": "",
-                    "type": "sentence_transformers.models.Transformer",
-                },
-                {
-                    "idx": 1,
-                    "name": "1",
-                    "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling",
-                },
-            ]
-        )
-    )
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(
-        json.dumps(
-            {
-                "word_embedding_dimension": 32,
-                "pooling_mode_cls_token": True,
-                "pooling_mode_mean_tokens": False,
-            }
-        )
-    )
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
-    return folder
 
 
 def test_any_sentence_transformers_folder_with_its_own_pooling(tiny_cls_folder):
