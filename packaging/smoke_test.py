@@ -42,67 +42,81 @@ def call(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, 
         return error.code, json.load(error)
 
 
+def wait_ready(server: subprocess.Popen, url: str, output: Path, timeout: float) -> float:
+    """Seconds until /health answers 200; fails if the server exits or takes too long."""
+    started = time.monotonic()
+    while True:
+        if server.poll() is not None:
+            log = output.read_text(errors="replace")
+            raise RuntimeError(f"the server exited with {server.returncode}:\n{log}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"not ready within {timeout:.0f}s")
+        try:
+            if call(url + "/health", timeout=2)[0] == 200:
+                return time.monotonic() - started
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+
+
+def embedding_dims(url: str) -> int:
+    status, answer = call(
+        url + "/v1/embeddings",
+        {"model": "all-MiniLM-L6-v2", "input": ["The bundle runs without Python."]},
+    )
+    if status != 200:
+        raise RuntimeError(f"embedding request failed with {status}: {answer}")
+    dims = len(answer["data"][0]["embedding"])
+    if dims != 384:
+        raise RuntimeError(f"expected 384 dimensions, got {dims}")
+    return dims
+
+
+def shut_down(server: subprocess.Popen, url: str) -> int:
+    call(url + "/admin/shutdown", {})
+    try:
+        code = server.wait(60)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("the server did not stop within 60s of /admin/shutdown") from None
+    if code != 0:
+        raise RuntimeError(f"the server stopped with exit code {code}")
+    return code
+
+
 def smoke(bundle: Path, timeout: float) -> dict:
     exe = bundle / ("vramgate.exe" if sys.platform == "win32" else "vramgate")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     scratch = Path(tempfile.mkdtemp(prefix="vramgate-smoke-"))
-    started = time.monotonic()
-    output = (scratch / "output.txt").open("w")  # a file: an unread pipe could block it
-    server = subprocess.Popen(
-        [
-            str(exe),
-            "serve",
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--data-dir",
-            str(scratch / "data"),
-            "--log-dir",
-            str(scratch / "log"),
-        ],
-        stdout=output,
-        stderr=subprocess.STDOUT,
-    )
-    figures: dict = {"bundle": str(bundle)}
-    try:
-        while True:
-            if server.poll() is not None:
-                output.flush()
-                log = (scratch / "output.txt").read_text(errors="replace")
-                raise RuntimeError(f"the server exited with {server.returncode}:\n{log}")
-            if time.monotonic() - started > timeout:
-                raise RuntimeError(f"not ready within {timeout:.0f}s")
-            try:
-                if call(url + "/health", timeout=2)[0] == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        figures["time_to_ready_s"] = round(time.monotonic() - started, 1)
-        status, answer = call(
-            url + "/v1/embeddings",
-            {"model": "all-MiniLM-L6-v2", "input": ["The bundle runs without Python."]},
+    log = scratch / "output.txt"
+    with log.open("w") as output:  # a file: an unread pipe could block the server
+        server = subprocess.Popen(
+            [
+                str(exe),
+                "serve",
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(scratch / "data"),
+                "--log-dir",
+                str(scratch / "log"),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
-        if status != 200:
-            raise RuntimeError(f"embedding request failed with {status}: {answer}")
-        figures["embedding_dims"] = len(answer["data"][0]["embedding"])
-        if figures["embedding_dims"] != 384:
-            raise RuntimeError(f"expected 384 dimensions, got {figures['embedding_dims']}")
-        call(url + "/admin/shutdown", {})
         try:
-            figures["exit_code"] = server.wait(60)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError("the server did not stop within 60s of /admin/shutdown") from None
-        if figures["exit_code"] != 0:
-            raise RuntimeError(f"the server stopped with exit code {figures['exit_code']}")
-        return figures
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        output.close()
+            return {
+                "bundle": str(bundle),
+                "time_to_ready_s": round(wait_ready(server, url, log, timeout), 1),
+                "embedding_dims": embedding_dims(url),
+                "exit_code": shut_down(server, url),
+            }
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
