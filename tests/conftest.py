@@ -28,8 +28,8 @@ def server_factory(tmp_path):
 
     with contextlib.ExitStack() as stack:
 
-        def start(ready: bool = True, **overrides) -> Live:
+        def start(ready: bool = True, hot_routes: bool = True, **overrides) -> Live:
             settings = make_settings(tmp_path, **overrides)
-            return stack.enter_context(live_server(settings, ready=ready))
+            return stack.enter_context(live_server(settings, ready=ready, hot_routes=hot_routes))
 
         yield start

@@ -59,8 +59,13 @@ def wait_until(predicate: Any, timeout: float = 120.0, what: str = "condition") 
 
 @contextlib.contextmanager
 def live_server(
-    settings: Settings, *, device: Device | None = None, ready: bool = True
+    settings: Settings,
+    *,
+    device: Device | None = None,
+    ready: bool = True,
+    hot_routes: bool = True,
 ) -> Iterator[Live]:
+
     fatal_calls: list[float] = []
     server: uvicorn.Server | None = None
 
@@ -73,7 +78,9 @@ def live_server(
         device=device,
         on_fatal=lambda: fatal_calls.append(time.time()),
         on_shutdown_request=stop,
+        hot_routes=hot_routes,
     )
+
     config = uvicorn.Config(
         app,
         host="127.0.0.1",

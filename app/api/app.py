@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from app import __version__
 from app.api import admin_routes, openai_routes, ops_routes
 from app.api.errors import install_error_handlers
 from app.api.guard import BodyLimit
+from app.api.hot import HotRoutes
 from app.engine.device import Device, make_device
 from app.engine.executor import Executor
 from app.engine.registry import ModelRegistry
@@ -44,9 +47,12 @@ def create_app(
     device: Device | None = None,
     on_fatal: Callable[[], None] = lambda: None,
     on_shutdown_request: Callable[[], None] = lambda: None,
+    hot_routes: bool = True,
 ) -> FastAPI:
     """`on_fatal` is called once after a fatal device error, `on_shutdown_request` when
-    POST /admin/shutdown asks the process to stop (the CLI stops uvicorn for both)."""
+    POST /admin/shutdown asks the process to stop (the CLI stops uvicorn for both).
+    `hot_routes=False` serves the inference routes through FastAPI's own layers too."""
+
     service = build_service(settings, device, on_fatal)
 
     @contextlib.asynccontextmanager
@@ -65,7 +71,8 @@ def create_app(
             await service.stop()
             set_snapshot_provider(None)
 
-    app = FastAPI(
+    app = VramgateApp(
+        outer=_outer_layers(settings, hot_routes),
         title="vramgate",
         version=__version__,
         summary="Local inference that admits work by measured VRAM bytes.",
@@ -77,5 +84,25 @@ def create_app(
     app.include_router(ops_routes.router)
     app.include_router(admin_routes.router)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_bytes))
     return app
+
+
+def _outer_layers(settings: Settings, hot_routes: bool) -> Callable[[ASGIApp], ASGIApp]:
+    def wrap(inner: ASGIApp) -> ASGIApp:
+        if hot_routes:
+            inner = HotRoutes(inner, openai_routes.HOT_ROUTES)
+        return BodyLimit(inner, max_bytes=int(settings.max_body_bytes))
+
+    return wrap
+
+
+class VramgateApp(FastAPI):
+    """FastAPI inside our own outer layers: every request meets the guard first, then the
+    hot routes (app.api.hot), and only then FastAPI's own middleware stack."""
+
+    def __init__(self, *, outer: Callable[[ASGIApp], ASGIApp], **kwargs: Any) -> None:
+        self._outer = outer
+        super().__init__(**kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self._outer(super().build_middleware_stack())

@@ -49,7 +49,7 @@ def from_validation_errors(errors: Sequence[Any]) -> VramgateError:
     return InvalidRequest(f"{param}: {message}" if param else message, param=param)
 
 
-def _from_http(exc: HTTPException) -> VramgateError:
+def from_http(exc: HTTPException) -> VramgateError:
     if exc.status_code == 413:
         return BodyTooLarge(str(exc.detail))
     if exc.status_code == 404:
@@ -73,7 +73,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return error_response(_from_http(exc))
+    return error_response(from_http(exc))
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

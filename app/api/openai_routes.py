@@ -70,6 +70,8 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/embeddings", openapi_extra=EMBEDDINGS_OPENAPI)
 async def create_embeddings(request: Request) -> Response:
+    """Also served by `HotRoutes` (see HOT_ROUTES), past the framework's layers."""
+
     service = _service(request)
     try:
         body = EmbeddingRequest.model_validate_json(await request.body())
@@ -115,3 +117,7 @@ def encode_embeddings(valid: ValidEmbeddingRequest, result: EmbeddingResult) -> 
         },
     }
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# The routes that carry the load, for app.api.hot.HotRoutes.
+HOT_ROUTES = {("POST", "/v1/embeddings"): create_embeddings}
