@@ -63,6 +63,16 @@ class InvalidJson(InvalidRequest):
     code = "invalid_json"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """OpenAI's code for a prompt the model's context cannot hold."""
+
+    code = "context_length_exceeded"
+
+
+class WrongModelKind(InvalidRequest):
+    code = "unsupported_model"
+
+
 class ModelNotFound(VramgateError):
     status = 404
     error_type = "invalid_request_error"

@@ -15,13 +15,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.engine.executor import Measurement
 from app.errors import VramgateError
 from app.models.base import ModelHandler, Prepared
+from app.models.textgen import TokenStream
 from app.sched.budget import PriceKey, Quote
 from app.sched.gate import Permit, Ticket
 
@@ -33,7 +34,7 @@ log = logging.getLogger("vramgate.jobs")
 
 @dataclass(frozen=True)
 class JobResult:
-    vectors: np.ndarray
+    output: Any  # embedding rows (np.ndarray), or a generation's GenerationOutcome
     measurement: Measurement
     bucket: str  # the group's bucket
     price_bytes: int  # what the group was admitted with
@@ -48,6 +49,7 @@ class Job:
     key: PriceKey
     quote: Quote
     result: asyncio.Future[JobResult]
+    stream: TokenStream | None = None  # a generation: its text flows here while it runs
 
 
 FailureMapper = Callable[[BaseException, PriceKey, Prepared, Permit], VramgateError]
@@ -89,6 +91,9 @@ class JobRunner:
 
     async def _run(self, permit: Permit, jobs: list[Job]) -> None:
         leader = jobs[0]
+        if leader.stream is not None:
+            await self._run_stream(permit, leader, leader.stream)
+            return
         merged = leader.handler.merge([job.prepared for job in jobs]) or leader.prepared
         key = self.key_for(leader, merged)
         executor = self.service.executor
@@ -111,6 +116,25 @@ class JobRunner:
                 job.result.set_result(
                     JobResult(rows, measurement, merged.bucket.label, permit.nbytes, len(jobs))
                 )
+
+    async def _run_stream(self, permit: Permit, job: Job, stream: TokenStream) -> None:
+        """A generation runs alone in its group and holds its permit until it returns."""
+        work = self.service.executor.submit_device(job.handler.generate, job.prepared, stream)
+        work.add_done_callback(lambda _: self.service.release(permit))
+        try:
+            outcome, measurement = await asyncio.shield(work)
+        except Exception as exc:
+            error = self.on_failure(exc, job.key, job.prepared, permit)
+            if not job.result.done():
+                job.result.set_exception(error)
+            stream.close()
+            return
+        self.service.record_generation(job.key, job.prepared, outcome, measurement)
+        if not job.result.done():
+            job.result.set_result(
+                JobResult(outcome, measurement, job.prepared.bucket.label, permit.nbytes, 1)
+            )
+        stream.close()
 
     async def stop(self, timeout_s: float) -> None:
         """Let running groups hand out their results, for at most `timeout_s`."""

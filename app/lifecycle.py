@@ -46,7 +46,8 @@ class ModelLifecycle:
         try:
             for inputs in entry.handler.warmup_inputs():
                 with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
-                    await self.service.embed(name, inputs, probe=True)
+                    await self.service.exercise(name, entry.handler, inputs)
+
         except VramgateError as exc:
             entry.state, entry.error = "failed", f"warm-up failed: {exc.message}"
             log.error("model %s %s", name, entry.error)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,12 +33,14 @@ from app.errors import (
     QueueTimeout,
     ShuttingDown,
     VramgateError,
+    WrongModelKind,
 )
 from app.history import History, Sample
 from app.jobs import Job, JobResult, JobRunner
 from app.lifecycle import ModelLifecycle
 from app.metrics import Metrics
-from app.models.base import ModelHandler, Prepared
+from app.models.base import ModelHandler, Prepared, Prompt
+from app.models.textgen import GenerationOutcome, SamplingParams, TokenStream
 from app.sched.budget import BudgetBook, PriceKey, Quote
 from app.sched.gate import Admit, MemoryGate, Permit, Reject, Ticket
 from app.settings import Settings
@@ -49,6 +51,7 @@ HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
 SNAPSHOT_TTL_S = 0.05
 SAVE_EVERY_S = 5.0
 INLINE_PREPROCESS_CHARS = 4096
+PROBE_TOKENS = 8  # a warm-up or probe generation's length
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,48 @@ class EmbeddingResult:
     vectors: np.ndarray
     tokens: int
     cost: Cost
+
+
+class Generation:
+    """An admitted generation: its text as it is decoded, then its outcome and cost.
+    Whoever holds one must `close()` it: a generation closed early stops before its next
+    step, and its permit comes back when the device is done with it."""
+
+    def __init__(self, job: Job, stream: TokenStream, waited: float) -> None:
+        self.job = job
+        self.stream = stream
+        self.waited = waited
+
+    def admission_headers(self) -> dict[str, str]:
+        """What is known when the stream starts: the bucket, the price and the wait."""
+        quote = self.job.quote
+        return {
+            "X-Vramgate-Bucket": self.job.key.bucket,
+            "X-Vramgate-Price-Bytes": str(quote.nbytes),
+            "X-Vramgate-Queue-Ms": f"{self.waited * 1000:.1f}",
+        }
+
+    async def deltas(self) -> AsyncIterator[str]:
+        while (delta := await self.stream.deltas.get()) is not None:
+            yield delta
+
+    async def outcome(self) -> tuple[GenerationOutcome, Cost]:
+        """After `deltas` ran out: the outcome, or the error that ended the generation."""
+        result = await self.job.result
+        measurement = result.measurement
+        cost = Cost(
+            result.bucket,
+            result.price_bytes,
+            self.job.quote.source,
+            self.waited,
+            measurement.run_s,
+            measurement.peak_bytes,
+        )
+        return result.output, cost
+
+    def close(self) -> None:
+        if not self.job.result.done():
+            self.stream.cancel()
 
 
 class InferenceService:
@@ -221,13 +266,27 @@ class InferenceService:
                 continue
             with contextlib.suppress(VramgateError):
                 handler = self.registry.get(loaded[0])
-                await self.embed(loaded[0], handler.probe_input(), probe=True)
+                await self.exercise(loaded[0], handler, handler.probe_input())
 
     @property
     def ready(self) -> bool:
         stale_after = 3 * self.settings.health_interval + self.settings.queue_timeout
         fresh = self.clock() - self.last_alive < stale_after
         return self.state == "ready" and fresh
+
+    async def exercise(self, model: str, handler: ModelHandler, inputs: list[str]) -> None:
+        """One small real request through the normal path: warm-up, or the probe."""
+        if handler.embeds:
+            await self.embed(model, inputs, probe=True)
+            return
+        params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
+        generation = await self.generate(model, " ".join(inputs), params, probe=True)
+        try:
+            async for _ in generation.deltas():
+                pass
+            await generation.outcome()
+        finally:
+            generation.close()
 
     # -- the life of a request -----------------------------------------------------------
     async def embed(
@@ -248,6 +307,78 @@ class InferenceService:
             return await self._embed(handler, model, texts, gone, probe)
         finally:
             self.in_flight[model] -= 1
+
+    async def generate(
+        self,
+        model: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        gone: Callable[[], Awaitable[None]] | None = None,
+        probe: bool = False,
+    ) -> Generation:
+        """Price and admit a generation; returns once it holds its permit and runs.
+        Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
+        try:
+            handler = self._admissible(model, probe)
+            if not handler.generates:
+                raise WrongModelKind(
+                    f"model {model!r} makes embeddings; it does not generate text",
+                    param="model",
+                )
+        except VramgateError as exc:
+            self._refused(model, exc)
+            raise
+        cap = self.settings.default_max_tokens
+        prepared = await self.executor.run_cpu(handler.prepare_generation, prompt, params, cap)
+        key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
+        quote = self.quote(handler, key, prepared)
+        loop = asyncio.get_running_loop()
+        stream = TokenStream(loop)
+        job = Job(model, handler, prepared, key, quote, loop.create_future(), stream=stream)
+        started = self.clock()
+        self.in_flight[model] += 1
+        try:
+            waited = await self._admit(job, gone, probe)
+        except BaseException as exc:
+            self.in_flight[model] -= 1
+            if isinstance(exc, VramgateError):
+                self._refused(model, exc)
+                self._log_request(key, quote, 0.0, None, exc.code)
+            raise
+        job.result.add_done_callback(lambda f: self._generation_done(job, f, waited, started))
+        return Generation(job, stream, waited)
+
+    def _generation_done(
+        self, job: Job, done: asyncio.Future[JobResult], waited: float, started: float
+    ) -> None:
+        self.in_flight[job.model] -= 1
+        error = done.exception()
+        if isinstance(error, VramgateError):
+            self._refused(job.model, error)
+            self._log_request(job.key, job.quote, waited, None, error.code)
+            return
+        if error is not None:
+            return
+        result = done.result()
+        self.last_alive = self.clock()
+        run_s = result.measurement.run_s
+        self.metrics.observe_success(job.model, waited, run_s, self.clock() - started)
+        self._log_request(job.key, job.quote, waited, result, "ok")
+
+    def record_generation(
+        self,
+        key: PriceKey,
+        prepared: Prepared,
+        outcome: GenerationOutcome,
+        measurement: Measurement,
+    ) -> None:
+        """A generation's peak is its bucket's worst case only if it ran to `max_tokens`;
+        one that stopped early (or was cancelled) gives its run time alone."""
+        if outcome.finish_reason == "length":
+            self.record(key, prepared, measurement)
+        else:
+            self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
 
     def _admissible(self, model: str, probe: bool) -> ModelHandler:
         """The handler, if the server and the model take work now."""
@@ -301,7 +432,7 @@ class InferenceService:
             result.measurement.peak_bytes,
             result.batch,
         )
-        return EmbeddingResult(result.vectors, prepared.tokens, cost)
+        return EmbeddingResult(result.output, prepared.tokens, cost)
 
     async def _preprocess(self, handler: ModelHandler, texts: list[str]) -> Prepared:
         """Small inputs are tokenised on the loop (a thread hop costs more than the
@@ -350,7 +481,7 @@ class InferenceService:
             exclusive=job.quote.exclusive,
             label=f"{job.key.model}/{job.key.bucket}",
             on_admit=on_admit,
-            batch_key=job.model if handler.batchable else None,
+            batch_key=job.model if handler.batchable and job.stream is None else None,
             batch_limit=handler.spec.max_batch,
         )
         ticket.id = self.gate.next_id()

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 if sys.version_info >= (3, 11):
@@ -67,13 +75,21 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=MODEL_NAME_PATTERN)
-    kind: Literal["embedding", "simulated"] = "embedding"
-    path: Path | None = None
+    kind: Literal["embedding", "generation", "simulated"] = "embedding"
+    path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
+    max_context: int = Field(default=4096, ge=16, le=1_048_576)  # generation: context cap
+
     buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
     load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
     inject: FaultInjection = FaultInjection()  # simulated only
+
+    @model_validator(mode="after")
+    def _generation_needs_a_path(self) -> ModelSpec:
+        if self.kind == "generation" and self.path is None:
+            raise ValueError(f"model {self.name!r}: a generation model needs a path")
+        return self
 
     @classmethod
     def parse_cli(cls, text: str) -> ModelSpec:
@@ -132,6 +148,16 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(
         50_000, ge=1, le=10_000_000, description="characters in one input string"
     )
+    default_max_tokens: int = Field(
+        512,
+        ge=1,
+        le=1_048_576,
+        description="a generation's max_tokens when the request gives none (priced for it)",
+    )
+    models_dir: Path | None = Field(
+        None, description="where `vramgate pull` puts models (default: DATA_DIR/models)"
+    )
+
     health_interval: float = Field(
         30.0, ge=0.5, le=3600, description="seconds between the readiness probe's tiny inferences"
     )
@@ -166,7 +192,12 @@ class Settings(BaseSettings):
         return self.data_dir or Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
 
     @property
+    def resolved_models_dir(self) -> Path:
+        return self.models_dir or self.resolved_data_dir / "models"
+
+    @property
     def resolved_log_dir(self) -> Path:
+
         return self.log_dir or Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
 
     def simulated_capacity(self) -> int | None:

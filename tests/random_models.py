@@ -58,3 +58,69 @@ def save_random_bert(
     )
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq}))
     return folder
+
+
+CORPUS = [
+    "The capital of France is Paris.",
+    "What is the capital of France?",
+    "Hello! How are you today? I am fine, thank you.",
+    "vramgate admits work by measured memory bytes.",
+    "0123456789 +-*/=()[]{}<>,.;:!?'\"",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def save_random_llama(
+    folder: Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    context: int = 1024,
+) -> Path:
+    """A Llama-style causal LM with a byte-level BPE tokenizer trained here on a few lines
+    (real tokenizer files, any text encodes) and a chat template, saved with
+    `save_pretrained`. The end-of-text row of the output layer is zeroed so that greedy
+    decoding never ends early: tests decide how long a generation runs."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=context,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id].zero_()
+    model.save_pretrained(folder)
+    return folder

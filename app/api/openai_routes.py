@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
-from pydantic import ValidationError
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 
 from app.api.errors import from_validation_errors
 from app.api.schemas import (
+    ChatRequest,
+    CompletionRequest,
     EmbeddingRequest,
     ValidEmbeddingRequest,
     validate_embedding_request,
 )
-from app.errors import InvalidRequest
-from app.service import EmbeddingResult, InferenceService
+from app.errors import InvalidRequest, VramgateError
+from app.models.textgen import GenerationOutcome
+from app.service import Cost, EmbeddingResult, Generation, InferenceService
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+RequestT = TypeVar("RequestT", bound=BaseModel)
 _STARTED = int(time.time())
 
 
@@ -119,5 +124,160 @@ def encode_embeddings(valid: ValidEmbeddingRequest, result: EmbeddingResult) -> 
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+# -- text generation -------------------------------------------------------------------
+def _openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+def _parse(model: type[RequestT], body: bytes) -> RequestT:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation_errors(exc.errors()) from None
+
+
+@router.post("/chat/completions", openapi_extra=_openapi_body(ChatRequest))
+async def create_chat_completion(request: Request) -> Response:
+    """OpenAI chat completions, streamed as server-sent events with `stream: true`."""
+    service = _service(request)
+    body = _parse(ChatRequest, await request.body())
+    params = body.sampling()
+    generation = await service.generate(
+        body.model, body.prompt(service.settings), params, gone=disconnected(request)
+    )
+    reply = Reply(body, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
+    return await reply.respond(generation)
+
+
+@router.post("/completions", openapi_extra=_openapi_body(CompletionRequest))
+async def create_completion(request: Request) -> Response:
+    """OpenAI (legacy) text completions, streamed with `stream: true`."""
+    service = _service(request)
+    body = _parse(CompletionRequest, await request.body())
+    params = body.sampling()
+    generation = await service.generate(
+        body.model, body.text(service.settings), params, gone=disconnected(request)
+    )
+    reply = Reply(body, "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    return await reply.respond(generation)
+
+
+class Reply:
+    """One generation's answer in OpenAI's shapes: a JSON body, or SSE chunks."""
+
+    def __init__(self, body: ChatRequest | CompletionRequest, kind: str, rid: str) -> None:
+        self.body = body
+        self.chat = kind == "chat.completion"
+        self.kind = kind
+        self.id = rid
+        self.created = int(time.time())
+
+    async def respond(self, generation: Generation) -> Response:
+        if not self.body.stream:
+            try:
+                text = "".join([delta async for delta in generation.deltas()])
+                outcome, cost = await generation.outcome()
+            finally:
+                generation.close()
+            payload = self._envelope(self.kind, [self._choice(text, outcome.finish_reason)])
+            payload["usage"] = usage(outcome, cost)
+            return Response(
+                orjson.dumps(payload), media_type="application/json", headers=cost.headers()
+            )
+        return StreamingResponse(
+            self._events(generation),
+            media_type="text/event-stream",
+            headers={**generation.admission_headers(), "Cache-Control": "no-cache"},
+        )
+
+    async def _events(self, generation: Generation) -> AsyncIterator[bytes]:
+        """Chunks as text is decoded; the last names the finish reason and carries usage;
+        then `[DONE]`. A failure after the stream started arrives as an error event."""
+        chunk = f"{self.kind}.chunk" if self.chat else self.kind
+        try:
+            if self.chat:
+                yield _sse(
+                    self._envelope(chunk, [self._delta({"role": "assistant", "content": ""})])
+                )
+            async for text in generation.deltas():
+                yield _sse(self._envelope(chunk, [self._delta(self._content(text))]))
+            try:
+                outcome, cost = await generation.outcome()
+            except VramgateError as exc:
+                yield _sse(exc.body())
+                yield DONE
+                return
+            last = self._envelope(chunk, [self._delta({}, outcome.finish_reason)])
+            last["usage"] = usage(outcome, cost)
+            yield _sse(last)
+            if self.body.include_usage:
+                tail = self._envelope(chunk, [])
+                tail["usage"] = usage(outcome, cost)
+                yield _sse(tail)
+            yield DONE
+        finally:
+            generation.close()
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+        }
+
+    def _choice(self, text: str, finish: str) -> dict[str, Any]:
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {"index": 0, "message": message, "finish_reason": _finish(finish)}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
+
+    def _content(self, text: str) -> dict[str, Any]:
+        return {"content": text} if self.chat else {"text": text}
+
+    def _delta(self, content: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        reason = _finish(finish) if finish else None
+        if self.chat:
+            return {"index": 0, "delta": content, "finish_reason": reason}
+        return {
+            "index": 0,
+            "text": content.get("text", ""),
+            "logprobs": None,
+            "finish_reason": reason,
+        }
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def usage(outcome: GenerationOutcome, cost: Cost) -> dict[str, Any]:
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        "queue_ms": round(cost.queue_s * 1000, 3),
+        "run_ms": round(cost.run_s * 1000, 3),
+        "vram_bytes": cost.price_bytes,
+    }
+
+
 # The routes that carry the load, for app.api.hot.HotRoutes.
-HOT_ROUTES = {("POST", "/v1/embeddings"): create_embeddings}
+HOT_ROUTES = {
+    ("POST", "/v1/embeddings"): create_embeddings,
+    ("POST", "/v1/chat/completions"): create_chat_completion,
+    ("POST", "/v1/completions"): create_completion,
+}

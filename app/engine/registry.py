@@ -11,6 +11,7 @@ from app.engine.device import Device
 from app.errors import ModelLoading, ModelNotFound
 from app.models.base import ModelHandler
 from app.models.embedding import EmbeddingHandler
+from app.models.generation import GenerationHandler
 from app.models.simulated import SimulatedHandler
 from app.settings import ModelSpec
 
@@ -22,6 +23,8 @@ State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded
 def make_handler(spec: ModelSpec) -> ModelHandler:
     if spec.kind == "simulated":
         return SimulatedHandler(spec)
+    if spec.kind == "generation":
+        return GenerationHandler(spec)
     return EmbeddingHandler(spec)
 
 

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.engine.device import Device
+from app.errors import WrongModelKind
 from app.settings import ModelSpec
+
+if TYPE_CHECKING:
+    from app.models.textgen import GenerationOutcome, SamplingParams, TokenStream
+
+Prompt = str | list[dict[str, str]]  # a completion's text, or chat messages (role, content)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ def next_pow2(value: int, floor: int = 1) -> int:
 class ModelHandler(ABC):
     kind: str
     dimensions: int
+    embeds = True  # serves /v1/embeddings (preprocess → forward → postprocess)
+    generates = False  # serves /v1/chat/completions and /v1/completions
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -96,6 +104,17 @@ class ModelHandler(ABC):
     def probe_input(self) -> list[str]:
         """The tiny real inference of the readiness check."""
         return ["ok"]
+
+    def prepare_generation(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    ) -> Prepared:
+        """Tokenise a prompt or chat and bucket it (see app.models.textgen). CPU pool."""
+        raise WrongModelKind(f"model {self.name!r} does not generate text", param="model")
+
+    def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
+        """Generate on the inference pool, emitting text to `stream` as it is decoded and
+        stopping before the next step once `stream.cancelled` is set."""
+        raise WrongModelKind(f"model {self.name!r} does not generate text", param="model")
 
     def prior_bytes(self, bucket: Bucket) -> int:
         """A declared or estimated cost before anything was measured (0: unknown)."""

@@ -2,7 +2,9 @@
 
 It really occupies its declared bytes on the device for its declared run time (on the
 simulated device that is exact bookkeeping; on CPU or CUDA it is a real allocation),
-and returns deterministic vectors. Faults can be injected on chosen calls.
+and returns deterministic vectors. It also generates text (words as tokens, one bucket
+run_ms per step), so streams can be tested on a simulated pool. Faults can be injected
+on chosen calls.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ import torch
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Bucket, ModelHandler, Prepared
+from app.models.base import Bucket, ModelHandler, Prepared, Prompt
+from app.models.textgen import (
+    GenerationInput,
+    GenerationOutcome,
+    SamplingParams,
+    StopScanner,
+    TokenStream,
+    generation_prepared,
+)
 from app.settings import ModelSpec, SimulatedBucket
 
 DIMENSIONS = 64
@@ -26,6 +36,7 @@ DIMENSIONS = 64
 class SimulatedHandler(ModelHandler):
     kind = "simulated"
     dimensions = DIMENSIONS
+    generates = True  # and embeds
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
@@ -76,8 +87,8 @@ class SimulatedHandler(ModelHandler):
             longest=words,
         )
 
-    def forward(self, prepared: Prepared) -> Any:
-        assert self._device is not None, "load() first"
+    def _call(self) -> None:
+        """Count a forward call (a generation step is one) and inject its fault, if any."""
         with self._lock:
             self.forward_calls += 1
             call = self.forward_calls
@@ -88,10 +99,58 @@ class SimulatedHandler(ModelHandler):
             raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
         if call in inject.error_on_calls:
             raise ValueError(f"injected handler error on call {call}")
+
+    def forward(self, prepared: Prepared) -> Any:
+        assert self._device is not None, "load() first"
+        self._call()
         declared = self._by_label[prepared.bucket.label]
         with self._device.hold(int(declared.bytes)):
             time.sleep(declared.run_ms / 1000)
         return prepared.payload
+
+    # -- generation: words are tokens; a bucket's run_ms is the time of one step -----------
+    def prepare_generation(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    ) -> Prepared:
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            text = " ".join(message.get("content") or "" for message in prompt)
+        ids = [zlib.crc32(word.encode("utf-8")) for word in text.split()]
+        context = self._buckets[-1].size
+        plain = generation_prepared(self.name, ids, params, context, default_max_tokens)
+        task: GenerationInput = plain.payload
+        # Priced like an embedding of as many words as the whole generation may hold.
+        declared = self._bucket_for(len(ids) + task.max_tokens)
+        return Prepared(
+            Bucket(f"w{declared.size}", declared.size), task, len(ids), longest=len(ids)
+        )
+
+    def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
+        assert self._device is not None, "load() first"
+        task: GenerationInput = prepared.payload
+        seed = task.params.seed
+        rng = np.random.default_rng(seed if seed is not None else sum(task.prompt_ids))
+        declared = self._by_label[prepared.bucket.label]
+        scanner = StopScanner(task.params.stop)
+        text, produced, steps, finish = "", 0, 0, "length"
+        with self._device.hold(int(declared.bytes)):
+            for _ in range(task.max_tokens):
+                if stream.cancelled.is_set():
+                    finish = "cancelled"
+                    break
+                self._call()
+                steps += 1
+                time.sleep(declared.run_ms / 1000)
+                text += f"w{int(rng.integers(1000))} "
+                produced += 1
+                stream.emit(scanner.push(text))
+                if scanner.stopped:
+                    finish = "stop"
+                    break
+        if not scanner.stopped:
+            stream.emit(scanner.push(text, final=True))
+        return GenerationOutcome(scanner.text, len(task.prompt_ids), produced, finish, steps)
 
     def postprocess(self, raw: Any) -> np.ndarray:
         rows = []

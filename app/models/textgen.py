@@ -1,0 +1,130 @@
+"""What text generation shares across handlers: sampling parameters, the price bucket of a
+generation, and the token stream from the inference thread to the event loop.
+
+A generation holds its permit for the whole stream. It is priced for its worst case: the
+bucket is (prompt tokens, prompt + `max_tokens`), each rounded up, so the admitted bytes
+cover the KV cache of the longest answer it may produce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+from app.errors import ContextLengthExceeded, InvalidRequest
+from app.models.base import Bucket, Prepared, next_pow2
+
+MIN_TOKEN_BUCKET = 16
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Bounded by the request schema; `max_tokens` None means up to the default cap."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationInput:
+    """`forward`'s payload for a generation: prompt token ids and the capped parameters."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    steps: int  # forward passes run (prefill included)
+
+
+def generation_prepared(
+    model: str, prompt_ids: list[int], params: SamplingParams, context: int, default_cap: int
+) -> Prepared:
+    """The bucket of a generation; a prompt the context cannot hold is a 400 that says so."""
+    prompt = len(prompt_ids)
+    if prompt == 0:
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    if prompt >= context:
+        raise ContextLengthExceeded(
+            f"the prompt has {prompt} tokens; model {model!r} has a context of {context} "
+            "tokens and needs room for at least one more",
+            param="messages",
+        )
+    room = context - prompt
+    wanted = params.max_tokens if params.max_tokens is not None else default_cap
+    max_tokens = max(1, min(wanted, room))
+    p = next_pow2(prompt, MIN_TOKEN_BUCKET)
+    t = min(next_pow2(prompt + max_tokens, MIN_TOKEN_BUCKET), next_pow2(context))
+    return Prepared(
+        Bucket(f"p{p}t{t}", 4 * t + p),  # bytes grow with the total, then with the prompt
+        GenerationInput(list(prompt_ids), params, max_tokens),
+        prompt,
+        count=1,
+        longest=prompt,
+    )
+
+
+class TokenStream:
+    """Text from the inference thread to the event loop, and a cancel flag the generating
+    thread checks before every step. The runner closes it when generation has returned."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.deltas: asyncio.Queue[str | None] = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def emit(self, text: str) -> None:
+        """Called on the inference thread."""
+        if text:
+            self._loop.call_soon_threadsafe(self.deltas.put_nowait, text)
+
+    def close(self) -> None:
+        """Called on the loop, after every emit of the run has been delivered."""
+        self.deltas.put_nowait(None)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class StopScanner:
+    """Incremental detokenised text with stop strings: `push` takes the full text decoded
+    so far and returns what may be sent now, holding back a possible stop-string prefix
+    and an incomplete UTF-8 sequence."""
+
+    def __init__(self, stop: tuple[str, ...]) -> None:
+        self.stop = tuple(s for s in stop if s)
+        self.sent = 0
+        self.stopped = False
+        self.text = ""
+
+    def push(self, text: str, final: bool = False) -> str:
+        for s in self.stop:
+            at = text.find(s)
+            if at != -1:
+                self.stopped = True
+                text = text[:at]
+                final = True
+        self.text = text
+        safe = len(text)
+        if not final:
+            if text.endswith("\ufffd"):
+                safe = len(text.rstrip("\ufffd"))
+            for s in self.stop:
+                for k in range(min(len(s) - 1, safe), 0, -1):
+                    if text[:safe].endswith(s[:k]):
+                        safe -= k
+                        break
+        safe = max(safe, self.sent)
+        delta = text[self.sent : safe]
+        self.sent = safe
+        return delta

@@ -1,0 +1,209 @@
+"""Chat and completions over real HTTP: a small random Llama built here (real tokenizer
+files, loaded like a user's model) on the CPU, and the simulated model on a simulated
+pool for admission of many streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from app.settings import ModelSpec, SimulatedBucket
+from tests.live import wait_until
+from tests.random_models import save_random_llama
+
+MiB = 2**20
+CONTEXT = 1024
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    return save_random_llama(tmp_path_factory.mktemp("tiny-llama"), context=CONTEXT)
+
+
+@pytest.fixture
+def tiny(server_factory, llama_folder):
+    return server_factory(
+        models=(ModelSpec(name="tiny", kind="generation", path=llama_folder),),
+        health_interval=3600,
+    )
+
+
+def chat(content: str, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def test_openai_client_streams_a_chat_with_usage_at_the_end(tiny):
+    client = OpenAI(base_url=tiny.url + "/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens > 5
+    assert len({c.id for c in chunks}) == 1
+    # The same request without streaming gives the same greedy text.
+    whole = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert whole.choices[0].message.content == text
+    assert whole.usage.completion_tokens == 12
+
+
+def test_completions_are_seeded_and_stop_at_stop_strings(tiny):
+    with tiny.client() as client:
+        body = {"model": "tiny", "prompt": "Hello", "max_tokens": 20, "seed": 7}
+        first = client.post("/v1/completions", json=body).json()
+        again = client.post("/v1/completions", json=body).json()
+        assert first["choices"][0]["text"] == again["choices"][0]["text"]
+        assert first["object"] == "text_completion" and first["usage"]["completion_tokens"] == 20
+        text = first["choices"][0]["text"]
+        stop = text[len(text) // 2 : len(text) // 2 + 2]
+        cut = client.post("/v1/completions", json={**body, "stop": stop}).json()
+        assert cut["choices"][0]["finish_reason"] == "stop"
+        assert cut["choices"][0]["text"] == text[: text.index(stop)]
+        assert int(client.post("/v1/completions", json=body).headers["X-Vramgate-Price-Bytes"]) > 0
+
+
+def test_prices_per_bucket_are_learned_and_shown(tiny):
+    with tiny.client() as client:
+        for max_tokens in (8, 40):
+            r = client.post("/v1/chat/completions", json=chat("hi", max_tokens=max_tokens))
+            assert r.status_code == 200
+    model = next(m for m in tiny.status()["models"] if m["name"] == "tiny")
+    learned = {p["bucket"]: p["price_bytes"] for p in model["prices"] if p["price_bytes"]}
+    totals = {int(bucket.split("t")[1]) for bucket in learned}
+    assert len(totals) >= 2 and all(price > 0 for price in learned.values())
+
+    assert model["kind"] == "generation" and model["context"] == CONTEXT
+
+
+def test_prompt_longer_than_the_context_gets_a_400_that_says_so(tiny):
+    long = "Hello! How are you today? " * 400
+    r = httpx.post(tiny.url + "/v1/chat/completions", json=chat(long), timeout=60)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert f"context of {CONTEXT} tokens" in error["message"]
+    assert tiny.status()["queue"]["depth"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2**63}, "max_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"n": 2}, "n"),
+        ({"seed": -5}, "seed"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "x" * 100}, "stop"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ],
+)
+def test_bad_generation_fields_get_400_and_nothing_runs(tiny, extra, param):
+    handler = tiny.service.registry.get("tiny")
+    steps = handler.forward_calls
+    r = httpx.post(tiny.url + "/v1/chat/completions", json={**chat("hi"), **extra}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert handler.forward_calls == steps
+
+
+def test_wrong_model_kind_is_a_400_both_ways(tiny, minilm):
+    r = httpx.post(tiny.url + "/v1/embeddings", json={"model": "tiny", "input": "x"}, timeout=30)
+    assert r.status_code == 400 and "no embeddings" in r.json()["error"]["message"]
+    body = {"model": "all-MiniLM-L6-v2", "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(minilm.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_model"
+
+
+def test_disconnect_mid_stream_stops_generation_and_frees_the_permit(tiny):
+    handler = tiny.service.registry.get("tiny")
+    before = handler.forward_calls
+    body = chat("Tell me everything.", max_tokens=900, temperature=0, stream=True)
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", tiny.url + "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        assert int(r.headers["X-Vramgate-Price-Bytes"]) > 0
+        events = (line for line in r.iter_lines() if line)
+        for _ in range(10):
+            assert next(events).startswith("data: ")
+
+        admitted = tiny.status()["pool"]["admitted_bytes"]
+        assert admitted > 0
+    # The connection is closed: the permit comes back and generation stops.
+    wait_until(lambda: tiny.status()["pool"]["admitted_bytes"] == 0, 30, "permit back")
+    steps = handler.forward_calls - before
+    time.sleep(0.5)
+    assert handler.forward_calls - before == steps, "generation kept running"
+    assert steps < 300, f"{steps} steps for a stream dropped after 10 chunks"
+    assert tiny.status()["queue"]["running"] == 0
+
+
+def test_simulated_16_streams_are_admitted_by_price_without_overcommit(server_factory):
+    # Each stream's bucket costs 300 MiB; the 1 GiB pool holds three at once.
+    model = ModelSpec(
+        name="sim",
+        kind="simulated",
+        buckets=(
+            SimulatedBucket(size=16, bytes=100 * MiB, run_ms=5),
+            SimulatedBucket(size=64, bytes=300 * MiB, run_ms=5),
+        ),
+    )
+    live = server_factory(device="simulated:1GiB", models=(model,), max_queue=8)
+
+    async def one(client: httpx.AsyncClient) -> tuple[int, str | None, list[str]]:
+        body = {
+            "model": "sim",
+            "messages": [{"role": "user", "content": "one two three"}],
+            "max_tokens": 40,
+            "stream": True,
+        }
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines() if line]
+            return r.status_code, r.headers.get("Retry-After"), lines
+
+    async def all_streams():
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            return await asyncio.gather(*(one(client) for _ in range(16)))
+
+    results = asyncio.run(all_streams())
+    served = [lines for status, _, lines in results if status == 200]
+    refused = [(status, retry) for status, retry, _ in results if status != 200]
+    assert len(served) + len(refused) == 16
+    assert served, "no stream was served"
+    for status, retry in refused:
+        assert status == 503 and retry is not None and int(retry) >= 1
+    for lines in served:
+        assert lines[-1] == "data: [DONE]"
+        last = json.loads(lines[-2][len("data: ") :])
+        assert last["choices"][0]["finish_reason"] == "length"
+        assert last["usage"]["completion_tokens"] == 40
+    device = live.service.device
+    assert device.high_water <= 1024 * MiB and device.oom_count == 0
+    status = live.status()
+    assert status["pool"]["admitted_bytes"] == 0 and status["queue"]["depth"] == 0
+    prices = {p["bucket"]: p["price_bytes"] for p in status["models"][0]["prices"]}
+    assert prices["w64"] == 300 * MiB and prices["w16"] == 100 * MiB
