@@ -4,8 +4,11 @@ running server's /status)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import secrets
 import signal
 import socket
 import sys
@@ -13,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from pydantic import SecretStr
 
 from app import __version__
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
@@ -134,7 +139,33 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def resolve_token(settings: Settings) -> Settings:
+    """Beyond loopback a token is required; `auto` makes one, in a file only the user
+    can read (DATA_DIR/token), and never logs it."""
+    token = settings.token.get_secret_value() if settings.token else None
+    if token is None:
+        if not settings.loopback:
+            raise ValueError(
+                f"refusing to listen on {settings.host} without a token: anyone who can reach "
+                "it could use the server; set token (or token = 'auto' to generate one)"
+            )
+        return settings
+    if token != "auto":
+        return settings
+    path = settings.resolved_data_dir / "token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    log.info("generated a token; it is in %s (readable by you only)", path)
+    return settings.model_copy(update={"token": SecretStr(token)})
+
+
 def serve(settings: Settings) -> int:
+
     import uvicorn
 
     from app.api.app import create_app
@@ -147,6 +178,13 @@ def serve(settings: Settings) -> int:
         json.dumps(settings.redacted()),
         log_file,
     )
+    try:
+        settings = resolve_token(settings)
+    except ValueError as exc:
+        log.error("%s", exc)
+        logging.shutdown()
+        return EXIT_INVALID_SETTINGS
+
     if not port_free(settings.host, settings.port):
         log.error(
             "port %d on %s is already in use (is vramgate already running?)",

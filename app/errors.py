@@ -91,6 +91,37 @@ class Forbidden(VramgateError):
     code = "forbidden"
 
 
+class ForbiddenHost(Forbidden):
+    """A Host header that is not this machine's loopback name: DNS rebinding."""
+
+    code = "forbidden_host"
+
+
+class ForbiddenOrigin(Forbidden):
+    """A call from a web page of another origin (CSRF, or a page reading the API)."""
+
+    code = "forbidden_origin"
+
+
+class Unauthorized(VramgateError):
+    status = 401
+    error_type = "authentication_error"
+    code = "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class HeadersTooLarge(InvalidRequest):
+    status = 431
+    code = "headers_too_large"
+
+
 class ExceedsDevice(VramgateError):
     """The job can never fit on this device, even with nothing else running."""
 

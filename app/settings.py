@@ -6,6 +6,7 @@ Nothing else in vramgate reads the environment. The object is built once at star
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    SecretStr,
     TypeAdapter,
     field_validator,
     model_validator,
@@ -33,6 +35,14 @@ APP_NAME = "vramgate"
 ENV_PREFIX = "VRAMGATE_"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(10)}
+
+
+def is_reserved_name(name: str) -> bool:
+    """Windows device names (CON, NUL, COM1...), with or without an extension."""
+    return name.split(".")[0].upper() in _RESERVED
+
+
 _DEVICE_PATTERN = re.compile(
     r"^(auto|cpu|cuda(:\d{1,2})?|simulated:(?P<size>\d+(\.\d+)?\s*[KMGT]i?B))$"
 )
@@ -85,8 +95,16 @@ class ModelSpec(BaseModel):
     load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
     inject: FaultInjection = FaultInjection()  # simulated only
 
+    @field_validator("name")
+    @classmethod
+    def _not_a_device_name(cls, value: str) -> str:
+        if is_reserved_name(value):
+            raise ValueError(f"{value!r} is a reserved device name on Windows")
+        return value
+
     @model_validator(mode="after")
     def _generation_needs_a_path(self) -> ModelSpec:
+
         if self.kind == "generation" and self.path is None:
             raise ValueError(f"model {self.name!r}: a generation model needs a path")
         return self
@@ -101,7 +119,19 @@ class ModelSpec(BaseModel):
         return cls(name=name, kind=kind, path=Path(path) if path else None)  # type: ignore[arg-type]
 
 
+def is_loopback_host(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (brackets allowed)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def default_config_file() -> Path:
+
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)) / "config.toml"
 
 
@@ -157,6 +187,38 @@ class Settings(BaseSettings):
     models_dir: Path | None = Field(
         None, description="where `vramgate pull` puts models (default: DATA_DIR/models)"
     )
+    token: SecretStr | None = Field(
+        None,
+        description="bearer token every route but /health requires; `auto` generates one "
+        "into DATA_DIR/token (readable by you only); needed to listen beyond loopback",
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (), description="Host names accepted besides localhost and loopback IPs (comma list)"
+    )
+    cors_origins: tuple[str, ...] = Field(
+        (),
+        description="web origins allowed to call the API from a browser, e.g. "
+        "http://localhost:3000 (comma list; `*` is refused)",
+    )
+
+    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _no_wildcard_origin(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if origin == "*" or not re.match(r"^https?://[^/\s]+$", origin):
+                raise ValueError(f"cors origin {origin!r} is not scheme://host[:port]")
+        return tuple(origin.lower() for origin in value)
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback_host(self.host)
 
     health_interval: float = Field(
         30.0, ge=0.5, le=3600, description="seconds between the readiness probe's tiny inferences"
@@ -206,8 +268,10 @@ class Settings(BaseSettings):
         return parse_bytes(size) if size else None
 
     def redacted(self) -> dict[str, Any]:
-        """The resolved settings for the start-up log line (no secrets exist yet)."""
-        return self.model_dump(mode="json")
+        """The resolved settings for the start-up log line; the token never appears."""
+        shown = self.model_dump(mode="json")
+        shown["token"] = "(set)" if self.token is not None else None
+        return shown
 
 
 def config_path() -> Path:

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 from app import __version__
 from app.api import admin_routes, openai_routes, ops_routes
 from app.api.errors import install_error_handlers
-from app.api.guard import BodyLimit
+from app.api.guard import BodyLimit, RequestGuard
 from app.api.hot import HotRoutes
 from app.engine.device import Device, make_device
 from app.engine.executor import Executor
@@ -91,7 +91,7 @@ def _outer_layers(settings: Settings, hot_routes: bool) -> Callable[[ASGIApp], A
     def wrap(inner: ASGIApp) -> ASGIApp:
         if hot_routes:
             inner = HotRoutes(inner, openai_routes.HOT_ROUTES)
-        return BodyLimit(inner, max_bytes=int(settings.max_body_bytes))
+        return RequestGuard(BodyLimit(inner, max_bytes=int(settings.max_body_bytes)), settings)
 
     return wrap
 

@@ -1,16 +1,160 @@
-"""The localhost guard (so far: the request body limit).
+"""The localhost guard, in front of every route (the hot ones included).
 
-The limit is enforced while the body streams in, chunked bodies included; a declared
-Content-Length over the limit is refused before reading anything.
+A local server is reachable from every web page the user opens. In order, before any
+work: header count and size (431); the `Host` header, when bound to loopback, must name
+this machine (DNS rebinding: 403 `forbidden_host`); state-changing and inference calls
+from another web origin, `Origin: null` and `Sec-Fetch-Site: cross-site` are refused
+(CSRF: 403 `forbidden_origin`) unless the origin is in `cors_origins`; a configured
+bearer token is required everywhere but /health (401); JSON routes take JSON only
+(415: a cross-site form or `no-cors` fetch can only send text/plain, form or multipart);
+and the body limit holds while the body streams in, chunked bodies included (413).
 """
 
 from __future__ import annotations
 
+import hmac
+from urllib.parse import urlsplit
+
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.errors import (
+    BodyTooLarge,
+    ForbiddenHost,
+    ForbiddenOrigin,
+    HeadersTooLarge,
+    Unauthorized,
+    UnsupportedMediaType,
+    VramgateError,
+)
+from app.settings import Settings, is_loopback_host
+
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 16 * 1024
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+JSON_ROUTES = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
+OPEN_ROUTES = {"/health"}  # answered without a token; it reveals nothing sensitive
+
+
+async def refuse(send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]]) -> None:
+    from app.api.errors import error_response
+
+    response = error_response(error)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": [*response.raw_headers, *extra],
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def host_name(host: str) -> str:
+    """The name in a Host header, without its port ("[::1]:8450" → "::1")."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.check_host = settings.loopback
+        self.hosts = {h.lower() for h in settings.allowed_hosts}
+        self.origins = set(settings.cors_origins)
+        token = settings.token.get_secret_value() if settings.token else None
+        self.token = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = scope["headers"]
+        if len(raw) > MAX_HEADERS or sum(len(k) + len(v) for k, v in raw) > MAX_HEADER_BYTES:
+            await refuse(send, HeadersTooLarge("too many or too large request headers"), [])
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(raw)}
+        origin = headers.get("origin")
+        cors = origin is not None and origin.lower() in self.origins
+        cors_headers = self._cors_headers(origin) if cors else []
+        try:
+            self._check(scope, headers, origin, cors)
+        except VramgateError as error:
+            await refuse(send, error, cors_headers)
+            return
+        if scope["method"] == "OPTIONS" and cors:  # a CORS preflight from an allowed origin
+            await send({"type": "http.response.start", "status": 204, "headers": cors_headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *cors_headers]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    def _check(self, scope: Scope, headers: dict[str, str], origin: str | None, cors: bool) -> None:
+        host = headers.get("host")
+        if self.check_host and host is not None and not self._host_ok(host):
+            raise ForbiddenHost(
+                "this server answers requests for localhost only; the Host header names "
+                "another site (add the name to allowed_hosts if it is yours)"
+            )
+        path, method = scope["path"], scope["method"]
+        if method not in SAFE_METHODS or path in JSON_ROUTES:
+            if origin is not None and not cors and not self._same_origin(origin, host):
+                raise ForbiddenOrigin(
+                    "calls from another web origin are refused (add it to cors_origins "
+                    "if it is yours)"
+                )
+            if headers.get("sec-fetch-site") == "cross-site" and not cors:
+                raise ForbiddenOrigin("cross-site calls from a web page are refused")
+        if self.token is not None and path not in OPEN_ROUTES and method != "OPTIONS":
+            given = headers.get("authorization", "").encode("latin-1")
+            if not hmac.compare_digest(given, self.token):
+                raise Unauthorized("a valid bearer token is required (Authorization: Bearer …)")
+        if method == "POST" and path in JSON_ROUTES:
+            kind = headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json" and not kind.endswith("+json"):
+                raise UnsupportedMediaType(
+                    "send the body as JSON with Content-Type: application/json"
+                )
+
+    def _host_ok(self, host: str) -> bool:
+        name = host_name(host).lower()
+        return is_loopback_host(name) or name in self.hosts
+
+    def _same_origin(self, origin: str, host: str | None) -> bool:
+        """A page served by this server itself (the dashboard)."""
+        if origin == "null" or host is None:
+            return False
+        parts = urlsplit(origin)
+        return (
+            parts.scheme == "http"
+            and parts.netloc.lower() == host.lower()
+            and (self._host_ok(parts.netloc))
+        )
+
+    def _cors_headers(self, origin: str | None) -> list[tuple[bytes, bytes]]:
+        assert origin is not None
+        return [
+            (b"access-control-allow-origin", origin.encode("latin-1")),
+            (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+            (b"access-control-allow-headers", b"authorization, content-type"),
+            (b"access-control-max-age", b"600"),
+            (b"vary", b"Origin"),
+        ]
+
 
 class BodyLimit:
+    """The body limit, enforced while the body streams in; a declared Content-Length over
+    the limit is refused before reading anything."""
+
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -21,7 +165,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+            await refuse(send, BodyTooLarge(self._detail()), [])
             return
         seen = 0
 
@@ -40,17 +184,3 @@ class BodyLimit:
 
     def _detail(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
-
-    async def _refuse(self, send: Send) -> None:
-        from app.api.errors import error_response
-        from app.errors import BodyTooLarge
-
-        response = error_response(BodyTooLarge(self._detail()))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": response.raw_headers,
-            }
-        )
-        await send({"type": "http.response.body", "body": response.body})

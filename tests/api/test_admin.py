@@ -59,7 +59,7 @@ def test_admin_routes_refuse_callers_that_are_not_on_loopback(server_factory):
     transport = httpx.ASGITransport(app=live.app, client=("192.168.1.20", 50000))
 
     async def call() -> httpx.Response:
-        async with httpx.AsyncClient(transport=transport, base_url="http://vramgate") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             return await client.post("/admin/pause")
 
     response = asyncio.run(call())

@@ -42,7 +42,10 @@ def answers(live) -> list[tuple[int, dict, dict]]:
             body.get("usage", {}).pop("run_ms", None)
             headers = {k: v for k, v in r.headers.items() if k not in VOLATILE}
             out.append((r.status_code, headers, body))
-        bad = client.post("/v1/embeddings", content=b"{not json")
+        bad = client.post(
+            "/v1/embeddings", content=b"{not json", headers={"Content-Type": "application/json"}
+        )
+
         out.append((bad.status_code, {}, bad.json()))
     return out
 

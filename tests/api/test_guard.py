@@ -1,0 +1,300 @@
+"""The localhost guard against the attacks local servers have shipped holes for, over
+real HTTP against the simulated device and simulated model: each gets its status, and
+nothing is enqueued or run."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import httpx
+import pytest
+
+from app.settings import ModelSpec, SimulatedBucket
+from tests.live import ServerProcess, clean_env
+
+MiB = 2**20
+BODY = {"model": "sim", "input": "hello"}
+ROUTES = [
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/admin/pause"),
+    ("POST", "/admin/models/sim/unload"),
+]
+
+
+def sim() -> ModelSpec:
+    return ModelSpec(
+        name="sim", kind="simulated", buckets=(SimulatedBucket(size=64, bytes=MiB, run_ms=1),)
+    )
+
+
+@pytest.fixture
+def live(server_factory):
+    return server_factory(device="simulated:1GiB", models=(sim(),), health_interval=3600)
+
+
+def untouched(live, calls_before: int) -> None:
+    status = live.status()
+    assert status["queue"]["depth"] == 0 and status["pool"]["admitted_bytes"] == 0
+    assert live.service.registry.get("sim").forward_calls == calls_before
+    assert status["paused"] is False and status["models"][0]["state"] == "ready"
+
+
+def calls(live) -> int:
+    return live.service.registry.get("sim").forward_calls
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8450",
+        "127.0.0.1.nip.io",
+        "127.0.0.1.nip.io:8450",
+        "localhost.evil.example",
+        "192.168.1.20",
+        "0.0.0.0",
+    ],
+)
+def test_rebinding_host_names_are_refused_before_any_work(live, host):
+    before = calls(live)
+    for method, path in [*ROUTES, ("GET", "/status"), ("GET", "/v1/models")]:
+        r = httpx.request(method, live.url + path, json=BODY, headers={"Host": host}, timeout=10)
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["error"]["code"] == "forbidden_host"
+    untouched(live, before)
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:1234", "127.0.0.1", "127.9.9.9:80"])
+def test_loopback_host_names_are_served(live, host):
+    r = httpx.post(live.url + "/v1/embeddings", json=BODY, headers={"Host": host}, timeout=10)
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+        {"Origin": "http://localhost.evil.example"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+    ],
+)
+def test_cross_origin_calls_are_refused(live, headers):
+    before = calls(live)
+    for method, path in ROUTES:
+        r = httpx.request(method, live.url + path, json=BODY, headers=headers, timeout=10)
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["error"]["code"] == "forbidden_origin"
+        assert "access-control-allow-origin" not in r.headers
+    untouched(live, before)
+
+
+def test_same_origin_page_and_safe_reads_are_served(live):
+    port = live.url.rsplit(":", 1)[1]
+    r = httpx.post(
+        live.url + "/v1/embeddings", json=BODY, headers={"Origin": f"http://127.0.0.1:{port}"}
+    )
+    assert r.status_code == 200
+    r = httpx.get(live.url + "/status", headers={"Origin": "https://evil.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None]
+)
+def test_json_routes_refuse_bodies_a_form_could_send(live, content_type):
+    before = calls(live)
+    headers = {"Content-Type": content_type} if content_type else {}
+    r = httpx.post(
+        live.url + "/v1/embeddings", content=b'{"model":"sim","input":"x"}', headers=headers
+    )
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    untouched(live, before)
+
+
+def test_cors_is_closed_by_default_and_opens_only_to_listed_origins(server_factory):
+    live = server_factory(
+        device="simulated:1GiB", models=(sim(),), cors_origins=("http://localhost:3000",)
+    )
+    preflight = {
+        "Origin": "http://localhost:3000",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    r = httpx.options(live.url + "/v1/embeddings", headers=preflight)
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert "access-control-allow-credentials" not in r.headers
+    r = httpx.post(
+        live.url + "/v1/embeddings", json=BODY, headers={"Origin": "http://localhost:3000"}
+    )
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    r = httpx.options(live.url + "/v1/embeddings", headers={**preflight, "Origin": "http://x.io"})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+
+
+def test_wildcard_cors_origin_is_refused_at_start(server_factory):
+    with pytest.raises(ValueError, match="cors origin"):
+        server_factory(device="simulated:1GiB", cors_origins=("*",))
+
+
+def test_token_guards_every_route_but_health_and_is_never_echoed(server_factory):
+    secret = "s3cret-token-value"
+    live = server_factory(device="simulated:1GiB", models=(sim(),), token=secret)
+    assert httpx.get(live.url + "/health").status_code == 200
+    assert secret not in httpx.get(live.url + "/health").text
+    for method, path in [*ROUTES, ("GET", "/status"), ("GET", "/metrics"), ("GET", "/docs")]:
+        for auth in (None, "Bearer wrong", f"Basic {secret}", f"Bearer {secret}x"):
+            headers = {"Authorization": auth} if auth else {}
+            r = httpx.request(method, live.url + path, json=BODY, headers=headers)
+            assert r.status_code == 401, (path, auth)
+            assert r.headers["www-authenticate"] == "Bearer" and secret not in r.text
+    ok = httpx.post(
+        live.url + "/v1/embeddings", json=BODY, headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert ok.status_code == 200
+    status = httpx.get(live.url + "/status", headers={"Authorization": f"Bearer {secret}"})
+    assert secret not in status.text
+    log = live.service.settings.resolved_log_dir / "server.log"
+    assert not log.exists() or secret not in log.read_text()
+
+
+def test_non_loopback_bind_without_token_refuses_to_start(tmp_path):
+    server = ServerProcess(
+        [
+            sys.executable, "-m", "app", "serve", "--host", "0.0.0.0", "--device", "simulated:1GiB",
+            "--data-dir", str(tmp_path / "d"), "--log-dir", str(tmp_path / "l"),
+        ],
+        clean_env(),
+    )  # fmt: skip
+    assert server.process.wait(60) == 2
+    assert "without a token" in server.process.stdout.read()
+
+
+def test_auto_token_is_generated_into_a_private_file_and_not_logged(tmp_path):
+    server = ServerProcess(
+        [
+            sys.executable, "-m", "app", "serve", "--token", "auto", "--device", "simulated:1GiB",
+            "--model", "sim=simulated",
+            "--data-dir", str(tmp_path / "d"), "--log-dir", str(tmp_path / "l"),
+        ],
+        clean_env(),
+    )  # fmt: skip
+    try:
+        token_file = tmp_path / "d" / "token"
+        server.wait_ready(120)
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and (token_file.stat().st_mode & 0o777) == 0o600
+        r = httpx.get(server.url + "/status", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200
+        assert httpx.get(server.url + "/status").status_code == 401
+    finally:
+        assert server.stop() == 0
+    assert token not in (tmp_path / "l" / "server.log").read_text()
+    assert token not in server.process.stdout.read()
+
+
+def raw_request(live, head: bytes, body_chunks: list[bytes]) -> bytes:
+    """Send bytes as they are; returns what came back before the server closed."""
+    port = int(live.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(head)
+        try:
+            for chunk in body_chunks:
+                conn.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading: what it answered is below
+        data = b""
+        try:
+            while part := conn.recv(65536):
+                data += part
+                if b"\r\n\r\n" in data and data.count(b"}") >= 2:
+                    break
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return data
+
+
+GIB_IN_MIB_CHUNKS = [b"x" * MiB] * 1024
+
+
+def test_gigabyte_body_with_honest_content_length_is_refused_unread(live):
+    before = calls(live)
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1073741824\r\n\r\n"
+    )
+    answer = raw_request(live, head, GIB_IN_MIB_CHUNKS[:8])
+    assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer
+    untouched(live, before)
+
+
+def test_gigabyte_body_without_content_length_is_cut_off_while_streaming(live):
+    before = calls(live)
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"%x\r\n" % MiB + b"x" * MiB + b"\r\n"
+    answer = raw_request(live, head, [chunk] * 1024)
+    assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer
+    untouched(live, before)
+
+
+def test_gigabyte_body_with_lying_content_length_is_a_400(live):
+    before = calls(live)
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n"
+    )
+    answer = raw_request(live, head, GIB_IN_MIB_CHUNKS[:16])
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    untouched(live, before)
+
+
+def test_ten_thousand_headers_are_refused(live):
+    before = calls(live)
+    headers = {f"X-Filler-{i}": "y" for i in range(10_000)}
+    try:
+        r = httpx.post(live.url + "/v1/embeddings", json=BODY, headers=headers, timeout=30)
+        assert r.status_code in (400, 431)
+    except httpx.RemoteProtocolError:
+        pass  # the HTTP parser itself dropped the connection: also refused
+    untouched(live, before)
+
+
+@pytest.mark.parametrize(
+    "name", ["../sim", "..\\sim", "..%2Fsim", "CON", "con.txt", "\\\\server\\share\\m", "/etc/x"]
+)
+def test_model_names_are_names_never_paths(live, name):
+    before = calls(live)
+    r = httpx.post(live.url + "/v1/embeddings", json={"model": name, "input": "x"}, timeout=10)
+    assert r.status_code in (400, 404)
+    assert r.json()["error"]["code"] in ("invalid_request", "model_not_found")
+    r = httpx.post(live.url + f"/admin/models/{name}/unload", timeout=10)
+    assert 400 <= r.status_code < 500
+    untouched(live, before)
+
+
+def test_reserved_device_names_cannot_name_a_model():
+    for name in ("CON", "nul", "COM1", "lpt9.bin"):
+        with pytest.raises(ValueError, match="reserved"):
+            ModelSpec(name=name, kind="simulated")
+
+
+@pytest.mark.parametrize("max_tokens", [-1, 0, 2**63])
+def test_max_tokens_out_of_bounds_is_a_400(live, max_tokens):
+    before = calls(live)
+    body = {
+        "model": "sim",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": max_tokens,
+    }
+    r = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    untouched(live, before)
