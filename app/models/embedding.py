@@ -60,9 +60,10 @@ class EmbeddingHandler(ModelHandler):
             dtype = "float16" if device.kind == "cuda" else "float32"
         self.dtype = dtype
         self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        model = AutoModel.from_pretrained(
-            self.path, local_files_only=True, dtype=getattr(torch, dtype)
+        model = AutoModel.from_pretrained(  # safetensors only: never unpickle weights
+            self.path, local_files_only=True, dtype=getattr(torch, dtype), use_safetensors=True
         )
+
         self._model = model.to(device.torch_device).eval()
         self._device = device.torch_device
         self.dimensions = int(self._model.config.hidden_size)

@@ -52,9 +52,11 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     if not folder.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    safe = {} if extra else {"use_safetensors": True}  # never unpickle weights
     model = AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, dtype=dtype, **extra
+        folder, local_files_only=True, dtype=dtype, **extra, **safe
     )
+
     return tokenizer, model
 
 

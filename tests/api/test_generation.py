@@ -208,3 +208,21 @@ def test_simulated_16_streams_are_admitted_by_price_without_overcommit(server_fa
     assert status["pool"]["admitted_bytes"] == 0 and status["queue"]["depth"] == 0
     prices = {p["bucket"]: p["price_bytes"] for p in status["models"][0]["prices"]}
     assert prices["w64"] == 300 * MiB and prices["w16"] == 100 * MiB
+
+
+def test_pickled_weights_are_never_loaded(server_factory, tmp_path, llama_folder):
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(llama_folder, pickled)
+    model = AutoModelForCausalLM.from_pretrained(pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    live = server_factory(
+        models=(ModelSpec(name="pickled", kind="generation", path=pickled),), ready=False
+    )
+    wait_until(lambda: live.service.registry.entries["pickled"].state == "failed", 60, "failed")
+    assert "safetensors" in (live.service.registry.entries["pickled"].error or "")

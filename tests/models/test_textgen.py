@@ -1,0 +1,39 @@
+"""Generation's shared pieces: buckets and context limits, stop strings across steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.errors import ContextLengthExceeded
+from app.models.textgen import SamplingParams, StopScanner, generation_prepared
+
+
+def test_bucket_covers_the_worst_case_and_max_tokens_is_capped_by_the_context():
+    prepared = generation_prepared("m", [1] * 20, SamplingParams(max_tokens=100), 1024, 512)
+    assert prepared.bucket.label == "p32t128" and prepared.payload.max_tokens == 100
+    capped = generation_prepared("m", [1] * 1000, SamplingParams(max_tokens=500), 1024, 512)
+    assert capped.payload.max_tokens == 24 and capped.bucket.label == "p1024t1024"
+    default = generation_prepared("m", [1] * 3, SamplingParams(), 1024, 512)
+    assert default.payload.max_tokens == 512
+
+
+def test_prompt_that_fills_the_context_is_refused_with_the_numbers():
+    with pytest.raises(ContextLengthExceeded, match="1024 tokens; model 'm' has a context of 1024"):
+        generation_prepared("m", [1] * 1024, SamplingParams(), 1024, 512)
+
+
+def test_stop_string_split_across_steps_is_held_back_then_cut():
+    scanner = StopScanner(("END",))
+    sent = [scanner.push(text) for text in ("Hello E", "Hello EN", "Hello END and more")]
+    assert sent == ["Hello ", "", ""]
+    assert scanner.stopped and scanner.text == "Hello "
+
+
+def test_false_alarm_prefix_is_released_and_broken_utf8_waits():
+    scanner = StopScanner(("END",))
+    assert scanner.push("an E") == "an "
+    assert scanner.push("an Ex") == "Ex"
+    plain = StopScanner(())
+    assert plain.push("caf\ufffd") == "caf"
+    assert plain.push("café") == "é"
+    assert plain.push("café!", final=True) == "!"
