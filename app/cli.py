@@ -20,7 +20,12 @@ from typing import Any
 from pydantic import SecretStr
 
 from app import __version__
-from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
+from app.errors import (
+    EXIT_FATAL_DEVICE,
+    EXIT_INVALID_SETTINGS,
+    EXIT_PORT_IN_USE,
+    EXIT_WEDGED,
+)
 from app.settings import (
     ENV_PREFIX,
     ModelSpec,
@@ -198,7 +203,7 @@ def serve(settings: Settings) -> int:
 
     def on_fatal() -> None:
         nonlocal exit_code
-        exit_code = EXIT_FATAL_DEVICE
+        exit_code = app.state.service.exit_code or EXIT_FATAL_DEVICE
         if server is not None:
             server.should_exit = True
 
@@ -222,6 +227,8 @@ def serve(settings: Settings) -> int:
     run_until_stopped(server)
     log.info("vramgate stopped (exit code %d)", exit_code)
     logging.shutdown()
+    if exit_code == EXIT_WEDGED:  # a wedged thread would keep the interpreter from exiting
+        os._exit(exit_code)
     return exit_code
 
 

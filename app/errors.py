@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 # device-side assert, launch failure): the CUDA context is poisoned and only a fresh
 # process can use the GPU again. The tray's supervisor restarts at once on it.
 EXIT_FATAL_DEVICE = 75
+EXIT_WEDGED = 76  # an inference thread stopped coming back: only a new process recovers
 EXIT_PORT_IN_USE = 74  # another program (or vramgate) has the port: retrying cannot help
 EXIT_INVALID_SETTINGS = 2
 
@@ -166,6 +167,14 @@ class QueueTimeout(VramgateError):
     status = 504
     error_type = "server_error"
     code = "queue_timeout"
+
+
+class RunTimeout(VramgateError):
+    """A job that showed no progress for `run_timeout` seconds on the device."""
+
+    status = 504
+    error_type = "server_error"
+    code = "run_timeout"
 
 
 class ClientGone(VramgateError):

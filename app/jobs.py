@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.engine.executor import Measurement
-from app.errors import VramgateError
+from app.errors import RunTimeout, VramgateError
 from app.models.base import ModelHandler, Prepared
 from app.models.textgen import TokenStream
 from app.sched.budget import PriceKey, Quote
@@ -55,11 +55,29 @@ class Job:
 FailureMapper = Callable[[BaseException, PriceKey, Prepared, Permit], VramgateError]
 
 
+@dataclass
+class Running:
+    """A group on the device, as the watchdog sees it."""
+
+    permit: Permit
+    jobs: list[Job]
+    started_at: float
+    released: bool = False
+    overdue: bool = False
+
+    def progress_at(self) -> float:
+        """When it last showed life: its start, or a stream's latest text."""
+        stream = self.jobs[0].stream
+        return max(self.started_at, stream.progress_at if stream is not None else 0.0)
+
+
 class JobRunner:
     def __init__(self, service: InferenceService, on_failure: FailureMapper) -> None:
         self.service = service
         self.on_failure = on_failure
         self.jobs: dict[int, Job] = {}  # waiting jobs by ticket id
+        self.running: dict[int, Running] = {}  # groups on the device, by permit
+        self.wedged = 0  # overdue groups whose thread has not come back yet
         self._tasks: set[asyncio.Task[None]] = set()
 
     def key_for(self, job: Job, prepared: Prepared) -> PriceKey:
@@ -89,6 +107,53 @@ class JobRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _track(self, permit: Permit, jobs: list[Job], work: asyncio.Future[Any]) -> None:
+        """The permit's bytes stay taken until the device is really done with the group,
+        or until the watchdog gives up on it."""
+        run = Running(permit, jobs, self.service.clock())
+        self.running[permit.ticket_id] = run
+
+        def done(_: asyncio.Future[Any]) -> None:
+            self.running.pop(permit.ticket_id, None)
+            if run.overdue:
+                self.wedged -= 1
+                log.warning(
+                    "an overdue job came back after %.1fs", self.service.clock() - run.started_at
+                )
+            self._release(run)
+
+        work.add_done_callback(done)
+
+    def _release(self, run: Running) -> None:
+        if not run.released:
+            run.released = True
+            self.service.release(run.permit)
+
+    def watch(self, now: float, limit_s: float) -> int:
+        """Fail the groups that showed no life for `limit_s` (504) and give their permits
+        back: the device memory they may still hold stays out of the pool, which follows
+        the device live. Their threads count as wedged until they return."""
+        overdue = 0
+        for run in list(self.running.values()):
+            if run.overdue or now - run.progress_at() <= limit_s:
+                continue
+            run.overdue = True
+            self.wedged += 1
+            overdue += 1
+            error = RunTimeout(
+                f"the model showed no progress for {limit_s:g}s; the request was abandoned",
+                retry_after=max(1.0, limit_s),
+            )
+            for job in run.jobs:
+                if not job.result.done():
+                    job.result.set_exception(error)
+                if job.stream is not None:
+                    job.stream.cancel()
+                    job.stream.close()
+            self._release(run)
+            log.error("job %s overdue after %.1fs", run.jobs[0].key.bucket, limit_s)
+        return overdue
+
     async def _run(self, permit: Permit, jobs: list[Job]) -> None:
         leader = jobs[0]
         if leader.stream is not None:
@@ -98,8 +163,7 @@ class JobRunner:
         key = self.key_for(leader, merged)
         executor = self.service.executor
         work = executor.submit_device(leader.handler.forward, merged)
-        # The permit's bytes stay taken until the device is really done with the job.
-        work.add_done_callback(lambda _: self.service.release(permit))
+        self._track(permit, jobs, work)
         try:
             raw, measurement = await asyncio.shield(work)
             vectors = leader.handler.postprocess(raw)
@@ -120,7 +184,7 @@ class JobRunner:
     async def _run_stream(self, permit: Permit, job: Job, stream: TokenStream) -> None:
         """A generation runs alone in its group and holds its permit until it returns."""
         work = self.service.executor.submit_device(job.handler.generate, job.prepared, stream)
-        work.add_done_callback(lambda _: self.service.release(permit))
+        self._track(permit, [job], work)
         try:
             outcome, measurement = await asyncio.shield(work)
         except Exception as exc:

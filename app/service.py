@@ -23,6 +23,8 @@ from app.engine.device import Device, MemorySnapshot
 from app.engine.executor import Executor, Measurement
 from app.engine.registry import ModelRegistry
 from app.errors import (
+    EXIT_FATAL_DEVICE,
+    EXIT_WEDGED,
     ClientGone,
     DeviceFailed,
     ExceedsDevice,
@@ -153,6 +155,8 @@ class InferenceService:
         self.state = "starting"  # starting | loading | warming | ready | stopping | failed
         self.last_alive = clock()  # when a job last completed: a wedged device stops this
         self.paused = False  # the tray's "Pause new requests": new work gets 503
+        self.exit_code = 0  # what the process should exit with after a fatal error
+        self.wedged_since: float | None = None
         self.in_flight: Counter[str] = Counter()  # requests per model between admit and reply
         self.history = History()
         self._snap: tuple[float, MemorySnapshot] | None = None
@@ -232,6 +236,7 @@ class InferenceService:
             if self.clock() - last_sample >= 1.0:
                 last_sample = self.clock()
                 self._sample()
+            self._watchdog()
             expired, _ = self.gate.expire()
             for ticket in expired:
                 self._fail_waiter(ticket.id, self._timeout_error())
@@ -239,6 +244,21 @@ class InferenceService:
             if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:
                 self.book.save()
                 last_save = self.clock()
+
+    def _watchdog(self) -> None:
+        """Jobs without progress for `run_timeout` get 504 and their permits back; /health
+        turns unhealthy at once; if a thread is still not back after another
+        `run_timeout`, the process ends (exit 76) so the supervisor starts a fresh one."""
+        now, limit = self.clock(), self.settings.run_timeout
+        if self.runner.watch(now, limit) and self.wedged_since is None:
+            self.wedged_since = now
+        if not self.runner.wedged:
+            self.wedged_since = None
+        elif self.wedged_since is not None and now - self.wedged_since > limit:
+            self._fatal(
+                RuntimeError(f"an inference thread has not come back for {2 * limit:g}s"),
+                EXIT_WEDGED,
+            )
 
     def _sample(self) -> None:
         snap = self.snapshot()
@@ -272,7 +292,7 @@ class InferenceService:
     def ready(self) -> bool:
         stale_after = 3 * self.settings.health_interval + self.settings.queue_timeout
         fresh = self.clock() - self.last_alive < stale_after
-        return self.state == "ready" and fresh
+        return self.state == "ready" and fresh and not self.runner.wedged
 
     async def exercise(self, model: str, handler: ModelHandler, inputs: list[str]) -> None:
         """One small real request through the normal path: warm-up, or the probe."""
@@ -584,11 +604,13 @@ class InferenceService:
         for ticket in self.gate.drain_queue():
             self._fail_waiter(ticket.id, error)
 
-    def _fatal(self, exc: BaseException) -> None:
+    def _fatal(self, exc: BaseException, code: int = EXIT_FATAL_DEVICE) -> None:
         if self.state == "failed":
             return
         self.state = "failed"
-        log.critical("fatal device error, the server will exit: %s", exc)
+        self.exit_code = code
+        what = "fatal device error" if code == EXIT_FATAL_DEVICE else "wedged inference"
+        log.critical("%s, the server will exit: %s", what, exc)
         self._drop_waiting(DeviceFailed("the device failed; retry shortly", retry_after=10))
         self._on_fatal()
 

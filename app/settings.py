@@ -78,6 +78,9 @@ class FaultInjection(BaseModel):
     oom_on_calls: tuple[int, ...] = ()
     fatal_on_calls: tuple[int, ...] = ()
     error_on_calls: tuple[int, ...] = ()
+    hang_on_calls: tuple[int, ...] = ()  # the call blocks for hang_ms (a wedged thread)
+    hang_ms: float = Field(default=0, ge=0, le=3_600_000)
+    leak_bytes_per_call: ByteSize = ByteSize(0)  # a leaking handler (the soak's control)
 
 
 class ModelSpec(BaseModel):
@@ -220,6 +223,13 @@ class Settings(BaseSettings):
     def loopback(self) -> bool:
         return is_loopback_host(self.host)
 
+    run_timeout: float = Field(
+        120.0,
+        ge=0.1,
+        le=86_400,
+        description="seconds a job (or a stream between two tokens) may show no progress "
+        "before it gets 504; a thread still not back after as long again restarts the server",
+    )
     health_interval: float = Field(
         30.0, ge=0.5, le=3600, description="seconds between the readiness probe's tiny inferences"
     )

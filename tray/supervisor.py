@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
+from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE, EXIT_WEDGED
 
 log = logging.getLogger("vramgate.tray.supervisor")
 OUTPUT_LOG = "server-output.log"
@@ -70,6 +70,8 @@ class RestartPolicy:
             )
         if exit_code == EXIT_FATAL_DEVICE:
             return RestartDecision(True, 0, "fatal device error; restarting with a fresh context")
+        if exit_code == EXIT_WEDGED:
+            return RestartDecision(True, 0, "an inference thread wedged; restarting")
         delay = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
         return RestartDecision(True, delay, f"the server exited with code {exit_code}")
 

@@ -44,6 +44,7 @@ class SimulatedHandler(ModelHandler):
         self._by_label = {f"w{b.size}": b for b in self._buckets}
         self._lock = threading.Lock()  # guards forward_calls
         self._device: Device | None = None
+        self._leaked: list[bytearray] = []  # what an injected leak keeps
 
     def load(self, device: Device) -> None:
         time.sleep(self.spec.load_ms / 1000)
@@ -99,6 +100,10 @@ class SimulatedHandler(ModelHandler):
             raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
         if call in inject.error_on_calls:
             raise ValueError(f"injected handler error on call {call}")
+        if call in inject.hang_on_calls:
+            time.sleep(inject.hang_ms / 1000)
+        if inject.leak_bytes_per_call:
+            self._leaked.append(bytearray(int(inject.leak_bytes_per_call)))
 
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass
 
 from app.errors import ContextLengthExceeded, InvalidRequest
@@ -82,9 +83,11 @@ class TokenStream:
         self._loop = loop
         self.deltas: asyncio.Queue[str | None] = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.progress_at = 0.0  # monotonic time of the latest step, for the watchdog
 
     def emit(self, text: str) -> None:
-        """Called on the inference thread."""
+        """Called on the inference thread after every step (text may be empty)."""
+        self.progress_at = time.monotonic()
         if text:
             self._loop.call_soon_threadsafe(self.deltas.put_nowait, text)
 
