@@ -12,7 +12,7 @@ from starlette.types import ASGIApp
 
 from app import __version__
 from app.api import admin_routes, openai_routes, ops_routes
-from app.api.errors import install_error_handlers
+from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.guard import BodyLimit, RequestGuard
 from app.api.hot import HotRoutes
 from app.engine.device import Device, make_device
@@ -80,9 +80,8 @@ def create_app(
     )
     app.state.service = service
     app.state.request_shutdown = on_shutdown_request
-    app.include_router(openai_routes.router)
-    app.include_router(ops_routes.router)
-    app.include_router(admin_routes.router)
+    for router in (openai_routes.router, ops_routes.router, admin_routes.router):
+        app.include_router(router, responses=ERROR_RESPONSES)
     install_error_handlers(app)
     return app
 
@@ -106,3 +105,11 @@ class VramgateApp(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         return self._outer(super().build_middleware_stack())
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with the request bodies our routes validate themselves."""
+        if self.openapi_schema is None:
+            document = super().openapi()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(openai_routes.request_schemas())
+        return super().openapi()

@@ -32,6 +32,42 @@ class MethodNotAllowed(InvalidRequest):
     code = "method_not_allowed"
 
 
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
+}
+_ERROR_STATUSES = {
+    400: "bad input (nothing was queued)",
+    401: "a token is configured and was not given",
+    403: "a foreign Host or Origin, or an admin route from another machine",
+    404: "no such model or route",
+    405: "method not allowed on this route",
+    413: "body too large, or a job that can never fit on this device",
+    415: "the body is not JSON",
+    431: "too many or too large headers",
+    500: "the model failed on this request",
+    503: "overloaded, loading, paused or shutting down; see Retry-After",
+    504: "not admitted, or no progress, in time; see Retry-After",
+}
+# The OpenAPI document's error responses, for every route (all errors share one shape).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    for status, text in _ERROR_STATUSES.items()
+}
+
+
 def error_response(error: VramgateError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 

@@ -33,8 +33,12 @@ async def status(request: Request) -> dict[str, Any]:
     return build_status(_service(request))
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics", responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+)
 async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+
     service = _service(request)
     m = service.metrics
     snap = service.snapshot()
