@@ -103,7 +103,8 @@ class SimulatedHandler(ModelHandler):
         if call in inject.hang_on_calls:
             time.sleep(inject.hang_ms / 1000)
         if inject.leak_bytes_per_call:
-            self._leaked.append(bytearray(int(inject.leak_bytes_per_call)))
+            self._leaked.append(bytearray(b"\x5a") * int(inject.leak_bytes_per_call))  # touched
+
 
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"
