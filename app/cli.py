@@ -14,6 +14,7 @@ import socket
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,13 +224,26 @@ def serve(settings: Settings) -> int:
         # peer, never an X-Forwarded-For header a local program could forge.
         proxy_headers=False,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.service.begin_stop)
     run_until_stopped(server)
     log.info("vramgate stopped (exit code %d)", exit_code)
     logging.shutdown()
     if exit_code == EXIT_WEDGED:  # a wedged thread would keep the interpreter from exiting
         os._exit(exit_code)
     return exit_code
+
+
+def DrainingServer(config: Any, on_stop: Callable[[], None]) -> Any:
+    """uvicorn's server, telling the service the moment it starts shutting down: waiting
+    requests get 503 at once instead of after uvicorn's grace period."""
+    import uvicorn
+
+    class _Draining(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            on_stop()
+            await super().shutdown(sockets)
+
+    return _Draining(config)
 
 
 class _StopSignal(Exception):

@@ -200,6 +200,13 @@ class JobRunner:
             )
         stream.close()
 
+    def cancel_streams(self) -> None:
+        """Stop running generations before their next step (at shutdown)."""
+        for run in self.running.values():
+            for job in run.jobs:
+                if job.stream is not None:
+                    job.stream.cancel()
+
     async def stop(self, timeout_s: float) -> None:
         """Let running groups hand out their results, for at most `timeout_s`."""
         if self._tasks:

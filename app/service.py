@@ -54,6 +54,7 @@ SNAPSHOT_TTL_S = 0.05
 SAVE_EVERY_S = 5.0
 INLINE_PREPROCESS_CHARS = 4096
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
+DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class InferenceService:
         self.last_alive = clock()  # when a job last completed: a wedged device stops this
         self.paused = False  # the tray's "Pause new requests": new work gets 503
         self.exit_code = 0  # what the process should exit with after a fatal error
+        self.stop_deadline: float | None = None  # set once a stop was asked for
         self.wedged_since: float | None = None
         self.in_flight: Counter[str] = Counter()  # requests per model between admit and reply
         self.history = History()
@@ -211,15 +213,26 @@ class InferenceService:
         if self.state in ("ready", "degraded"):
             self._tasks.append(asyncio.create_task(self._probe_loop(), name="probe"))
 
-    async def stop(self, drain_s: float = 10.0) -> None:
-        """Stop accepting, fail the waiting, let running jobs finish within `drain_s`."""
+    def begin_stop(self, drain_s: float = DRAIN_S) -> None:
+        """The moment a stop is asked for: refuse new work, fail the waiting (503), and
+        give running jobs `drain_s`; streams still running then are stopped."""
+        if self.stop_deadline is not None:
+            return
         if self.state != "failed":
             self.state = "stopping"
+        self.stop_deadline = self.clock() + drain_s
         self._drop_waiting(ShuttingDown("the server is shutting down", retry_after=5))
-        deadline = self.clock() + drain_s
+        asyncio.get_running_loop().call_later(drain_s, self.runner.cancel_streams)
+
+    async def stop(self, drain_s: float = DRAIN_S) -> None:
+        """Stop accepting, fail the waiting, let running jobs finish within `drain_s`."""
+        self.begin_stop(drain_s)
+        assert self.stop_deadline is not None
+        deadline = self.stop_deadline
         while self.gate.running and self.clock() < deadline:
             await asyncio.sleep(0.05)
-        await self.runner.stop(max(0.1, deadline - self.clock()))
+        self.runner.cancel_streams()
+        await self.runner.stop(max(1.0, deadline - self.clock()))
         await self.lifecycle.stop()
         for task in self._tasks:
             task.cancel()

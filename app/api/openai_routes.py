@@ -21,7 +21,7 @@ from app.api.schemas import (
     ValidEmbeddingRequest,
     validate_embedding_request,
 )
-from app.errors import InvalidRequest, VramgateError
+from app.errors import InvalidRequest, ShuttingDown, VramgateError
 from app.models.textgen import GenerationOutcome
 from app.service import Cost, EmbeddingResult, Generation, InferenceService
 
@@ -143,7 +143,7 @@ def _parse(model: type[RequestT], body: bytes) -> RequestT:
         raise from_validation_errors(exc.errors()) from None
 
 
-STREAMED = {
+STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the completion; with `stream: true`, server-sent events",
         "content": {
@@ -155,7 +155,6 @@ STREAMED = {
                 }
             }
         },
-
     }
 }
 
@@ -227,6 +226,8 @@ class Reply:
                 yield _sse(self._envelope(chunk, [self._delta(self._content(text))]))
             try:
                 outcome, cost = await generation.outcome()
+                if outcome.finish_reason == "cancelled":  # stopped by the server's shutdown
+                    raise ShuttingDown("the server is shutting down; the answer is incomplete")
             except VramgateError as exc:
                 yield _sse(exc.body())
                 yield DONE

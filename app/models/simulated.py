@@ -105,7 +105,6 @@ class SimulatedHandler(ModelHandler):
         if inject.leak_bytes_per_call:
             self._leaked.append(bytearray(b"\x5a") * int(inject.leak_bytes_per_call))  # touched
 
-
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"
         self._call()
