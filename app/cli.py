@@ -306,9 +306,12 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def status_command(url: str | None, raw: bool) -> int:
+    settings = load_settings()
     if url is None:
-        settings = load_settings()
         url = f"http://{settings.host}:{settings.port}"
+    from app import client_auth
+
+    client_auth.install(settings, url)
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=10) as response:
             status = json.load(response)

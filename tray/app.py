@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from app import client_auth
 from app.cli import port_free
 from app.errors import EXIT_PORT_IN_USE
 from app.settings import Settings, load_settings
@@ -147,6 +148,7 @@ def run_tray(config_file: Path | None = None) -> int:
         )
         return EXIT_PORT_IN_USE
     url = server_url(settings)
+    client_auth.install(settings, url)
     supervisor = Supervisor(
         server_command(config_file),
         log_dir=settings.resolved_log_dir,

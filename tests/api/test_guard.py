@@ -4,7 +4,9 @@ nothing is enqueued or run."""
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 import sys
 
 import httpx
@@ -193,6 +195,18 @@ def test_auto_token_is_generated_into_a_private_file_and_not_logged(tmp_path):
         r = httpx.get(server.url + "/status", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200
         assert httpx.get(server.url + "/status").status_code == 401
+        # A local client with the same settings (`vramgate status`) sends the token.
+        env = clean_env() | {
+            "VRAMGATE_TOKEN": "auto",
+            "VRAMGATE_DATA_DIR": str(tmp_path / "d"),
+            "VRAMGATE_PORT": str(server.port),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "status", "--json"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0 and json.loads(done.stdout)["ready"] is True
+
     finally:
         assert server.stop() == 0
     assert token not in (tmp_path / "l" / "server.log").read_text()

@@ -1,0 +1,26 @@
+"""Local clients of the server (the tray, `vramgate status`) send its bearer token when one
+is set: one urllib handler, installed process-wide, adds it to requests for the server's
+own address only."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from app.settings import Settings, client_token
+
+
+class BearerToken(urllib.request.BaseHandler):
+    def __init__(self, settings: Settings, netloc: str) -> None:
+        self.settings = settings
+        self.netloc = netloc
+
+    def http_request(self, request: urllib.request.Request) -> urllib.request.Request:
+        token = client_token(self.settings)  # read each time: `auto` appears at start
+        if token and request.host == self.netloc:
+            request.add_unredirected_header("Authorization", f"Bearer {token}")
+        return request
+
+
+def install(settings: Settings, url: str) -> None:
+    netloc = url.split("://", 1)[-1].rstrip("/")
+    urllib.request.install_opener(urllib.request.build_opener(BearerToken(settings, netloc)))
