@@ -55,6 +55,15 @@ class Job:
 FailureMapper = Callable[[BaseException, PriceKey, Prepared, Permit], VramgateError]
 
 
+def split_rows(output: Any, jobs: list[Job]) -> list[Any]:
+    """A group's output (an array or a list, one row per input) back to its members."""
+    counts = [job.prepared.count for job in jobs]
+    if isinstance(output, np.ndarray):
+        return list(np.split(output, np.cumsum(counts)[:-1]))
+    ends = np.cumsum(counts).tolist()
+    return [output[end - count : end] for end, count in zip(ends, counts, strict=True)]
+
+
 @dataclass
 class Running:
     """A group on the device, as the watchdog sees it."""
@@ -166,7 +175,10 @@ class JobRunner:
         self._track(permit, jobs, work)
         try:
             raw, measurement = await asyncio.shield(work)
-            vectors = leader.handler.postprocess(raw)
+            if leader.handler.postprocess_on_loop:
+                output = leader.handler.postprocess(raw)
+            else:
+                output = await self.service.executor.run_cpu(leader.handler.postprocess, raw)
         except Exception as exc:
             error = self.on_failure(exc, key, merged, permit)
             for job in jobs:
@@ -174,8 +186,7 @@ class JobRunner:
                     job.result.set_exception(error)
             return
         self.service.record(key, merged, measurement)
-        counts = np.cumsum([job.prepared.count for job in jobs])[:-1]
-        for job, rows in zip(jobs, np.split(vectors, counts), strict=True):
+        for job, rows in zip(jobs, split_rows(output, jobs), strict=True):
             if not job.result.done():
                 job.result.set_result(
                     JobResult(rows, measurement, merged.bucket.label, permit.nbytes, len(jobs))

@@ -240,7 +240,6 @@ def pull(
         if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
             raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
         if target.exists() and not force:
-
             raise PullError(f"{target} exists; pass --force to replace it")
         staging = Path(scratch) / "model"
         if model.suffix.lower() == ".gguf":

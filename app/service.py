@@ -16,8 +16,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from app.engine.device import Device, MemorySnapshot
 from app.engine.executor import Executor, Measurement
@@ -54,6 +53,10 @@ SNAPSHOT_TTL_S = 0.05
 SAVE_EVERY_S = 5.0
 INLINE_PREPROCESS_CHARS = 4096
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
+TASK_WORDS = {
+    "embeds": "it has no embeddings",
+    "sees": "it does not take images",
+}
 DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
 
 
@@ -80,8 +83,10 @@ class Cost:
 
 
 @dataclass(frozen=True)
-class EmbeddingResult:
-    vectors: np.ndarray
+class InferenceResult:
+    """A one-shot request's answer: embedding rows (np.ndarray) or per-image outputs."""
+
+    output: Any
     tokens: int
     cost: Cost
 
@@ -312,6 +317,9 @@ class InferenceService:
         if handler.embeds:
             await self.embed(model, inputs, probe=True)
             return
+        if handler.sees:
+            await self.infer(model, handler.warmup_images(), task="sees", probe=True)
+            return
         params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
         generation = await self.generate(model, " ".join(inputs), params, probe=True)
         try:
@@ -329,15 +337,32 @@ class InferenceService:
         *,
         gone: Callable[[], Awaitable[None]] | None = None,
         probe: bool = False,
-    ) -> EmbeddingResult:
+    ) -> InferenceResult:
+        return await self.infer(model, texts, task="embeds", gone=gone, probe=probe)
+
+    async def infer(
+        self,
+        model: str,
+        inputs: list[Any],
+        *,
+        task: str,
+        gone: Callable[[], Awaitable[None]] | None = None,
+        probe: bool = False,
+    ) -> InferenceResult:
+        """A one-shot request (embeddings, images) for a handler that can do `task`."""
         try:
             handler = self._admissible(model, probe)
+            if not getattr(handler, task):
+                raise WrongModelKind(
+                    f"model {model!r} is a {handler.kind} model: {TASK_WORDS[task]}",
+                    param="model",
+                )
         except VramgateError as exc:
             self._refused(model, exc)
             raise
         self.in_flight[model] += 1
         try:
-            return await self._embed(handler, model, texts, gone, probe)
+            return await self._infer(handler, model, inputs, gone, probe)
         finally:
             self.in_flight[model] -= 1
 
@@ -429,15 +454,15 @@ class InferenceService:
         self.metrics.observe_failure(label, exc.metric_label)
         self.history.add_rejection(label, exc.code, exc.message)
 
-    async def _embed(
+    async def _infer(
         self,
         handler: ModelHandler,
         model: str,
-        texts: list[str],
+        inputs: list[Any],
         gone: Callable[[], Awaitable[None]] | None,
         probe: bool,
-    ) -> EmbeddingResult:
-        prepared = await self._preprocess(handler, texts)
+    ) -> InferenceResult:
+        prepared = await self._preprocess(handler, inputs)
         key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
         quote = self.quote(handler, key, prepared)
         started = self.clock()
@@ -465,14 +490,16 @@ class InferenceService:
             result.measurement.peak_bytes,
             result.batch,
         )
-        return EmbeddingResult(result.output, prepared.tokens, cost)
+        return InferenceResult(result.output, prepared.tokens, cost)
 
-    async def _preprocess(self, handler: ModelHandler, texts: list[str]) -> Prepared:
+    async def _preprocess(self, handler: ModelHandler, inputs: list[Any]) -> Prepared:
         """Small inputs are tokenised on the loop (a thread hop costs more than the
-        work); large ones on the CPU pool so the loop stays responsive."""
-        if sum(len(text) for text in texts) <= INLINE_PREPROCESS_CHARS:
-            return handler.preprocess(texts)
-        return await self.executor.run_cpu(handler.preprocess, texts)
+        work); large ones (and every image) on the CPU pool so the loop stays responsive."""
+        if sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS and all(
+            isinstance(item, str) for item in inputs
+        ):
+            return handler.preprocess(inputs)
+        return await self.executor.run_cpu(handler.preprocess, inputs)
 
     def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
         return self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))

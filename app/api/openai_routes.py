@@ -23,7 +23,7 @@ from app.api.schemas import (
 )
 from app.errors import InvalidRequest, ShuttingDown, VramgateError
 from app.models.textgen import GenerationOutcome
-from app.service import Cost, EmbeddingResult, Generation, InferenceService
+from app.service import Cost, Generation, InferenceResult, InferenceService
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -95,9 +95,9 @@ async def create_embeddings(request: Request) -> Response:
         raise from_validation_errors(exc.errors()) from None
     valid = validate_embedding_request(body, service.settings)
     result = await service.embed(valid.model, valid.texts, gone=disconnected(request))
-    if valid.dimensions is not None and valid.dimensions != result.vectors.shape[1]:
+    if valid.dimensions is not None and valid.dimensions != result.output.shape[1]:
         raise InvalidRequest(
-            f"model {valid.model!r} makes {result.vectors.shape[1]}-dimensional vectors; "
+            f"model {valid.model!r} makes {result.output.shape[1]}-dimensional vectors; "
             f"dimensions={valid.dimensions} is not supported",
             param="dimensions",
         )
@@ -108,8 +108,8 @@ async def create_embeddings(request: Request) -> Response:
     )
 
 
-def encode_embeddings(valid: ValidEmbeddingRequest, result: EmbeddingResult) -> bytes:
-    vectors = result.vectors
+def encode_embeddings(valid: ValidEmbeddingRequest, result: InferenceResult) -> bytes:
+    vectors = result.output
     if valid.encoding_format == "base64":
         rows: list[Any] = [
             base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors

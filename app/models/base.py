@@ -54,6 +54,8 @@ class ModelHandler(ABC):
     dimensions: int
     embeds = True  # serves /v1/embeddings (preprocess → forward → postprocess)
     generates = False  # serves /v1/chat/completions and /v1/completions
+    sees = False  # serves /v1/models/{name}/predict with images (bytes) as inputs
+    postprocess_on_loop = True  # False: postprocess runs on the CPU pool (heavy encoding)
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -100,6 +102,10 @@ class ModelHandler(ABC):
     def warmup_inputs(self) -> list[list[str]]:
         """Requests run once after loading so the common buckets have learned prices."""
         return [["warm up"]]
+
+    def warmup_images(self) -> list[bytes]:
+        """An image model's warm-up and probe input (encoded images)."""
+        return []
 
     def probe_input(self) -> list[str]:
         """The tiny real inference of the readiness check."""

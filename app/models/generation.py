@@ -141,9 +141,7 @@ class GenerationHandler(ModelHandler):
 
     # -- embeddings: not this kind's job --------------------------------------------------
     def preprocess(self, texts: list[str]) -> Prepared:
-        raise InvalidRequest(
-            f"model {self.name!r} generates text; it has no embeddings", param="model"
-        )
+        raise NotImplementedError("a generation model runs prepare_generation()")
 
     def forward(self, prepared: Prepared) -> Any:
         raise NotImplementedError("a generation model runs generate(), not forward()")

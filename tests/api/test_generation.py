@@ -132,7 +132,7 @@ def test_bad_generation_fields_get_400_and_nothing_runs(tiny, extra, param):
 
 def test_wrong_model_kind_is_a_400_both_ways(tiny, minilm):
     r = httpx.post(tiny.url + "/v1/embeddings", json={"model": "tiny", "input": "x"}, timeout=30)
-    assert r.status_code == 400 and "no embeddings" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "has no embeddings" in r.json()["error"]["message"]
     body = {"model": "all-MiniLM-L6-v2", "messages": [{"role": "user", "content": "hi"}]}
     r = httpx.post(minilm.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_model"
