@@ -64,6 +64,15 @@ class InvalidJson(InvalidRequest):
     code = "invalid_json"
 
 
+class InvalidImage(InvalidRequest):
+    code = "invalid_image"
+
+
+class ImageTooLarge(InvalidRequest):
+    status = 413
+    code = "image_too_large"
+
+
 class ContextLengthExceeded(InvalidRequest):
     """OpenAI's code for a prompt the model's context cannot hold."""
 

@@ -88,11 +88,14 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=MODEL_NAME_PATTERN)
-    kind: Literal["embedding", "generation", "simulated"] = "embedding"
+    kind: Literal["embedding", "generation", "vision", "simulated"] = "embedding"
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
     max_context: int = Field(default=4096, ge=16, le=1_048_576)  # generation: context cap
+    # vision: what the model returns, and (for a weights file) its torchvision architecture
+    output: Literal["classes", "image"] = "classes"
+    arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
 
     buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
     load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
@@ -109,7 +112,7 @@ class ModelSpec(BaseModel):
     def _generation_needs_a_path(self) -> ModelSpec:
 
         if self.kind == "generation" and self.path is None:
-            raise ValueError(f"model {self.name!r}: a generation model needs a path")
+            raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
         return self
 
     @classmethod
@@ -181,6 +184,13 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(
         50_000, ge=1, le=10_000_000, description="characters in one input string"
     )
+    max_image_side: int = Field(
+        4096, ge=16, le=16384, description="largest image side accepted, in pixels"
+    )
+    max_image_pixels: int = Field(
+        16 * 2**20, ge=256, le=64 * 2**20, description="largest image accepted, in pixels"
+    )
+    max_images: int = Field(16, ge=1, le=256, description="images in one predict request")
     default_max_tokens: int = Field(
         512,
         ge=1,

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from app import __version__
-from app.api import admin_routes, openai_routes, ops_routes
+from app.api import admin_routes, openai_routes, ops_routes, vision_routes
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.guard import BodyLimit, RequestGuard
 from app.api.hot import HotRoutes
@@ -35,7 +35,8 @@ def build_service(
     slots = settings.max_concurrent or device.default_slots
     executor = Executor(device, slots=slots, cpu_threads=settings.cpu_threads)
     book = BudgetBook(settings.resolved_data_dir / PRICES_FILE)
-    registry = ModelRegistry(settings.models, device)
+    bounds = (settings.max_image_side, settings.max_image_pixels)
+    registry = ModelRegistry(settings.models, device, bounds)
     return InferenceService(
         settings, device, registry, book, executor, Metrics(), on_fatal=on_fatal
     )
@@ -80,7 +81,8 @@ def create_app(
     )
     app.state.service = service
     app.state.request_shutdown = on_shutdown_request
-    for router in (openai_routes.router, ops_routes.router, admin_routes.router):
+    routers = (openai_routes.router, vision_routes.router, ops_routes.router, admin_routes.router)
+    for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     install_error_handlers(app)
     return app

@@ -33,6 +33,7 @@ MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 * 1024
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 JSON_ROUTES = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
+PREDICT_SUFFIX = "/predict"  # POST /v1/models/{model}/predict: JSON or a multipart upload
 OPEN_ROUTES = {"/health"}  # answered without a token; it reveals nothing sensitive
 
 
@@ -106,7 +107,8 @@ class RequestGuard:
                 "another site (add the name to allowed_hosts if it is yours)"
             )
         path, method = scope["path"], scope["method"]
-        if method not in SAFE_METHODS or path in JSON_ROUTES:
+        inference = path in JSON_ROUTES or path.endswith(PREDICT_SUFFIX)
+        if method not in SAFE_METHODS or inference:
             if origin is not None and not cors and not self._same_origin(origin, host):
                 raise ForbiddenOrigin(
                     "calls from another web origin are refused (add it to cors_origins "
@@ -118,11 +120,14 @@ class RequestGuard:
             given = headers.get("authorization", "").encode("latin-1")
             if not hmac.compare_digest(given, self.token):
                 raise Unauthorized("a valid bearer token is required (Authorization: Bearer …)")
-        if method == "POST" and path in JSON_ROUTES:
+        if method == "POST" and inference:
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
-            if kind != "application/json" and not kind.endswith("+json"):
+            is_json = kind == "application/json" or kind.endswith("+json")
+            upload = kind == "multipart/form-data" and path.endswith(PREDICT_SUFFIX)
+            if not (is_json or upload):
                 raise UnsupportedMediaType(
                     "send the body as JSON with Content-Type: application/json"
+                    + (" or as multipart/form-data" if path.endswith(PREDICT_SUFFIX) else "")
                 )
 
     def _host_ok(self, host: str) -> bool:

@@ -18,6 +18,7 @@ from app.api.schemas import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
+    PredictRequest,
     ValidEmbeddingRequest,
     validate_embedding_request,
 )
@@ -48,7 +49,12 @@ def disconnected(request: Request) -> Callable[[], Awaitable[None]]:
 # Bodies are read and validated here, in pydantic's Rust JSON validator, rather than by
 # FastAPI's body machinery (a tenth of the event loop's time per request); their schemas
 # go into the OpenAPI document's components (see `request_schemas`).
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (EmbeddingRequest, ChatRequest, CompletionRequest)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    EmbeddingRequest,
+    ChatRequest,
+    CompletionRequest,
+    PredictRequest,
+)
 REF = "#/components/schemas/{model}"
 
 

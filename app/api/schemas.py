@@ -165,3 +165,15 @@ def _check_chars(chars: int, settings: Settings, param: str) -> None:
             f"{param} has {chars} characters; at most {settings.max_input_chars} are allowed",
             param=param,
         )
+
+
+# -- images ---------------------------------------------------------------------------------
+MAX_BASE64_CHARS = 100_000_000
+
+
+class PredictRequest(BaseModel):
+    """JSON form of a prediction: base64 images (PNG, JPEG, WebP...)."""
+
+    model_config = ConfigDict(extra="forbid")
+    image: str | list[str] = Field(max_length=MAX_BASE64_CHARS)
+    top_k: int = Field(default=5, ge=1, le=1000)

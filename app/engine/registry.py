@@ -13,6 +13,7 @@ from app.models.base import ModelHandler
 from app.models.embedding import EmbeddingHandler
 from app.models.generation import GenerationHandler
 from app.models.simulated import SimulatedHandler
+from app.models.vision import VisionHandler
 from app.settings import ModelSpec
 
 log = logging.getLogger("vramgate.registry")
@@ -20,11 +21,16 @@ log = logging.getLogger("vramgate.registry")
 State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded", "failed"]
 
 
-def make_handler(spec: ModelSpec) -> ModelHandler:
+def make_handler(spec: ModelSpec, image_bounds: tuple[int, int] = (4096, 2**24)) -> ModelHandler:
+    """`image_bounds`: the largest image side and pixel count accepted."""
     if spec.kind == "simulated":
-        return SimulatedHandler(spec)
+        simulated = SimulatedHandler(spec)
+        simulated.max_side, simulated.max_pixels = image_bounds
+        return simulated
     if spec.kind == "generation":
         return GenerationHandler(spec)
+    if spec.kind == "vision":
+        return VisionHandler(spec, *image_bounds)
     return EmbeddingHandler(spec)
 
 
@@ -39,9 +45,14 @@ class ModelEntry:
 
 
 class ModelRegistry:
-    def __init__(self, specs: tuple[ModelSpec, ...], device: Device) -> None:
+    def __init__(
+        self,
+        specs: tuple[ModelSpec, ...],
+        device: Device,
+        image_bounds: tuple[int, int] = (4096, 2**24),
+    ) -> None:
         self.device = device
-        self.entries = {spec.name: ModelEntry(make_handler(spec)) for spec in specs}
+        self.entries = {spec.name: ModelEntry(make_handler(spec, image_bounds)) for spec in specs}
 
     def get(self, name: str) -> ModelHandler:
         """The handler for `name` if it is ready to serve."""

@@ -20,6 +20,7 @@ import torch
 from app.engine.device import Device
 from app.errors import InvalidRequest
 from app.models.base import Bucket, ModelHandler, Prepared, Prompt
+from app.models.images import encode_png, image_size
 from app.models.textgen import (
     GenerationInput,
     GenerationOutcome,
@@ -36,7 +37,9 @@ DIMENSIONS = 64
 class SimulatedHandler(ModelHandler):
     kind = "simulated"
     dimensions = DIMENSIONS
-    generates = True  # and embeds
+    generates = True  # and embeds, and takes images
+    sees = True
+    max_side, max_pixels = 4096, 2**24  # image bounds; the registry sets the configured ones
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
@@ -60,7 +63,9 @@ class SimulatedHandler(ModelHandler):
             param="input",
         )
 
-    def preprocess(self, texts: list[str]) -> Prepared:
+    def preprocess(self, texts: list[Any]) -> Prepared:
+        if texts and isinstance(texts[0], bytes):
+            return self._preprocess_images(texts)
         words = sum(max(1, len(text.split())) for text in texts)
         declared = self._bucket_for(words)
         return Prepared(
@@ -71,10 +76,26 @@ class SimulatedHandler(ModelHandler):
             longest=words,
         )
 
+    def _preprocess_images(self, images: list[Any]) -> Prepared:
+        """Images: the bucket is the one whose size covers the longest side."""
+        if not all(isinstance(item, bytes) for item in images):
+            raise InvalidRequest("send images or texts, not both", param="input")
+        sides = [max(image_size(data, self.max_side, self.max_pixels)) for data in images]
+        declared = self._bucket_for(max(sides))
+        return Prepared(
+            Bucket(f"w{declared.size}", declared.size),
+            list(images),
+            max(sides),
+            count=len(images),
+            longest=max(sides),
+        )
+
     def merge(self, parts: list[Prepared]) -> Prepared | None:
-        """A batch costs what one request with all its words would."""
+        """A batch costs what one request with all its words would (images: no batches)."""
         if len(parts) == 1:
             return parts[0]
+        if any(isinstance(p.payload[0], bytes) for p in parts):
+            return None
         words = sum(p.tokens for p in parts)
         texts = [text for p in parts for text in p.payload]
         if words > self._buckets[-1].size or len(texts) > self.spec.max_batch:
@@ -159,11 +180,15 @@ class SimulatedHandler(ModelHandler):
 
     def postprocess(self, raw: Any) -> np.ndarray:
         rows = []
-        for text in raw:
-            rng = np.random.default_rng(zlib.crc32(text.encode("utf-8")))
+        for item in raw:
+            data = item if isinstance(item, bytes) else item.encode("utf-8")
+            rng = np.random.default_rng(zlib.crc32(data))
             row = rng.standard_normal(DIMENSIONS).astype(np.float32)
             rows.append(row / np.linalg.norm(row))
         return np.stack(rows)
+
+    def warmup_images(self) -> list[bytes]:
+        return [encode_png(np.zeros((16, 16, 3), dtype=np.uint8))]
 
     def warmup_inputs(self) -> list[list[str]]:
         return [[" ".join(["w"] * b.size)] for b in self._buckets]
