@@ -12,6 +12,7 @@ and the body limit holds while the body streams in, chunked bodies included (413
 
 from __future__ import annotations
 
+import functools
 import hmac
 from urllib.parse import urlsplit
 
@@ -56,6 +57,11 @@ def host_name(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+@functools.lru_cache(maxsize=256)  # the same few Host values arrive again and again
+def _loopback_name(host: str) -> bool:
+    return is_loopback_host(host_name(host))
 
 
 class RequestGuard:
@@ -131,8 +137,7 @@ class RequestGuard:
                 )
 
     def _host_ok(self, host: str) -> bool:
-        name = host_name(host).lower()
-        return is_loopback_host(name) or name in self.hosts
+        return _loopback_name(host) or host_name(host).lower() in self.hosts
 
     def _same_origin(self, origin: str, host: str | None) -> bool:
         """A page served by this server itself (the dashboard)."""
