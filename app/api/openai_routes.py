@@ -24,7 +24,8 @@ from app.api.schemas import (
 )
 from app.errors import InvalidRequest, ShuttingDown, VramgateError
 from app.models.textgen import GenerationOutcome
-from app.service import Cost, Generation, InferenceResult, InferenceService
+from app.outcomes import Cost, Generation, InferenceResult
+from app.service import InferenceService
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 RequestT = TypeVar("RequestT", bound=BaseModel)

@@ -20,7 +20,8 @@ from app.api.errors import from_validation_errors
 from app.api.openai_routes import disconnected
 from app.api.schemas import PredictRequest
 from app.errors import InvalidRequest
-from app.service import InferenceResult, InferenceService
+from app.outcomes import InferenceResult
+from app.service import InferenceService
 from app.settings import MODEL_NAME_PATTERN, Settings
 
 router = APIRouter(prefix="/v1", tags=["vision"])
