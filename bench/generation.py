@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.run import Server, free_port  # noqa: E402
+from bench.run import Server, free_port, write_readme  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 MODELS = ROOT / "bench" / ".models"
@@ -185,18 +185,6 @@ def render(plain: dict[int, Figures], ours: dict[int, Figures], tokens: int) -> 
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
-    readme = ROOT / "bench" / "README.md"
-    content = readme.read_text()
-    start, end = "<!-- generation -->", "<!-- /generation -->"
-    head, _, rest = content.partition(start)
-    _, _, tail = rest.partition(end)
-    stamp = time.strftime("%Y-%m-%d")
-    readme.write_text(
-        f"{head}{start}\nMeasured {stamp} with `python bench/generation.py`:\n\n{text}\n{end}{tail}"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
@@ -208,7 +196,7 @@ def main() -> int:
     text = render(plain, ours, args.tokens)
     print(text)
     if args.write_readme:
-        write_readme(text)
+        write_readme(text, "generation", "bench/generation.py")
     return 0
 
 

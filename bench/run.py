@@ -374,15 +374,16 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
+def write_readme(text: str, section: str = "results", script: str = "bench/run.py") -> None:
+    """Replace the figures between `<!-- section -->` and `<!-- /section -->`."""
     readme = ROOT / "bench" / "README.md"
     content = readme.read_text()
-    start, end = "<!-- results -->", "<!-- /results -->"
+    start, end = f"<!-- {section} -->", f"<!-- /{section} -->"
     head, _, rest = content.partition(start)
     _, _, tail = rest.partition(end)
     stamp = time.strftime("%Y-%m-%d")
     readme.write_text(
-        f"{head}{start}\nMeasured {stamp} with `python bench/run.py`:\n\n{text}\n{end}{tail}"
+        f"{head}{start}\nMeasured {stamp} with `python {script}`:\n\n{text}\n{end}{tail}"
     )
 
 

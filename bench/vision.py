@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from app.models.vision import normalise  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
-from bench.run import Server, free_port  # noqa: E402
+from bench.run import Server, free_port, write_readme  # noqa: E402
 
 SIDE = 224
 
@@ -133,18 +133,6 @@ def render(raw: dict[int, float], ours: dict[int, tuple]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
-    readme = ROOT / "bench" / "README.md"
-    content = readme.read_text()
-    start, end = "<!-- vision -->", "<!-- /vision -->"
-    head, _, rest = content.partition(start)
-    _, _, tail = rest.partition(end)
-    stamp = time.strftime("%Y-%m-%d")
-    readme.write_text(
-        f"{head}{start}\nMeasured {stamp} with `python bench/vision.py`:\n\n{text}\n{end}{tail}"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15)
@@ -159,7 +147,7 @@ def main() -> int:
     text = render(raw, ours)
     print(text)
     if args.write_readme:
-        write_readme(text)
+        write_readme(text, "vision", "bench/vision.py")
     return 0
 
 

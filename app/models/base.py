@@ -67,9 +67,17 @@ class ModelHandler(ABC):
     def load(self, device: Device) -> None:
         """Load weights onto `device`. Runs once, in a background thread."""
 
+    def torch_module(self) -> Any:
+        """The loaded torch module (None when unloaded, or for a simulated model)."""
+        return None
+
     def weights_bytes(self) -> int:
         """Bytes of the loaded weights (parameters and buffers); 0 when unloaded."""
-        return 0
+        module = self.torch_module()
+        if module is None:
+            return 0
+        tensors = [*module.parameters(), *module.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def unload(self) -> None:
         """Drop the weights; `load` may be called again later."""

@@ -76,11 +76,8 @@ class EmbeddingHandler(ModelHandler):
             backend.no_padding()
         self._backend = backend
 
-    def weights_bytes(self) -> int:
-        if self._model is None:
-            return 0
-        tensors = [*self._model.parameters(), *self._model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def torch_module(self) -> Any:
+        return self._model
 
     def unload(self) -> None:
         self._model = None

@@ -128,11 +128,8 @@ class GenerationHandler(ModelHandler):
         self._kv_bytes_per_token = 2 * layers * kv_heads * head_dim * element
         self._act_bytes_per_token = (4 * hidden + 2 * inner) * element
 
-    def weights_bytes(self) -> int:
-        if self._model is None:
-            return 0
-        tensors = [*self._model.parameters(), *self._model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def torch_module(self) -> Any:
+        return self._model
 
     def unload(self) -> None:
         self._model = None

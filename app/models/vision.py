@@ -89,11 +89,8 @@ class VisionHandler(ModelHandler):
         self._module = module.eval()
         self._device = device.torch_device
 
-    def weights_bytes(self) -> int:
-        if self._module is None:
-            return 0
-        tensors = [*self._module.parameters(), *self._module.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def torch_module(self) -> Any:
+        return self._module
 
     def unload(self) -> None:
         self._module = None

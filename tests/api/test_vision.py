@@ -136,7 +136,7 @@ def test_classifier_scores_come_with_labels_by_upload_and_by_base64(vision):
     assert predictions[0]["score"] >= predictions[1]["score"] >= predictions[2]["score"]
     # The same scores as the scripted model gives on its own.
     module = torch.jit.load(str(Path(vision.service.registry.get("classifier").path)))
-    pixels = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))
+    pixels = np.array(Image.open(io.BytesIO(image)).convert("RGB"))
     with torch.inference_mode():
         expected = torch.softmax(module(normalise(pixels)[None]), dim=1)[0]
     best = LABELS[int(expected.argmax())]
@@ -158,7 +158,7 @@ def test_image_to_image_answers_with_the_png_itself(vision):
     out = np.asarray(Image.open(io.BytesIO(r.content)))
     assert out.shape == (48, 80, 3)
     module = torch.jit.load(str(Path(vision.service.registry.get("restorer").path)))
-    pixels = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))
+    pixels = np.array(Image.open(io.BytesIO(image)).convert("RGB"))
     with torch.inference_mode():
         expected = (module(normalise(pixels)[None])[0] * 255).round().permute(1, 2, 0).numpy()
     assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1
