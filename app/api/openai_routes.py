@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import uuid
@@ -176,7 +177,7 @@ async def create_chat_completion(request: Request) -> Response:
         body.model, body.prompt(service.settings), params, gone=disconnected(request)
     )
     reply = Reply(body, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
-    return await reply.respond(generation)
+    return await reply.respond(generation, disconnected(request))
 
 
 @router.post("/completions", openapi_extra=_openapi_body(CompletionRequest), responses=STREAMED)
@@ -189,7 +190,7 @@ async def create_completion(request: Request) -> Response:
         body.model, body.text(service.settings), params, gone=disconnected(request)
     )
     reply = Reply(body, "text_completion", f"cmpl-{uuid.uuid4().hex}")
-    return await reply.respond(generation)
+    return await reply.respond(generation, disconnected(request))
 
 
 class Reply:
@@ -202,12 +203,24 @@ class Reply:
         self.id = rid
         self.created = int(time.time())
 
-    async def respond(self, generation: Generation) -> Response:
+    async def respond(
+        self, generation: Generation, gone: Callable[[], Awaitable[None]]
+    ) -> Response:
         if not self.body.stream:
+            # A client that leaves stops the generation before its next step, as a
+            # stream's does; nobody reads the answer then.
+            watcher = asyncio.ensure_future(gone())
+
+            def left(w: asyncio.Future[None]) -> None:
+                if not w.cancelled():
+                    generation.close()
+
+            watcher.add_done_callback(left)
             try:
                 text = "".join([delta async for delta in generation.deltas()])
                 outcome, cost = await generation.outcome()
             finally:
+                watcher.cancel()
                 generation.close()
             payload = self._envelope(self.kind, [self._choice(text, outcome.finish_reason)])
             payload["usage"] = usage(outcome, cost)

@@ -251,3 +251,16 @@ def test_same_answer_under_load_for_seeded_sampling(tiny):
             c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
         )
         assert text == expected
+
+
+def test_disconnect_during_a_non_streamed_chat_stops_generation(tiny):
+    handler = tiny.service.registry.get("tiny")
+    before = handler.forward_calls
+    body = chat("Tell me everything.", max_tokens=900, temperature=0)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(tiny.url + "/v1/chat/completions", json=body, timeout=0.5)
+    wait_until(lambda: tiny.status()["pool"]["admitted_bytes"] == 0, 30, "permit back")
+    steps = handler.forward_calls - before
+    time.sleep(0.5)
+    assert handler.forward_calls - before == steps, "generation kept running"
+    assert steps < 600, f"{steps} steps for a client that left after 0.5 s"
