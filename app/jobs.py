@@ -116,7 +116,7 @@ class JobRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _track(self, permit: Permit, jobs: list[Job], work: asyncio.Future[Any]) -> None:
+    def _track(self, permit: Permit, jobs: list[Job], work: asyncio.Future[Any]) -> Running:
         """The permit's bytes stay taken until the device is really done with the group,
         or until the watchdog gives up on it."""
         run = Running(permit, jobs, self.service.clock())
@@ -132,6 +132,7 @@ class JobRunner:
             self._release(run)
 
         work.add_done_callback(done)
+        return run
 
     def _release(self, run: Running) -> None:
         if not run.released:
@@ -172,7 +173,7 @@ class JobRunner:
         key = self.key_for(leader, merged)
         executor = self.service.executor
         work = executor.submit_device(leader.handler.forward, merged)
-        self._track(permit, jobs, work)
+        run = self._track(permit, jobs, work)
         try:
             raw, measurement = await asyncio.shield(work)
             if leader.handler.postprocess_on_loop:
@@ -185,7 +186,8 @@ class JobRunner:
                 if not job.result.done():
                     job.result.set_exception(error)
             return
-        self.service.record(key, merged, measurement)
+        if not run.overdue:  # a late run's time and peak say nothing about its bucket
+            self.service.record(key, merged, measurement)
         for job, rows in zip(jobs, split_rows(output, jobs), strict=True):
             if not job.result.done():
                 job.result.set_result(
@@ -195,7 +197,7 @@ class JobRunner:
     async def _run_stream(self, permit: Permit, job: Job, stream: TokenStream) -> None:
         """A generation runs alone in its group and holds its permit until it returns."""
         work = self.service.executor.submit_device(job.handler.generate, job.prepared, stream)
-        self._track(permit, [job], work)
+        run = self._track(permit, [job], work)
         try:
             outcome, measurement = await asyncio.shield(work)
         except Exception as exc:
@@ -204,7 +206,8 @@ class JobRunner:
                 job.result.set_exception(error)
             stream.close()
             return
-        self.service.record_generation(job.key, job.prepared, outcome, measurement)
+        if not run.overdue:
+            self.service.record_generation(job.key, job.prepared, outcome, measurement)
         if not job.result.done():
             job.result.set_result(
                 JobResult(outcome, measurement, job.prepared.bucket.label, permit.nbytes, 1)

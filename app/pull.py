@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file
 
@@ -192,13 +192,7 @@ def copy_model(model: Path, target: Path) -> None:
 def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, ...]) -> None:
     """Append a [[models]] table. A file that listed no models served the defaults: they
     are written first so that adding a model keeps them."""
-    data = read_config_file(config_file)
-    listed = data.get("models")
-    if listed is not None and not isinstance(listed, list):
-        raise PullError(f"{config_file}: `models` is not a list of tables; add the model by hand")
-    names = {m.get("name") for m in listed or []} if listed else {m.name for m in current}
-    if spec.name in names:
-        raise PullError(f"{config_file} already has a model named {spec.name!r}; pass --name")
+    listed = check_name_free(config_file, spec.name, current)
     tables = [] if listed is not None else [_toml_table(m) for m in current]
     tables.append(_toml_table(spec))
     before = config_file.read_text(encoding="utf-8") if config_file.is_file() else ""
@@ -210,6 +204,19 @@ def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, 
     except ValueError as exc:
         config_file.write_text(before, encoding="utf-8")
         raise PullError(f"{config_file} would not parse with the model added: {exc}") from exc
+
+
+def check_name_free(
+    config_file: Path, name: str, current: tuple[ModelSpec, ...]
+) -> list[Any] | None:
+    """The config's model tables (None if it lists none); refuses a name in use."""
+    listed = read_config_file(config_file).get("models")
+    if listed is not None and not isinstance(listed, list):
+        raise PullError(f"{config_file}: `models` is not a list of tables; add the model by hand")
+    names = {m.get("name") for m in listed} if listed is not None else {m.name for m in current}
+    if name in names:
+        raise PullError(f"{config_file} already has a model named {name!r}; pass --name")
+    return listed
 
 
 def _toml_table(spec: ModelSpec) -> str:
@@ -241,6 +248,7 @@ def pull(
             raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
         if target.exists() and not force:
             raise PullError(f"{target} exists; pass --force to replace it")
+        check_name_free(config_file, name, settings.models)  # before anything is written
         staging = Path(scratch) / "model"
         if model.suffix.lower() == ".gguf":
             convert_gguf(model, staging)
