@@ -16,14 +16,13 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.run import Server, free_port, write_readme  # noqa: E402
+from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 MODELS = ROOT / "bench" / ".models"
@@ -145,18 +144,10 @@ async def measure_streams(port: int, streams: int, tokens: int) -> Figures:
 
 
 def measure_vramgate(folder: Path, tokens: int) -> dict[int, Figures]:
-    scratch = Path(tempfile.mkdtemp(prefix="bench-gen-"))
-    config = scratch / "config.toml"
-    config.write_text(
-        f'[[models]]\nname = "{MODEL}"\nkind = "generation"\npath = {json.dumps(str(folder))}\n'
-    )
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "app", "serve", "--port", str(port), "--config", str(config),
-        "--device", "cpu", "--log-level", "warning", "--data-dir", str(scratch / "data"),
-        "--log-dir", str(scratch / "log"), "--queue-timeout", "600",
-    ]  # fmt: skip
-    server = Server("vramgate-gen", argv, port, "/health", "/v1/chat/completions", MODEL)
+    config = one_model_config(MODEL, "generation", folder)
+    extra = ("--queue-timeout", "600")  # eight streams of seconds each wait their turn
+    server = start_vramgate(config, MODEL, "/v1/chat/completions", extra)
+    port = server.port
     try:
         asyncio.run(measure_streams(port, 1, tokens))  # warm-up: learns the bucket's price
         return {s: asyncio.run(measure_streams(port, s, tokens)) for s in STREAMS}

@@ -136,30 +136,35 @@ class Server:
             self.process.kill()
 
 
-def start_vramgate(config: Path | None = None) -> Server:
+def start_vramgate(
+    config: Path | None = None,
+    model: str | None = None,
+    path: str = "/v1/embeddings",
+    extra: tuple[str, ...] = (),
+) -> Server:
+    """`vramgate serve` on the CPU with a scratch data and log folder; `config` names the
+    models (default: the embedded one), `model` the one the load goes to."""
     port = free_port()
     scratch = tempfile.mkdtemp(prefix="bench-vramgate-")
     argv = [
-        sys.executable,
-        "-m",
-        "app",
-        "serve",
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-        "--data-dir",
-        f"{scratch}/data",
-        "--log-dir",
-        f"{scratch}/log",
-    ]
+        sys.executable, "-m", "app", "serve", "--port", str(port), "--device", "cpu",
+        "--log-level", "warning", "--data-dir", f"{scratch}/data", "--log-dir", f"{scratch}/log",
+        *extra,
+    ]  # fmt: skip
     if config is not None:
         argv += ["--config", str(config)]
-    model = "trivial" if config is not None else "all-MiniLM-L6-v2"
+    model = model or ("trivial" if config is not None else "all-MiniLM-L6-v2")
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMGATE_")}
-    return Server("vramgate", argv, port, "/health", "/v1/embeddings", model, env)
+    return Server("vramgate", argv, port, "/health", path, model, env)
+
+
+def one_model_config(name: str, kind: str, model_path: Path) -> Path:
+    """A scratch config file serving one model."""
+    config = Path(tempfile.mkdtemp(prefix="bench-config-")) / "config.toml"
+    config.write_text(
+        f'[[models]]\nname = "{name}"\nkind = "{kind}"\npath = {json.dumps(str(model_path))}\n'
+    )
+    return config
 
 
 def start_uvicorn(name: str, module: str) -> Server:

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import base64
 import io
-import json
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from app.models.vision import normalise  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
-from bench.run import Server, free_port, write_readme  # noqa: E402
+from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E402
 
 SIDE = 224
 
@@ -89,18 +88,8 @@ def measure_raw(module: torch.jit.ScriptModule, image: bytes, seconds: float) ->
 
 
 def measure_vramgate(model_path: Path, image: bytes, seconds: float) -> dict[int, tuple]:
-    scratch = Path(tempfile.mkdtemp(prefix="bench-vision-"))
-    config = scratch / "config.toml"
-    config.write_text(
-        f'[[models]]\nname = "cls"\nkind = "vision"\npath = {json.dumps(str(model_path))}\n'
-    )
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "app", "serve", "--port", str(port), "--config", str(config),
-        "--device", "cpu", "--log-level", "warning", "--data-dir", str(scratch / "data"),
-        "--log-dir", str(scratch / "log"),
-    ]  # fmt: skip
-    server = Server("vramgate-vision", argv, port, "/health", "/v1/models/cls/predict", "cls")
+    config = one_model_config("cls", "vision", model_path)
+    server = start_vramgate(config, "cls", "/v1/models/cls/predict")
     body = {"image": base64.b64encode(image).decode("ascii"), "top_k": 3}
     try:
         results = {}
