@@ -56,6 +56,7 @@ PROBE_TOKENS = 8  # a warm-up or probe generation's length
 TASK_WORDS = {
     "embeds": "it has no embeddings",
     "sees": "it does not take images",
+    "generates": "it does not generate text",
 }
 DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
 
@@ -277,16 +278,7 @@ class InferenceService:
         probe: bool = False,
     ) -> InferenceResult:
         """A one-shot request (embeddings, images) for a handler that can do `task`."""
-        try:
-            handler = self._admissible(model, probe)
-            if not getattr(handler, task):
-                raise WrongModelKind(
-                    f"model {model!r} is a {handler.kind} model: {TASK_WORDS[task]}",
-                    param="model",
-                )
-        except VramgateError as exc:
-            self._refused(model, exc)
-            raise
+        handler = self._handler_for(model, task, probe)
         self.in_flight[model] += 1
         try:
             return await self._infer(handler, model, inputs, gone, probe)
@@ -304,16 +296,7 @@ class InferenceService:
     ) -> Generation:
         """Price and admit a generation; returns once it holds its permit and runs.
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
-        try:
-            handler = self._admissible(model, probe)
-            if not handler.generates:
-                raise WrongModelKind(
-                    f"model {model!r} makes embeddings; it does not generate text",
-                    param="model",
-                )
-        except VramgateError as exc:
-            self._refused(model, exc)
-            raise
+        handler = self._handler_for(model, "generates", probe)
         cap = self.settings.default_max_tokens
         prepared = await self.executor.run_cpu(handler.prepare_generation, prompt, params, cap)
         key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
@@ -364,6 +347,21 @@ class InferenceService:
             self.record(key, prepared, measurement)
         else:
             self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
+
+    def _handler_for(self, model: str, task: str, probe: bool) -> ModelHandler:
+        """The handler, if the server takes work now and the model can do `task`
+        (`embeds`, `generates`, `sees`); a refusal is counted and raised."""
+        try:
+            handler = self._admissible(model, probe)
+            if not getattr(handler, task):
+                raise WrongModelKind(
+                    f"model {model!r} is a {handler.kind} model: {TASK_WORDS[task]}",
+                    param="model",
+                )
+        except VramgateError as exc:
+            self._refused(model, exc)
+            raise
+        return handler
 
     def _admissible(self, model: str, probe: bool) -> ModelHandler:
         """The handler, if the server and the model take work now."""
