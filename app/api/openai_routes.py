@@ -170,37 +170,35 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 @router.post("/chat/completions", openapi_extra=_openapi_body(ChatRequest), responses=STREAMED)
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI chat completions, streamed as server-sent events with `stream: true`."""
-    service = _service(request)
     body = _parse(ChatRequest, await request.body())
-    params = body.sampling()
-    generation = await service.generate(
-        body.model, body.prompt(service.settings), params, gone=disconnected(request)
-    )
-    reply = Reply(body, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
-    return await reply.respond(generation, disconnected(request))
+    return await _complete(request, body, Reply(body, "chat.completion", "chatcmpl"))
 
 
 @router.post("/completions", openapi_extra=_openapi_body(CompletionRequest), responses=STREAMED)
 async def create_completion(request: Request) -> Response:
     """OpenAI (legacy) text completions, streamed with `stream: true`."""
-    service = _service(request)
     body = _parse(CompletionRequest, await request.body())
-    params = body.sampling()
-    generation = await service.generate(
-        body.model, body.text(service.settings), params, gone=disconnected(request)
-    )
-    reply = Reply(body, "text_completion", f"cmpl-{uuid.uuid4().hex}")
-    return await reply.respond(generation, disconnected(request))
+    return await _complete(request, body, Reply(body, "text_completion", "cmpl"))
+
+
+async def _complete(
+    request: Request, body: ChatRequest | CompletionRequest, reply: Reply
+) -> Response:
+    service = _service(request)
+    gone = disconnected(request)
+    prompt = body.as_prompt(service.settings)
+    generation = await service.generate(body.model, prompt, body.sampling(), gone=gone)
+    return await reply.respond(generation, gone)
 
 
 class Reply:
     """One generation's answer in OpenAI's shapes: a JSON body, or SSE chunks."""
 
-    def __init__(self, body: ChatRequest | CompletionRequest, kind: str, rid: str) -> None:
+    def __init__(self, body: ChatRequest | CompletionRequest, kind: str, prefix: str) -> None:
         self.body = body
         self.chat = kind == "chat.completion"
         self.kind = kind
-        self.id = rid
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
     async def respond(

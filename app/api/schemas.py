@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import InvalidRequest
+from app.models.base import Prompt
 from app.models.textgen import SamplingParams
 from app.settings import MODEL_NAME_PATTERN, Settings
 
@@ -130,7 +131,7 @@ class ChatRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_HARD)
 
-    def prompt(self, settings: Settings) -> list[dict[str, str]]:
+    def as_prompt(self, settings: Settings) -> Prompt:
         messages = [{"role": m.role, "content": m.text()} for m in self.messages]
         _check_chars(sum(len(m["content"]) for m in messages), settings, "messages")
         return messages
@@ -146,7 +147,7 @@ class CompletionRequest(_GenerationFields):
     prompt: str | list[str] = Field(max_length=MAX_CHARS_HARD)
     echo: Literal[False] = False
 
-    def text(self, settings: Settings) -> str:
+    def as_prompt(self, settings: Settings) -> Prompt:
         if isinstance(self.prompt, list):
             if len(self.prompt) != 1:
                 raise InvalidRequest("exactly one prompt per request is supported", param="prompt")
