@@ -170,8 +170,25 @@ def resolve_token(settings: Settings) -> Settings:
     return settings.model_copy(update={"token": SecretStr(token)})
 
 
-def serve(settings: Settings) -> int:
+def preflight(settings: Settings) -> tuple[Settings, int]:
+    """What must hold before anything is loaded: a token where one is needed, a free
+    port. Returns the settings to serve with, and 0 or the exit code to stop with."""
+    try:
+        settings = resolve_token(settings)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return settings, EXIT_INVALID_SETTINGS
+    if not port_free(settings.host, settings.port):
+        log.error(
+            "port %d on %s is already in use (is vramgate already running?)",
+            settings.port,
+            settings.host,
+        )
+        return settings, EXIT_PORT_IN_USE
+    return settings, 0
 
+
+def serve(settings: Settings) -> int:
     import uvicorn
 
     from app.api.app import create_app
@@ -184,21 +201,10 @@ def serve(settings: Settings) -> int:
         json.dumps(settings.redacted()),
         log_file,
     )
-    try:
-        settings = resolve_token(settings)
-    except ValueError as exc:
-        log.error("%s", exc)
+    settings, refused = preflight(settings)
+    if refused:
         logging.shutdown()
-        return EXIT_INVALID_SETTINGS
-
-    if not port_free(settings.host, settings.port):
-        log.error(
-            "port %d on %s is already in use (is vramgate already running?)",
-            settings.port,
-            settings.host,
-        )
-        logging.shutdown()
-        return EXIT_PORT_IN_USE
+        return refused
     exit_code = 0
     server: uvicorn.Server | None = None
 
