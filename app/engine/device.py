@@ -193,8 +193,10 @@ class CpuDevice(Device):
     """System RAM as the device: protects a CPU-only user from exhausting memory.
 
     Our use is the process's resident set. A job's peak is the kernel's high-water mark
-    of it (reset through /proc/self/clear_refs on Linux); large tensors are made to come
-    from mmap so that freeing them gives the pages back and the next peak is honest.
+    of it (reset through /proc/self/clear_refs on Linux); large tensors (>= 32 MiB) are
+    made to come from mmap so that freeing them gives the pages back and the next peak
+    sees them again; smaller ones reuse the heap (see `_return_large_frees_to_os`).
+
     """
 
     kind = "cpu"
@@ -244,13 +246,19 @@ class CpuDevice(Device):
 
 
 def _return_large_frees_to_os() -> None:
-    """glibc: serve allocations >= 1 MiB from mmap so free() returns them at once."""
+    """glibc: serve allocations >= 32 MiB from mmap so free() returns them at once (the
+    large tensors are the ones a peak must see), and keep up to 64 MiB of freed heap for
+    reuse. A lower threshold made every forward fault in fresh zeroed pages for its
+    activations: measured with all-MiniLM-L6-v2 at batch 32, 1 MiB cost 10-20 % of the
+    throughput, all of it in the kernel. The heap kept for reuse stays in our resident
+    set, which the CPU pool already counts as ours."""
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6")
-        m_mmap_threshold = -3
-        libc.mallopt(m_mmap_threshold, 1 * MiB)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 * MiB)
+        libc.mallopt(m_trim_threshold, 64 * MiB)
 
 
 class SimulatedDevice(Device):
