@@ -196,7 +196,6 @@ class CpuDevice(Device):
     of it (reset through /proc/self/clear_refs on Linux); large tensors (>= 32 MiB) are
     made to come from mmap so that freeing them gives the pages back and the next peak
     sees them again; smaller ones reuse the heap (see `_return_large_frees_to_os`).
-
     """
 
     kind = "cpu"
@@ -207,15 +206,13 @@ class CpuDevice(Device):
         self.torch_device = torch.device("cpu")
         self.name = f"{psutil.cpu_count(logical=True)}-thread CPU"
         self._process = psutil.Process()
-        self._can_reset_peak = sys.platform.startswith("linux") and os.access(
-            "/proc/self/clear_refs", os.W_OK
-        )
+        self._proc = _ProcMemory.open()  # Linux: reads per batch at a few µs, under the GIL
         self._start_rss = 0
         _return_large_frees_to_os()
 
     def snapshot(self) -> MemorySnapshot:
         vm = psutil.virtual_memory()
-        rss = self._process.memory_info().rss
+        rss = self.allocated()
         return MemorySnapshot(
             total=int(vm.total),
             free=int(vm.available),
@@ -226,23 +223,54 @@ class CpuDevice(Device):
         )
 
     def allocated(self) -> int:
+        if self._proc is not None:
+            return self._proc.rss()
         return int(self._process.memory_info().rss)
 
     def begin_peak(self) -> None:
         self._start_rss = self.allocated()
-        if self._can_reset_peak:
-            with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")  # resets VmHWM to the current RSS
+        if self._proc is not None:
+            self._proc.reset_high_water()
 
     def peak(self) -> int:
         now = self.allocated()
-        if not self._can_reset_peak:
+        if self._proc is None:
             return max(now, self._start_rss)
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return max(int(line.split()[1]) * 1024, now)
-        return now
+        return max(self._proc.high_water(), now)
+
+
+class _ProcMemory:
+    """The resident set and its high-water mark from /proc, through files kept open: the
+    executor asks three times per batch, and opening and parsing them each time (psutil,
+    `open`) cost ~70 µs of GIL-holding time per batch against ~13 µs this way."""
+
+    def __init__(self, statm: int, status: int, clear_refs: int) -> None:
+        self._statm, self._status, self._clear_refs = statm, status, clear_refs
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    @classmethod
+    def open(cls) -> _ProcMemory | None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            return cls(
+                os.open("/proc/self/statm", os.O_RDONLY),
+                os.open("/proc/self/status", os.O_RDONLY),
+                os.open("/proc/self/clear_refs", os.O_WRONLY),
+            )
+        except OSError:
+            return None
+
+    def rss(self) -> int:
+        return int(os.pread(self._statm, 128, 0).split()[1]) * self._page
+
+    def reset_high_water(self) -> None:
+        os.write(self._clear_refs, b"5")  # VmHWM back to the current resident set
+
+    def high_water(self) -> int:
+        status = os.pread(self._status, 8192, 0)
+        start = status.index(b"VmHWM:") + len(b"VmHWM:")
+        return int(status[start : status.index(b"kB", start)]) * 1024
 
 
 def _return_large_frees_to_os() -> None:
