@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
 from app.api import admin_routes, openai_routes, ops_routes, vision_routes
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
-from app.api.guard import BodyLimit, RequestGuard
+from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
 from app.engine.device import Device, make_device
 from app.engine.executor import Executor
@@ -92,7 +92,7 @@ def _outer_layers(settings: Settings, hot_routes: bool) -> Callable[[ASGIApp], A
     def wrap(inner: ASGIApp) -> ASGIApp:
         if hot_routes:
             inner = HotRoutes(inner, openai_routes.HOT_ROUTES)
-        return RequestGuard(BodyLimit(inner, max_bytes=int(settings.max_body_bytes)), settings)
+        return RequestGuard(inner, settings)
 
     return wrap
 
@@ -103,10 +103,25 @@ class VramgateApp(FastAPI):
 
     def __init__(self, *, outer: Callable[[ASGIApp], ASGIApp], **kwargs: Any) -> None:
         self._outer = outer
+        self._hot = frozenset(openai_routes.HOT_ROUTES)
         super().__init__(**kwargs)
 
     def build_middleware_stack(self) -> ASGIApp:
         return self._outer(super().build_middleware_stack())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The hot routes skip FastAPI's per-request check for an OpenTelemetry provider
+        (a tenth of the event loop's time with a model that does no work); vramgate
+        configures none, and every other route still passes through it."""
+        if scope["type"] == "http" and (scope["method"], scope["path"]) in self._hot:
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            scope["app"] = self
+            if self.middleware_stack is None:
+                self.middleware_stack = self.build_middleware_stack()
+            await self.middleware_stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document, with the request bodies our routes validate themselves."""

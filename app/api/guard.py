@@ -67,6 +67,7 @@ def _loopback_name(host: str) -> bool:
 class RequestGuard:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
+        self.max_body = int(settings.max_body_bytes)
         self.check_host = settings.loopback
         self.hosts = {h.lower() for h in settings.allowed_hosts}
         self.origins = set(settings.cors_origins)
@@ -94,6 +95,14 @@ class RequestGuard:
             await send({"type": "http.response.start", "status": 204, "headers": cors_headers})
             await send({"type": "http.response.body", "body": b""})
             return
+        declared = headers.get("content-length")
+        if declared is None or not declared.isdigit():  # chunked: counted as it streams in
+            receive = self._limited(receive)
+        elif int(declared) > self.max_body:
+            await refuse(send, BodyTooLarge(self._body_detail()), cors_headers)
+            return
+        # else the HTTP server holds the body to its declared length: nothing to count
+
         if not cors:
             await self.app(scope, receive, send)
             return
@@ -104,6 +113,26 @@ class RequestGuard:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
+
+    def _limited(self, receive: Receive) -> Receive:
+        """The body limit while the body streams in (a chunked body declares no length)."""
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    # FastAPI passes HTTPExceptions raised while reading the body through,
+                    # so this becomes a 413 from the app's one error handler.
+                    raise HTTPException(413, self._body_detail())
+            return message
+
+        return limited
+
+    def _body_detail(self) -> str:
+        return f"request body is larger than {self.max_body} bytes"
 
     def _check(self, scope: Scope, headers: dict[str, str], origin: str | None, cors: bool) -> None:
         host = headers.get("host")
@@ -159,38 +188,3 @@ class RequestGuard:
             (b"access-control-max-age", b"600"),
             (b"vary", b"Origin"),
         ]
-
-
-class BodyLimit:
-    """The body limit, enforced while the body streams in; a declared Content-Length over
-    the limit is refused before reading anything."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await refuse(send, BodyTooLarge(self._detail()), [])
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    # FastAPI passes HTTPExceptions raised while reading the body through,
-                    # so this becomes a 413 from the app's one error handler.
-                    raise HTTPException(413, self._detail())
-            return message
-
-        await self.app(scope, limited, send)
-
-    def _detail(self) -> str:
-        return f"request body is larger than {self.max_bytes} bytes"
