@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, deque
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics
 from prometheus_client import Counter as PromCounter
@@ -67,11 +68,20 @@ class Metrics:
         self.rejected: Counter[str] = Counter()
         self.oom_count = 0
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self._success: dict[str, tuple[Any, Any, Any]] = {}
 
     def observe_success(self, model: str, wait_s: float, run_s: float, total_s: float) -> None:
-        self.requests.labels(model, "ok").inc()
-        self.queue_wait.labels(model).observe(wait_s)
-        self.run_time.labels(model).observe(run_s)
+        children = self._success.get(model)
+        if children is None:  # a labelled child is looked up once per model, not per call
+            children = self._success[model] = (
+                self.requests.labels(model, "ok"),
+                self.queue_wait.labels(model),
+                self.run_time.labels(model),
+            )
+        served, queue_wait, run_time = children
+        served.inc()
+        queue_wait.observe(wait_s)
+        run_time.observe(run_s)
         self.served[model] += 1
         self.latencies.append(total_s)
 

@@ -65,17 +65,28 @@ class _Entry:
     penalty: float = 1.0
     floor: int = 0  # the bucket once failed alone with this much memory
     ooms: int = 0
+    # price() and expected_s() are asked on every request and change only when a sample
+    # or a penalty comes in: remembered until changed() says otherwise
+    _price: int | None = None
+    _expected_s: float | None = None
+
+    def changed(self) -> None:
+        self._price = self._expected_s = None
 
     def price(self) -> int | None:
         if not self.peaks:
             return None
-        return max(math.ceil(p95(list(self.peaks)) * self.penalty), self.floor)
+        if self._price is None:
+            self._price = max(math.ceil(p95(list(self.peaks)) * self.penalty), self.floor)
+        return self._price
 
     def expected_s(self) -> float:
         if not self.run_s:
             return DEFAULT_RUN_S
-        ordered = sorted(self.run_s)
-        return ordered[len(ordered) // 2]
+        if self._expected_s is None:
+            ordered = sorted(self.run_s)
+            self._expected_s = ordered[len(ordered) // 2]
+        return self._expected_s
 
 
 class BudgetBook:
@@ -108,11 +119,14 @@ class BudgetBook:
         entry = self._entry(key, size)
         entry.peaks.append(max(0, int(peak)))
         entry.run_s.append(run_s)
+        entry.changed()
         self.dirty = True
 
     def record_run_time(self, key: PriceKey, size: int, run_s: float) -> None:
         """A run that overlapped others: its peak is not its own, its time still counts."""
-        self._entry(key, size).run_s.append(run_s)
+        entry = self._entry(key, size)
+        entry.run_s.append(run_s)
+        entry.changed()
         self.dirty = True
 
     def penalize(self, key: PriceKey, size: int, *, alone: bool, pool: int) -> None:
@@ -122,6 +136,7 @@ class BudgetBook:
         entry.penalty = min(MAX_PENALTY, entry.penalty * OOM_PENALTY)
         if alone:
             entry.floor = max(entry.floor, pool + 1)
+        entry.changed()
         self.dirty = True
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -186,6 +201,7 @@ class BudgetBook:
                 entry.penalty = float(row.get("penalty", 1.0))
                 entry.floor = int(row.get("floor", 0))
                 entry.ooms = int(row.get("ooms", 0))
+                entry.changed()
         except (ValueError, KeyError, TypeError) as exc:
             bad = path.with_suffix(".bad")
             os.replace(path, bad)

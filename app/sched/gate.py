@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 
-@dataclass
+@dataclass(eq=False)  # a ticket is itself: finding it in the queue compares identities
 class Ticket:
     """A job waiting for admission. `expected_s` is its learned run time."""
 
@@ -265,7 +265,7 @@ class MemoryGate:
 
     def cancel(self, ticket: Ticket) -> list[Permit]:
         """Remove a waiting ticket (client gone, deadline passed). Idempotent."""
-        if any(t is ticket for t in self._queue):
+        if ticket in self._queue:
             self._queue.remove(ticket)
         return self._admit(self._clock())
 
