@@ -50,6 +50,7 @@ class Job:
     quote: Quote
     result: asyncio.Future[JobResult]
     stream: TokenStream | None = None  # a generation: its text flows here while it runs
+    waited_s: float = 0.0  # from queueing to admission, once admitted
 
 
 FailureMapper = Callable[[BaseException, PriceKey, Prepared, Permit], VramgateError]

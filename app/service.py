@@ -52,6 +52,8 @@ HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
 SNAPSHOT_TTL_S = 0.05
 SAVE_EVERY_S = 5.0
 INLINE_PREPROCESS_CHARS = 4096
+WATCH_AFTER_S = 0.25  # a queued request's disconnect watcher starts after this long
+
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
 TASK_WORDS = {
     "embeds": "it has no embeddings",
@@ -95,7 +97,7 @@ class InferenceService:
         self.in_flight: Counter[str] = Counter()  # requests per model between admit and reply
         self.history = History()
         self._snap: tuple[float, MemorySnapshot] | None = None
-        self._waiters: dict[int, asyncio.Future[Permit]] = {}
+        self._waiters: dict[int, asyncio.Future[Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.gate = MemoryGate(
             pool=self.pool_bytes,
@@ -307,7 +309,8 @@ class InferenceService:
         started = self.clock()
         self.in_flight[model] += 1
         try:
-            waited = await self._admit(job, gone, probe)
+            await self._admit(job, gone, probe)
+            waited = job.waited_s
         except BaseException as exc:
             self.in_flight[model] -= 1
             if isinstance(exc, VramgateError):
@@ -392,17 +395,18 @@ class InferenceService:
         quote = self.quote(handler, key, prepared)
         started = self.clock()
         job = Job(model, handler, prepared, key, quote, asyncio.get_running_loop().create_future())
-        outcome, result, waited = "error", None, 0.0
+        outcome, result = "error", None
         try:
-            waited = await self._admit(job, gone, probe)
-            result = await job.result
+            await self._admit(job, gone, probe, until_done=True)
+            result = job.result.result()
             outcome = "ok"
         except VramgateError as exc:
             outcome = exc.code
             self._refused(model, exc)
             raise
         finally:
-            self._log_request(key, quote, waited, result, outcome)
+            self._log_request(key, quote, job.waited_s, result, outcome)
+        waited = job.waited_s
         self.last_alive = self.clock()
         run_s = result.measurement.run_s
         self.metrics.observe_success(model, waited, run_s, self.clock() - started)
@@ -446,15 +450,24 @@ class InferenceService:
         self.gate.release(permit)
 
     async def _admit(
-        self, job: Job, gone: Callable[[], Awaitable[None]] | None, probe: bool
-    ) -> float:
-        """Wait for admission (maybe as part of a group); returns the seconds waited."""
-        loop = asyncio.get_running_loop()
-        admitted: asyncio.Future[Permit] = loop.create_future()
+        self,
+        job: Job,
+        gone: Callable[[], Awaitable[None]] | None,
+        probe: bool,
+        *,
+        until_done: bool = False,
+    ) -> None:
+        """Queue the job and wait until it is admitted (maybe as part of a group), or with
+        `until_done` until its result is in too: one wait and one wake-up for a one-shot
+        request. The seconds it waited for admission land in `job.waited_s`."""
+        done: asyncio.Future[Any] = (
+            job.result if until_done else asyncio.get_running_loop().create_future()
+        )
 
         def on_admit(permit: Permit) -> None:
-            if not admitted.done():
-                admitted.set_result(permit)
+            job.waited_s = permit.admitted_at - ticket.enqueued_at
+            if not until_done and not done.done():
+                done.set_result(permit)
             if permit.ticket_id == ticket.id:  # the group's leader starts it, once
                 self.runner.start(permit)
 
@@ -475,42 +488,57 @@ class InferenceService:
             decision = self.gate.submit(ticket, ignore_queue_limit=probe)
             if isinstance(decision, Reject):
                 raise self._rejection(decision)
-            if not isinstance(decision, Admit):
-                self._waiters[ticket.id] = admitted
-                await self._wait_admitted(ticket, admitted, gone)
-            return admitted.result().admitted_at - ticket.enqueued_at
+            if isinstance(decision, Admit) and not until_done:
+                return
+            self._waiters[ticket.id] = done
+            await self._wait(ticket, done, gone)
         finally:
             self._waiters.pop(ticket.id, None)
             self.runner.jobs.pop(ticket.id, None)  # still here only if never admitted
 
-    async def _wait_admitted(
+    async def _wait(
         self,
         ticket: Ticket,
-        admitted: asyncio.Future[Permit],
+        done: asyncio.Future[Any],
         gone: Callable[[], Awaitable[None]] | None,
     ) -> None:
-        """Returns once admitted; raises what ended the wait (deadline, shutdown, or the
-        client going away, which the watcher turns into ClientGone on this future)."""
-        watcher = None
-        if gone is not None:
+        """Returns once `done` is; raises what ended the wait (deadline, shutdown, a failed
+        run, or the client going away, which the watcher turns into ClientGone on it).
+
+        The watcher (a task reading the connection) starts only once the wait has lasted
+        WATCH_AFTER_S: most waits are shorter than one forward, and a task per waiting
+        request cost a twentieth of the event loop's time at full load."""
+        watcher: asyncio.Future[None] | None = None
+
+        def watch() -> None:
+            nonlocal watcher
+            assert gone is not None
             watcher = asyncio.ensure_future(gone())
-            watcher.add_done_callback(lambda w: self._client_left(w, ticket, admitted))
+            watcher.add_done_callback(lambda w: self._client_left(w, ticket, done))
+
+        timer = None
+        if gone is not None and not done.done():
+            timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
         try:
-            await admitted
+            await done
         except asyncio.CancelledError:
             self.gate.cancel(ticket)  # admitted meanwhile: the runner owns the permit
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             if watcher is not None:
                 watcher.cancel()
 
     def _client_left(
-        self, watcher: asyncio.Future[None], ticket: Ticket, admitted: asyncio.Future[Permit]
+        self, watcher: asyncio.Future[None], ticket: Ticket, done: asyncio.Future[Any]
     ) -> None:
-        if watcher.cancelled() or admitted.done():
+        if watcher.cancelled() or done.done():
             return
+        queued = ticket in self.gate.waiting
         self.gate.cancel(ticket)
-        admitted.set_exception(ClientGone("the client disconnected while queued"))
+        where = "while queued" if queued else "before its result was ready"
+        done.set_exception(ClientGone(f"the client disconnected {where}"))
 
     def _job_failed(
         self, exc: BaseException, key: PriceKey, prepared: Prepared, permit: Permit
