@@ -23,7 +23,7 @@ from app.api.schemas import (
     ValidEmbeddingRequest,
     validate_embedding_request,
 )
-from app.errors import InvalidRequest, ShuttingDown, VramgateError
+from app.errors import ClientGone, InvalidRequest, ShuttingDown, VramgateError
 from app.models.textgen import GenerationOutcome
 from app.outcomes import Cost, Generation, InferenceResult
 from app.service import InferenceService
@@ -46,6 +46,20 @@ def disconnected(request: Request) -> Callable[[], Awaitable[None]]:
             pass
 
     return wait
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole body, read once, straight from the ASGI channel. Starlette's
+    `request.body()` goes through an async generator that cost a sixth of the event
+    loop's time per request on the embeddings route."""
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("the client disconnected while sending its request")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 # Bodies are read and validated here, in pydantic's Rust JSON validator, rather than by
@@ -98,7 +112,7 @@ async def create_embeddings(request: Request) -> Response:
 
     service = _service(request)
     try:
-        body = EmbeddingRequest.model_validate_json(await request.body())
+        body = EmbeddingRequest.model_validate_json(await read_body(request))
     except ValidationError as exc:
         raise from_validation_errors(exc.errors()) from None
     valid = validate_embedding_request(body, service.settings)
@@ -170,14 +184,14 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 @router.post("/chat/completions", openapi_extra=_openapi_body(ChatRequest), responses=STREAMED)
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI chat completions, streamed as server-sent events with `stream: true`."""
-    body = _parse(ChatRequest, await request.body())
+    body = _parse(ChatRequest, await read_body(request))
     return await _complete(request, body, Reply(body, "chat.completion", "chatcmpl"))
 
 
 @router.post("/completions", openapi_extra=_openapi_body(CompletionRequest), responses=STREAMED)
 async def create_completion(request: Request) -> Response:
     """OpenAI (legacy) text completions, streamed with `stream: true`."""
-    body = _parse(CompletionRequest, await request.body())
+    body = _parse(CompletionRequest, await read_body(request))
     return await _complete(request, body, Reply(body, "text_completion", "cmpl"))
 
 

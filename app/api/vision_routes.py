@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from app.api.errors import from_validation_errors
-from app.api.openai_routes import disconnected
+from app.api.openai_routes import disconnected, read_body
 from app.api.schemas import PredictRequest
 from app.errors import InvalidRequest
 from app.outcomes import InferenceResult
@@ -86,7 +86,7 @@ async def read_images(request: Request, settings: Settings) -> tuple[list[bytes]
             await form.close()
     else:
         try:
-            body = PredictRequest.model_validate_json(await request.body())
+            body = PredictRequest.model_validate_json(await read_body(request))
         except ValidationError as exc:
             raise from_validation_errors(exc.errors()) from None
         encoded = [body.image] if isinstance(body.image, str) else body.image
