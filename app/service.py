@@ -43,7 +43,7 @@ from app.models.base import ModelHandler, Prepared, Prompt
 from app.models.textgen import GenerationOutcome, SamplingParams, TokenStream
 from app.outcomes import Cost, Generation, InferenceResult
 from app.sched.budget import BudgetBook, PriceKey, Quote
-from app.sched.gate import Admit, MemoryGate, Permit, Reject, Ticket
+from app.sched.gate import Admit, MemoryGate, Permit, Reject, Ticket, Wait
 from app.settings import Settings
 
 log = logging.getLogger("vramgate.service")
@@ -107,6 +107,7 @@ class InferenceService:
             clock=clock,
             max_head_bypass=settings.max_head_bypass,
             price_group=lambda tickets: self.runner.price_group(tickets),
+            batch_wait_s=settings.max_batch_wait_ms / 1000,
         )
         self.runner = JobRunner(self, self._job_failed)
         self.lifecycle = ModelLifecycle(self)
@@ -260,15 +261,15 @@ class InferenceService:
             generation.close()
 
     # -- the life of a request -----------------------------------------------------------
-    async def embed(
+    def embed(
         self,
         model: str,
         texts: list[str],
         *,
         gone: Callable[[], Awaitable[None]] | None = None,
         probe: bool = False,
-    ) -> InferenceResult:
-        return await self.infer(model, texts, task="embeds", gone=gone, probe=probe)
+    ) -> Awaitable[InferenceResult]:
+        return self.infer(model, texts, task="embeds", gone=gone, probe=probe)
 
     async def infer(
         self,
@@ -390,7 +391,12 @@ class InferenceService:
         gone: Callable[[], Awaitable[None]] | None,
         probe: bool,
     ) -> InferenceResult:
-        prepared = await self._preprocess(handler, inputs)
+        if sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS and all(
+            isinstance(item, str) for item in inputs
+        ):  # tokenised on the loop: a thread hop costs more than the work
+            prepared = handler.preprocess(inputs)
+        else:  # large inputs and every image on the CPU pool, so the loop stays responsive
+            prepared = await self.executor.run_cpu(handler.preprocess, inputs)
         key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
         quote = self.quote(handler, key, prepared)
         started = self.clock()
@@ -420,15 +426,6 @@ class InferenceService:
             result.batch,
         )
         return InferenceResult(result.output, prepared.tokens, cost)
-
-    async def _preprocess(self, handler: ModelHandler, inputs: list[Any]) -> Prepared:
-        """Small inputs are tokenised on the loop (a thread hop costs more than the
-        work); large ones (and every image) on the CPU pool so the loop stays responsive."""
-        if sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS and all(
-            isinstance(item, str) for item in inputs
-        ):
-            return handler.preprocess(inputs)
-        return await self.executor.run_cpu(handler.preprocess, inputs)
 
     def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
         return self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
@@ -490,6 +487,10 @@ class InferenceService:
                 raise self._rejection(decision)
             if isinstance(decision, Admit) and not until_done:
                 return
+            if isinstance(decision, Wait) and self.gate.batch_wait_s > 0:
+                # gathering for a batch, or queued: look again when its wait is up
+                wait_s = self.gate.batch_wait_s + 0.002  # timers may fire a little early
+                asyncio.get_running_loop().call_later(wait_s, self.gate.pump)
             self._waiters[ticket.id] = done
             await self._wait(ticket, done, gone)
         finally:

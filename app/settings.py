@@ -172,6 +172,13 @@ class Settings(BaseSettings):
         le=10_000,
         description="how often smaller jobs may overtake the job at the head of the queue",
     )
+    max_batch_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="how long a request that could run at once waits for others to join "
+        "its batch (0: it runs at once; while the device is busy, requests gather anyway)",
+    )
     cpu_threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads (0: auto)")
     models: tuple[ModelSpec, ...] = Field(
         (ModelSpec(name=DEFAULT_MODEL_NAME),),

@@ -184,6 +184,7 @@ class MemoryGate:
         clock: Callable[[], float],
         max_head_bypass: int = 16,
         price_group: GroupPricer | None = None,
+        batch_wait_s: float = 0.0,
     ) -> None:
         if slots < 1:
             raise ValueError("a gate needs at least one slot")
@@ -194,14 +195,18 @@ class MemoryGate:
         self.max_queue = max_queue
         self.max_head_bypass = max_head_bypass
         self._price_group = price_group
+        # A batchable group short of its limit waits up to this long (from its leader's
+        # arrival) for more members; a caller re-plans (pump) when that time is up.
+        self.batch_wait_s = batch_wait_s
         self._queue: list[Ticket] = []
         self._running: dict[int, Permit] = {}
+        self._held = 0  # the running permits' bytes
         self._ids = itertools.count(1)
 
     # -- what is held -----------------------------------------------------------------
     @property
     def held_bytes(self) -> int:
-        return sum(p.nbytes for p in self._running.values())
+        return self._held
 
     @property
     def running(self) -> int:
@@ -248,7 +253,9 @@ class MemoryGate:
             return Reject("exceeds_device", ticket.nbytes, capacity, self.depth, 0.0)
         self._queue.append(ticket)
         admitted = self._admit(now)
-        mine = next((p for p in admitted if p.ticket_id == ticket.id), None)
+        # admitted as a leader, or riding in a group whose leader waited (a pool that
+        # grew, or a group that was gathering)
+        mine = next((p for p in admitted if ticket.id in (p.members or (p.ticket_id,))), None)
         if mine is not None:
             return Admit(mine)
         position = self._queue.index(ticket)
@@ -260,7 +267,9 @@ class MemoryGate:
 
     def release(self, permit: Permit) -> list[Permit]:
         """Give a permit back (idempotent) and return the permits this frees for waiters."""
-        self._running.pop(permit.ticket_id, None)
+        released = self._running.pop(permit.ticket_id, None)
+        if released is not None:
+            self._held -= released.nbytes
         return self._admit(self._clock())
 
     def cancel(self, ticket: Ticket) -> list[Permit]:
@@ -289,8 +298,9 @@ class MemoryGate:
         return self._pool() - self.held_bytes
 
     def _admit(self, now: float) -> list[Permit]:
+        eligible = self._eligible(now) if self.batch_wait_s > 0 else None
         chosen = plan_admissions(
-            self._queue,
+            self._queue if eligible is None else [self._queue[i] for i in eligible],
             free_bytes=self.free_bytes(),
             free_slots=self.slots - self.running,
             running=[(p.nbytes, p.admitted_at + p.expected_s) for p in self._running.values()],
@@ -300,6 +310,8 @@ class MemoryGate:
         )
         if not chosen:
             return []
+        if eligible is not None:
+            chosen = [eligible[i] for i in chosen]
         groups = self._groups(chosen)
         positions = {id(t): i for i, t in enumerate(self._queue)}
         picked = {id(t) for members, _, _ in groups for t in members}
@@ -323,12 +335,37 @@ class MemoryGate:
                 tuple(t.id for t in members),
             )
             self._running[leader.id] = permit
+            self._held += nbytes
             permits.append(permit)
         for (members, _, _), permit in zip(groups, permits, strict=True):
             for ticket in members:
                 if ticket.on_admit is not None:
                     ticket.on_admit(permit)
         return permits
+
+    def _eligible(self, now: float) -> list[int]:
+        """With a batch wait: the queue positions that may start a job now. Of each batch
+        key only its oldest waiting ticket may lead (the others ride with it), and only
+        once its group is full or it has waited `batch_wait_s`."""
+        counts: dict[str, int] = {}
+        oldest: dict[str, Ticket] = {}
+        for ticket in self._queue:
+            if ticket.batch_key is not None:
+                counts[ticket.batch_key] = counts.get(ticket.batch_key, 0) + 1
+                oldest.setdefault(ticket.batch_key, ticket)
+        eligible = []
+        for index, ticket in enumerate(self._queue):
+            key = ticket.batch_key
+            if key is not None and (
+                oldest[key] is not ticket
+                or (
+                    counts[key] < ticket.batch_limit
+                    and now - ticket.enqueued_at < self.batch_wait_s
+                )
+            ):
+                continue
+            eligible.append(index)
+        return eligible
 
     def _groups(self, chosen: list[int]) -> list[tuple[list[Ticket], int, bool]]:
         """Grow each admitted ticket that has a batch key into a group of the waiting

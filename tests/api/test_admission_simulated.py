@@ -199,3 +199,49 @@ def test_simulated_waiting_requests_run_together_as_one_batch(server_factory):
     ]
     status = live.status()
     assert status["counters"]["ooms"] == 0 and status["pool"]["admitted_bytes"] == 0
+
+
+def test_simulated_batch_wait_gathers_requests_that_would_each_run_at_once(server_factory):
+    live = server_factory(
+        device="simulated:1GiB",
+        models=(sim((16, 10 * MiB, 20)),),
+        max_concurrent=4,
+        max_batch_wait_ms=1000,
+    )
+    handler = live.service.registry.entries["sim"].handler
+    calls_before = handler.forward_calls
+    responses = asyncio.run(post_many(live.url, [body(1)] * 3))
+    assert [r.status_code for r in responses] == [200] * 3
+    assert [int(r.headers["X-Vramgate-Batch"]) for r in responses] == [3, 3, 3]
+    assert handler.forward_calls - calls_before == 1
+    assert live.status()["pool"]["admitted_bytes"] == 0
+
+
+def test_simulated_client_gone_while_running_is_counted_and_the_permit_comes_back(
+    server_factory,
+):
+    live = server_factory(
+        device="simulated:1GiB", models=(sim((16, 100 * MiB, 1500)),), max_concurrent=1
+    )
+    handler = live.service.registry.entries["sim"].handler
+    calls_before = handler.forward_calls
+    host, port = live.url.removeprefix("http://").split(":")
+    payload = b'{"model": "sim", "input": "w"}'
+    request = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(request)
+        wait_until(lambda: live.service.gate.running == 1, 10, "running")
+    # gone while its forward runs: the run finishes, its permit comes back, one count
+    wait_until(
+        lambda: live.status()["counters"]["rejected"].get("client_disconnected") == 1,
+        10,
+        "counted",
+    )
+    wait_until(lambda: live.service.gate.running == 0, 10, "run over")
+    assert handler.forward_calls == calls_before + 1
+    assert live.status()["pool"]["admitted_bytes"] == 0
+    assert httpx.post(live.url + "/v1/embeddings", json=body(), timeout=30).status_code == 200

@@ -3,6 +3,8 @@ against the simulated device and simulated model."""
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 
@@ -72,4 +74,20 @@ def test_simulated_handler_exception_is_a_generic_500_on_both_paths(server_facto
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "internal_error"
     assert "injected" not in r.text  # the cause is logged, not sent
+    assert live.service.gate.held_bytes == 0 and live.service.gate.depth == 0
+
+
+@pytest.mark.parametrize("hot_routes", [True, False])
+def test_simulated_client_leaving_mid_body_is_no_server_error(server_factory, hot_routes, caplog):
+    live = server_factory(device="simulated:1GiB", models=[sim_model()], hot_routes=hot_routes)
+    host, port = live.url.removeprefix("http://").split(":")
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n"
+    )
+    with caplog.at_level("ERROR"), socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + b'{"model": "sim", "input": "')  # ... and hangs up
+    r = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"}, timeout=30)
+    assert r.status_code == 200
+    assert not [rec for rec in caplog.records if rec.levelname == "ERROR"]
     assert live.service.gate.held_bytes == 0 and live.service.gate.depth == 0

@@ -27,6 +27,19 @@ def test_price_is_p95_of_the_window():
     assert (quote.exclusive, quote.source) == (False, "learned")
 
 
+def test_a_new_sample_changes_a_price_already_quoted():
+    book = BudgetBook()
+    for _ in range(10):
+        book.record(key("s16"), 16, 1000, 0.1)
+    first = book.quote(key("s16"), 16)
+    assert (first.nbytes, first.expected_s) == (1000, 0.1)
+    for _ in range(10):
+        book.record(key("s16"), 16, 5000, 0.3)
+    book.record_run_time(key("s16"), 16, 0.3)
+    second = book.quote(key("s16"), 16)
+    assert (second.nbytes, second.expected_s) == (5000, 0.3)
+
+
 def test_unseen_bucket_with_nothing_known_runs_exclusive_at_its_prior():
     quote = BudgetBook().quote(key("s64"), 64, prior=5000)
     assert (quote.nbytes, quote.exclusive, quote.source) == (5000, True, "unseen")

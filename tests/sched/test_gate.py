@@ -231,3 +231,52 @@ def test_pool_follows_the_device():
     assert isinstance(gate.submit(t(50)), Wait)
     pool["bytes"] = 100  # and gave it back
     assert [p.nbytes for p in gate.pump()] == [50]
+
+
+def batch_gate(batch_wait_s: float):
+    clock = FakeClock()
+    gate = MemoryGate(
+        pool=lambda: 100,
+        capacity=lambda: 100,
+        slots=1,
+        max_queue=8,
+        clock=clock,
+        price_group=lambda tickets: (sum(x.nbytes for x in tickets), False),
+        batch_wait_s=batch_wait_s,
+    )
+    return gate, clock
+
+
+def batchable(nbytes: int = 10, limit: int = 4) -> Ticket:
+    return Ticket(nbytes=nbytes, deadline=1e9, batch_key="m", batch_limit=limit)
+
+
+def test_without_a_batch_wait_a_lone_job_on_an_idle_device_runs_at_once():
+    gate, _ = batch_gate(0.0)
+    assert isinstance(gate.submit(batchable()), Admit)
+
+
+def test_with_a_batch_wait_jobs_gather_until_it_is_up():
+    gate, clock = batch_gate(0.05)
+    tickets = [batchable() for _ in range(3)]
+    for ticket in tickets:
+        assert isinstance(gate.submit(ticket), Wait)
+        clock.now += 0.01
+    assert gate.pump() == [] and gate.depth == 3  # 0.03 s after the first: still gathering
+    clock.now += 0.03
+    [permit] = gate.pump()
+    assert permit.members == tuple(x.id for x in tickets) and permit.nbytes == 30
+    assert gate.depth == 0
+
+
+def test_with_a_batch_wait_a_full_group_runs_at_once():
+    gate, _ = batch_gate(10.0)
+    tickets = [batchable(limit=3) for _ in range(3)]
+    assert [type(gate.submit(x)).__name__ for x in tickets] == ["Wait", "Wait", "Admit"]
+    [permit] = gate.permits
+    assert permit.members == tuple(x.id for x in tickets)
+
+
+def test_a_batch_wait_does_not_hold_jobs_that_cannot_batch():
+    gate, _ = batch_gate(10.0)
+    assert isinstance(gate.submit(t(10)), Admit)
