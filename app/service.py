@@ -52,8 +52,7 @@ HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
 SNAPSHOT_TTL_S = 0.05
 SAVE_EVERY_S = 5.0
 INLINE_PREPROCESS_CHARS = 4096
-WATCH_AFTER_S = 0.25  # a queued request's disconnect watcher starts after this long
-
+WATCH_AFTER_S = 0.25  # a waiting request's disconnect watcher starts after this long
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
 TASK_WORDS = {
     "embeds": "it has no embeddings",
