@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 
 import httpx
 
@@ -111,7 +112,8 @@ def test_simulated_client_gone_while_queued_never_runs(server_factory):
     assert status["counters"]["rejected"].get("client_disconnected") == 1
 
 
-def queue_one_and_hang_up(url: str) -> None:
+def post_and_hang_up(url: str, until: Callable[[], bool], what: str) -> None:
+    """One embeddings request over a raw socket, closed once `until()` holds."""
     host, port = url.removeprefix("http://").split(":")
     payload = b'{"model": "sim", "input": "w"}'
     request = (
@@ -121,8 +123,15 @@ def queue_one_and_hang_up(url: str) -> None:
     )
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(request)
-        wait_until(lambda: httpx.get(url + "/status").json()["queue"]["depth"] == 1, 10, "queued")
-    wait_until(lambda: httpx.get(url + "/status").json()["queue"]["depth"] == 0, 10, "dequeued")
+        wait_until(until, 10, what)
+
+
+def queue_one_and_hang_up(url: str) -> None:
+    def depth() -> int:
+        return httpx.get(url + "/status").json()["queue"]["depth"]
+
+    post_and_hang_up(url, lambda: depth() == 1, "queued")
+    wait_until(lambda: depth() == 0, 10, "dequeued")
 
 
 def test_simulated_injected_oom_gets_503_then_service_continues_at_a_higher_price(
@@ -225,16 +234,7 @@ def test_simulated_client_gone_while_running_is_counted_and_the_permit_comes_bac
     )
     handler = live.service.registry.entries["sim"].handler
     calls_before = handler.forward_calls
-    host, port = live.url.removeprefix("http://").split(":")
-    payload = b'{"model": "sim", "input": "w"}'
-    request = (
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
-        + payload
-    )
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(request)
-        wait_until(lambda: live.service.gate.running == 1, 10, "running")
+    post_and_hang_up(live.url, lambda: live.service.gate.running == 1, "running")
     # gone while its forward runs: the run finishes, its permit comes back, one count
     wait_until(
         lambda: live.status()["counters"]["rejected"].get("client_disconnected") == 1,
