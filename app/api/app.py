@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
@@ -116,10 +117,7 @@ class VramgateApp(FastAPI):
         if scope["type"] == "http" and (scope["method"], scope["path"]) in self._hot:
             if self.root_path:
                 scope["root_path"] = self.root_path
-            scope["app"] = self
-            if self.middleware_stack is None:
-                self.middleware_stack = self.build_middleware_stack()
-            await self.middleware_stack(scope, receive, send)
+            await Starlette.__call__(self, scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
