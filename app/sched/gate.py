@@ -200,13 +200,12 @@ class MemoryGate:
         self.batch_wait_s = batch_wait_s
         self._queue: list[Ticket] = []
         self._running: dict[int, Permit] = {}
-        self._held = 0  # the running permits' bytes
         self._ids = itertools.count(1)
 
     # -- what is held -----------------------------------------------------------------
     @property
     def held_bytes(self) -> int:
-        return self._held
+        return sum(p.nbytes for p in self._running.values())
 
     @property
     def running(self) -> int:
@@ -267,9 +266,7 @@ class MemoryGate:
 
     def release(self, permit: Permit) -> list[Permit]:
         """Give a permit back (idempotent) and return the permits this frees for waiters."""
-        released = self._running.pop(permit.ticket_id, None)
-        if released is not None:
-            self._held -= released.nbytes
+        self._running.pop(permit.ticket_id, None)
         return self._admit(self._clock())
 
     def cancel(self, ticket: Ticket) -> list[Permit]:
@@ -335,7 +332,6 @@ class MemoryGate:
                 tuple(t.id for t in members),
             )
             self._running[leader.id] = permit
-            self._held += nbytes
             permits.append(permit)
         for (members, _, _), permit in zip(groups, permits, strict=True):
             for ticket in members:
