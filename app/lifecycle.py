@@ -30,7 +30,7 @@ class ModelLifecycle:
         """Load every model, take the weights baseline, warm each up."""
         service = self.service
         service.state = "loading"
-        await asyncio.to_thread(self.registry.load_all)
+        await self.service.executor.run_in_own_thread(self.registry.load_all)
         service.baseline = service.snapshot(fresh=True).ours_allocated
         service.state = "warming"
         for name, entry in self.registry.entries.items():
@@ -65,7 +65,7 @@ class ModelLifecycle:
         try:
             if entry.state not in ("unloaded", "failed"):
                 return
-            if await asyncio.to_thread(self.registry.load, name):
+            if await self.service.executor.run_in_own_thread(self.registry.load, name):
                 self.service.baseline += entry.loaded_bytes
                 await self.warm(name)
         finally:
@@ -80,7 +80,7 @@ class ModelLifecycle:
         deadline = self.service.clock() + wait_s
         while self.service.in_flight[name] and self.service.clock() < deadline:
             await asyncio.sleep(0.02)
-        freed = await asyncio.to_thread(self.registry.unload, name)
+        freed = await self.service.executor.run_in_own_thread(self.registry.unload, name)
         self.service.baseline = max(0, self.service.baseline - freed)
         return freed
 

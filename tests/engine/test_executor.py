@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from app.engine.device import SimulatedDevice
 from app.engine.executor import Executor
 
@@ -56,3 +58,32 @@ def test_torch_threads_are_sized_to_cores_per_job():
     executor = Executor(SimulatedDevice(MiB), slots=os.cpu_count() or 1)
     assert executor.torch_threads == 1
     executor.shutdown()
+
+
+def test_run_in_own_thread_returns_and_the_thread_ends():
+    """Loading runs on a thread that ends with it, so no pool thread keeps an OpenMP team."""
+    seen: list[threading.Thread] = []
+
+    def load(x: int) -> int:
+        seen.append(threading.current_thread())
+        return x * 2
+
+    async def main() -> int:
+        return await Executor.run_in_own_thread(load, 21)
+
+    assert asyncio.run(main()) == 42
+    (thread,) = seen
+    assert thread is not threading.main_thread() and thread.name == "vramgate-load"
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_run_in_own_thread_hands_the_error_to_the_caller():
+    def broken() -> None:
+        raise OSError("weights missing")
+
+    async def main() -> None:
+        await Executor.run_in_own_thread(broken)
+
+    with pytest.raises(OSError, match="weights missing"):
+        asyncio.run(main())
