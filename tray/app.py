@@ -5,18 +5,20 @@ the server over HTTP only."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import logging.handlers
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from app import client_auth
 from app.cli import port_free
 from app.errors import EXIT_PORT_IN_USE
-from app.settings import Settings, load_settings
+from app.settings import Settings, client_token, load_settings
 from tray import single_instance
 from tray.icon import render
 from tray.menu import Item, TrayActions, build_menu
@@ -82,13 +84,19 @@ def to_pystray(items: tuple[Item, ...]) -> list[Any]:
 
 
 class Tray:
-    def __init__(self, url: str, supervisor: Supervisor, log_dir: Path) -> None:
+    def __init__(
+        self,
+        url: str,
+        supervisor: Supervisor,
+        log_dir: Path,
+        token: Callable[[], str | None] = lambda: None,
+    ) -> None:
         import pystray
 
         self.supervisor = supervisor
         self.exit_code = 0
         self.view = view_of(None)
-        self.actions = TrayActions(url, supervisor, log_dir)
+        self.actions = TrayActions(url, supervisor, log_dir, token=token)
         self.icon = pystray.Icon(
             "vramgate",
             render(self.view.icon),
@@ -156,6 +164,7 @@ def run_tray(config_file: Path | None = None) -> int:
         shutdown_url=url + "/admin/shutdown",
     )
     try:
-        return Tray(url, supervisor, settings.resolved_log_dir).run()
+        token = functools.partial(client_token, settings)
+        return Tray(url, supervisor, settings.resolved_log_dir, token).run()
     finally:
         lock.release()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from tray.autostart import Autostart
 from tray.supervisor import Supervisor
@@ -63,6 +64,7 @@ class TrayActions:
         open_url: Callable[[str], object] = webbrowser.open,
         open_path: Callable[[Path], None] = open_folder,
         on_quit: Callable[[], None] = lambda: None,
+        token: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.url = url.rstrip("/")
         self.supervisor = supervisor
@@ -71,6 +73,7 @@ class TrayActions:
         self.open_url = open_url
         self.open_path = open_path
         self.on_quit = on_quit
+        self.token = token  # read each time: an `auto` token appears when the server starts
 
     def post(self, path: str) -> dict[str, Any] | None:
         request = urllib.request.Request(self.url + path, data=b"", method="POST")
@@ -91,10 +94,16 @@ class TrayActions:
         return lambda icon: self._in_background(self.post, f"/admin/models/{name}/load")
 
     def open_dashboard(self, icon: Any) -> None:
-        self.open_url(self.url + "/dashboard")
+        self.open_url(self._page("/dashboard"))
 
     def open_docs(self, icon: Any) -> None:
-        self.open_url(self.url + "/docs")
+        self.open_url(self._page("/docs"))
+
+    def _page(self, path: str) -> str:
+        """A page's address; with a token, one that signs the browser in (the server
+        answers with a cookie and the bare address)."""
+        token = self.token()
+        return self.url + path + (f"?{urlencode({'token': token})}" if token else "")
 
     def open_logs(self, icon: Any) -> None:
         self.open_path(self.log_dir)

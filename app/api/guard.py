@@ -5,16 +5,20 @@ work: header count and size (431); the `Host` header, when bound to loopback, mu
 this machine (DNS rebinding: 403 `forbidden_host`); state-changing and inference calls
 from another web origin, `Origin: null` and `Sec-Fetch-Site: cross-site` are refused
 (CSRF: 403 `forbidden_origin`) unless the origin is in `cors_origins`; a configured
-bearer token is required everywhere but /health (401); JSON routes take JSON only
+bearer token is required everywhere but /health (401), or, to read (GET), the cookie a
+page's sign-in set (`GET /dashboard?token=…`, for browsers); JSON routes take JSON only
 (415: a cross-site form or `no-cors` fetch can only send text/plain, form or multipart);
 and the body limit holds while the body streams in, chunked bodies included (413).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import hmac
-from urllib.parse import urlsplit
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import parse_qs, urlsplit
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,6 +40,8 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 JSON_ROUTES = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
 PREDICT_SUFFIX = "/predict"  # POST /v1/models/{model}/predict: JSON or a multipart upload
 OPEN_ROUTES = {"/health"}  # answered without a token; it reveals nothing sensitive
+PAGES = {"/dashboard", "/docs"}  # pages a browser opens: they may sign in (`_sign_in`)
+SESSION_COOKIE = "vramgate_session"
 
 
 async def refuse(send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]]) -> None:
@@ -73,6 +79,12 @@ class RequestGuard:
         self.origins = set(settings.cors_origins)
         token = settings.token.get_secret_value() if settings.token else None
         self.token = f"Bearer {token}".encode() if token else None
+        # The cookie holds a digest of the token, not the token (any characters allowed).
+        self.session = (
+            hashlib.sha256(b"vramgate page session\0" + token.encode()).hexdigest()
+            if token
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -86,8 +98,12 @@ class RequestGuard:
         origin = headers.get("origin")
         cors = origin is not None and origin.lower() in self.origins
         cors_headers = self._cors_headers(origin) if cors else []
+        page_token = self._page_token(scope)
         try:
-            self._check(scope, headers, origin, cors)
+            self._check(scope, headers, origin, cors, page_token)
+            if page_token is not None:
+                await self._sign_in(scope, page_token, send)
+                return
         except VramgateError as error:
             await refuse(send, error, cors_headers)
             return
@@ -134,7 +150,14 @@ class RequestGuard:
     def _body_detail(self) -> str:
         return f"request body is larger than {self.max_body} bytes"
 
-    def _check(self, scope: Scope, headers: dict[str, str], origin: str | None, cors: bool) -> None:
+    def _check(
+        self,
+        scope: Scope,
+        headers: dict[str, str],
+        origin: str | None,
+        cors: bool,
+        page_token: str | None,
+    ) -> None:
         host = headers.get("host")
         if self.check_host and host is not None and not self._host_ok(host):
             raise ForbiddenHost(
@@ -151,10 +174,9 @@ class RequestGuard:
                 )
             if headers.get("sec-fetch-site") == "cross-site" and not cors:
                 raise ForbiddenOrigin("cross-site calls from a web page are refused")
-        if self.token is not None and path not in OPEN_ROUTES and method != "OPTIONS":
-            given = headers.get("authorization", "").encode("latin-1")
-            if not hmac.compare_digest(given, self.token):
-                raise Unauthorized("a valid bearer token is required (Authorization: Bearer …)")
+        guarded = self.token is not None and path not in OPEN_ROUTES and method != "OPTIONS"
+        if guarded and page_token is None and not self._authorised(method, headers):
+            raise Unauthorized("a valid bearer token is required (Authorization: Bearer …)")
         if method == "POST" and inference:
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
             is_json = kind == "application/json" or kind.endswith("+json")
@@ -164,6 +186,46 @@ class RequestGuard:
                     "send the body as JSON with Content-Type: application/json"
                     + (" or as multipart/form-data" if path.endswith(PREDICT_SUFFIX) else "")
                 )
+
+    def _authorised(self, method: str, headers: dict[str, str]) -> bool:
+        """The bearer token; or, for reading only, the cookie a page sign-in set."""
+        assert self.token is not None
+        given = headers.get("authorization", "").encode("latin-1")
+        if hmac.compare_digest(given, self.token):
+            return True
+        if method not in ("GET", "HEAD") or self.session is None:
+            return False
+        cookie = SimpleCookie()
+        with contextlib.suppress(CookieError):
+            cookie.load(headers.get("cookie", ""))
+        morsel = cookie.get(SESSION_COOKIE)
+        if morsel is None:
+            return False
+        return hmac.compare_digest(morsel.value.encode(), self.session.encode())
+
+    def _page_token(self, scope: Scope) -> str | None:
+        """The token in the address of `GET /dashboard?token=…` (or /docs), else None."""
+        if self.session is None or scope["method"] != "GET" or scope["path"] not in PAGES:
+            return None
+        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token")
+        return given[0] if given else None
+
+    async def _sign_in(self, scope: Scope, page_token: str, send: Send) -> None:
+        """A browser cannot send the header, so the tray opens a page once with the token
+        in its address. The right token gets a 303 to the bare page with an HttpOnly,
+        SameSite=Strict cookie that lets the page read (GET) afterwards; a wrong one 401."""
+        assert self.token is not None and self.session is not None
+        if not hmac.compare_digest(f"Bearer {page_token}".encode(), self.token):
+            raise Unauthorized("the token in the address is not this server's")
+        cookie = f"{SESSION_COOKIE}={self.session}; Path=/; HttpOnly; SameSite=Strict"
+        headers = [
+            (b"location", scope["path"].encode("latin-1")),
+            (b"set-cookie", cookie.encode("latin-1")),
+            (b"cache-control", b"no-store"),
+            (b"referrer-policy", b"no-referrer"),
+        ]
+        await send({"type": "http.response.start", "status": 303, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
 
     def _host_ok(self, host: str) -> bool:
         return _loopback_name(host) or host_name(host).lower() in self.hosts

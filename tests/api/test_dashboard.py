@@ -100,3 +100,32 @@ def test_dashboard_draws_live_data_and_talks_only_to_its_server(server_factory, 
     assert memory_pixels > 5000
     assert state == "ready"
     assert requested and all(url.startswith(live.url + "/") for url in requested), requested
+
+
+def test_dashboard_signs_in_with_the_token_in_its_address(server_factory):
+    """With a token set, the address the tray opens signs Chromium in; the page's own
+    reads then carry the cookie, and the token leaves the address bar."""
+    from playwright.sync_api import sync_playwright
+
+    secret = "dashboard-token-value"
+    model = ModelSpec(
+        name="sim", kind="simulated", buckets=(SimulatedBucket(size=16, bytes=MiB, run_ms=1),)
+    )
+    live = server_factory(device="simulated:1GiB", models=(model,), token=secret)
+    statuses: list[int] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page()
+        page.on("response", lambda r: statuses.append(r.status))
+        assert page.goto(live.url + "/dashboard").status == 401  # no token, no page
+        page.goto(f"{live.url}/dashboard?token={secret}")
+        page.wait_for_function("document.body.dataset.updated !== undefined", timeout=15000)
+        state, address = page.inner_text("#state"), page.url
+        browser.close()
+
+    assert state == "ready"
+    assert address == live.url + "/dashboard"
+    assert statuses[:3] == [401, 303, 200] and 401 not in statuses[3:]

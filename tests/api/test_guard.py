@@ -166,6 +166,39 @@ def test_token_guards_every_route_but_health_and_is_never_echoed(server_factory)
     assert not log.exists() or secret not in log.read_text()
 
 
+def test_a_page_signs_in_with_the_token_in_its_address_and_then_only_reads(server_factory):
+    secret = "s3cret; token,value"  # characters a cookie could not hold as they are
+    live = server_factory(device="simulated:1GiB", models=(sim(),), token=secret)
+    with httpx.Client(base_url=live.url) as browser:
+        assert browser.get("/dashboard").status_code == 401
+        wrong = browser.get("/dashboard", params={"token": secret + "x"})
+        assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+        assert browser.get("/status", params={"token": secret}).status_code == 401  # pages only
+        assert not browser.cookies
+
+        signed = browser.get("/dashboard", params={"token": secret})
+        assert signed.status_code == 303 and signed.headers["location"] == "/dashboard"
+        cookie = signed.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and secret not in cookie
+        page = browser.get("/dashboard")
+        assert page.status_code == 200 and "<canvas" in page.text
+        assert browser.get("/status").json()["state"] == "ready"
+        assert browser.get("/history").status_code == 200
+        assert browser.get("/docs").status_code == 200
+        # Reading only: the cookie alone neither runs a model nor changes the server.
+        calls = live.service.registry.get("sim").forward_calls
+        assert browser.post("/v1/embeddings", json=BODY).status_code == 401
+        assert browser.post("/admin/pause").status_code == 401
+        assert live.service.paused is False
+        assert live.service.registry.get("sim").forward_calls == calls
+
+    for forged in (b"0" * 64, b"\xe9t\xe9", b"%E2%82%AC", b"a=b; c"):
+        r = httpx.get(live.url + "/status", headers={b"Cookie": b"vramgate_session=" + forged})
+        assert r.status_code == 401, forged
+    for address in ("/dashboard?token=%E2%82%AC", "/dashboard?token=%FF", "/docs?token="):
+        assert httpx.get(live.url + address).status_code == 401, address
+
+
 def test_non_loopback_bind_without_token_refuses_to_start(tmp_path):
     server = ServerProcess(
         [

@@ -108,6 +108,22 @@ def test_open_items_and_start_at_login(tmp_path):
     assert find(build_menu(view_of(None), actions), "Start at login").checked is True
 
 
+def test_with_a_token_the_pages_open_signed_in(server_factory, tmp_path):
+    secret = "tray-token/with+odd&chars"
+    live = server_factory(device="simulated:1GiB", models=(SIM,), token=secret)
+    opened: list[str] = []
+    actions = actions_for(live.url, tmp_path, open_url=opened.append, token=lambda: secret)
+    items = build_menu(view_of(None), actions)
+    find(items, "Open dashboard").action(FakeIcon())
+    find(items, "Open API docs").action(FakeIcon())
+    with httpx.Client(follow_redirects=True) as browser:  # does what a browser does
+        for address, page in zip(opened, ("/dashboard", "/docs"), strict=True):
+            assert address.startswith(live.url + page + "?token=")
+            r = browser.get(address)
+            assert r.status_code == 200 and str(r.url) == live.url + page
+        assert browser.get(live.url + "/status").json()["models"][0]["name"] == "sim"
+
+
 def test_quit_stops_the_server_and_the_icon(tmp_path):
     import sys
 
