@@ -26,7 +26,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from app.models.vision import normalise  # noqa: E402
+from app.models.vision import normalise_batch  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
 from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E402
 
@@ -76,12 +76,9 @@ def measure_raw(module: torch.jit.ScriptModule, image: bytes, seconds: float) ->
     for batch in (1, 8):
         done, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
-            tensors = [
-                normalise(np.array(Image.open(io.BytesIO(image)).convert("RGB")))
-                for _ in range(batch)
-            ]
+            pixels = [np.array(Image.open(io.BytesIO(image)).convert("RGB")) for _ in range(batch)]
             with torch.inference_mode():
-                torch.softmax(module(torch.stack(tensors)), dim=1).numpy()
+                torch.softmax(module(normalise_batch(pixels)), dim=1).numpy()
             done += batch
         rates[batch] = done / (time.perf_counter() - started)
     return rates

@@ -156,11 +156,6 @@ class VisionHandler(ModelHandler):
         }
 
 
-def normalise(pixels: np.ndarray) -> torch.Tensor:
-    """HWC uint8 → CHW float, ImageNet-normalised."""
-    return normalise_batch([pixels])[0]
-
-
 def normalise_batch(images: list[np.ndarray]) -> torch.Tensor:
     """N × HWC uint8 of one size → NCHW float, ImageNet-normalised.
 

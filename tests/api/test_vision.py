@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.models.vision import normalise
+from app.models.vision import normalise_batch
 from app.settings import ModelSpec, SimulatedBucket
 from tests.test_flood_simulated import ideal_makespan
 
@@ -138,7 +138,7 @@ def test_classifier_scores_come_with_labels_by_upload_and_by_base64(vision):
     module = torch.jit.load(str(Path(vision.service.registry.get("classifier").path)))
     pixels = np.array(Image.open(io.BytesIO(image)).convert("RGB"))
     with torch.inference_mode():
-        expected = torch.softmax(module(normalise(pixels)[None]), dim=1)[0]
+        expected = torch.softmax(module(normalise_batch([pixels])), dim=1)[0]
     best = LABELS[int(expected.argmax())]
     assert predictions[0]["label"] == best
     assert predictions[0]["score"] == pytest.approx(float(expected.max()), abs=1e-5)
@@ -160,7 +160,7 @@ def test_image_to_image_answers_with_the_png_itself(vision):
     module = torch.jit.load(str(Path(vision.service.registry.get("restorer").path)))
     pixels = np.array(Image.open(io.BytesIO(image)).convert("RGB"))
     with torch.inference_mode():
-        expected = (module(normalise(pixels)[None])[0] * 255).round().permute(1, 2, 0).numpy()
+        expected = (module(normalise_batch([pixels]))[0] * 255).round().permute(1, 2, 0).numpy()
     assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1
 
 
