@@ -1,11 +1,23 @@
 """BudgetBook: what a job costs in bytes, learned from measured peaks.
 
-The price of a job is the P95 of the measured peak bytes in a sliding window for its
-(model, bucket, device, dtype), times a penalty that grows with each out-of-memory.
-An unseen bucket is priced conservatively, assuming a larger bucket never costs less:
+One-shot jobs (embeddings, images): the price is the P95 of the measured peak bytes in a
+sliding window for its (model, bucket, device, dtype, fingerprint), times a penalty that
+grows with each out-of-memory and decays with each clean run after it. An unseen bucket
+is priced conservatively, assuming a larger bucket never costs less:
 - a larger measured neighbour exists: its price (a safe upper bound), shared with others;
 - only smaller neighbours, or none: it runs *exclusive* (alone on the device) once so
   its true peak is measured; the quoted bytes are an extrapolation with a margin.
+
+Generations: a price is a line, `fixed + per_token × tokens`, where `tokens` is the most
+its KV cache may hold (prompt + max_tokens, rounded up) and `fixed` covers the prefill's
+activations and logits. `per_token` is measured from every finished generation (its own
+KV cache's bytes over the tokens in it, whoever else ran meanwhile), `fixed` from the
+clean runs (peak − per_token × tokens held); until measured, both come from the model's
+geometry (config: layers, KV heads, head size, element size). So a chat that stops early
+teaches as much as one that ran to `max_tokens`, and only a model whose geometry is
+unknown runs alone before its first measurement.
+
+The fingerprint names the weights (file sizes, times, config): a changed model relearns.
 
 Pure Python, no torch. Owned by the event loop thread; persisted as JSON.
 """
@@ -26,9 +38,18 @@ log = logging.getLogger("vramgate.budget")
 WINDOW = 64
 EXTRAPOLATION_MARGIN = 1.5
 OOM_PENALTY = 1.5
+# A clean run after an out-of-memory divides the penalty by this: eight clean runs undo
+# one OOM, so a price raised by a passing spike (another program, fragmentation) heals.
+PENALTY_DECAY = OOM_PENALTY ** (1 / 8)
 MAX_PENALTY = 8.0
 DEFAULT_RUN_S = 0.05
-FILE_VERSION = 1
+# Generations: a measured part of the line is priced with MEASURED_MARGIN, a part that is
+# still the geometry's estimate with GEOMETRY_MARGIN.
+MEASURED_MARGIN = 1.1
+GEOMETRY_MARGIN = 1.5
+FILE_VERSION = 2
+
+Source = Literal["learned", "neighbour", "extrapolated", "unseen", "geometry", "learned_rate"]
 
 
 @dataclass(frozen=True)
@@ -37,16 +58,25 @@ class PriceKey:
     bucket: str
     device: str
     dtype: str
+    fingerprint: str = ""  # what identifies the weights; a changed model relearns
 
-    def family(self) -> tuple[str, str, str]:
-        return (self.model, self.device, self.dtype)
+    def family(self) -> tuple[str, str, str, str]:
+        return (self.model, self.device, self.dtype, self.fingerprint)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a generating model's config says a generation costs, before any measurement."""
+
+    kv_bytes_per_token: int  # 2 × layers × kv_heads × head_dim × element size; 0: unknown
+    fixed_bytes: int  # the prefill's activations and logits for this prompt bucket
 
 
 @dataclass(frozen=True)
 class Quote:
     nbytes: int
     exclusive: bool
-    source: Literal["learned", "neighbour", "extrapolated", "unseen"]
+    source: Source
     expected_s: float
     floor: int = 0  # proven need: the bucket failed alone with this much memory
 
@@ -57,11 +87,27 @@ def p95(values: list[int]) -> int:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+@dataclass(frozen=True)
+class GenerationSample:
+    """What one finished generation measured."""
+
+    kv_tokens: int  # tokens its KV cache held at the end (prompt + produced)
+    kv_bytes: int  # that cache's own bytes (0: the model cannot tell)
+    peak: int  # the device's peak above the run's start; its own only if `clean`
+    run_s: float
+    clean: bool  # it ran alone: the peak is all its own
+
+
 @dataclass
 class _Entry:
+    """A one-shot bucket (`peaks` are whole peaks), or a generation's prompt bucket
+    (`peaks` are the fixed part of clean runs, `per_token` its KV bytes per token)."""
+
     size: int
     peaks: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
     run_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    per_token: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    generation: bool = False
     penalty: float = 1.0
     floor: int = 0  # the bucket once failed alone with this much memory
     ooms: int = 0
@@ -74,11 +120,26 @@ class _Entry:
         self._price = self._expected_s = None
 
     def price(self) -> int | None:
-        if not self.peaks:
+        """A one-shot bucket's price (a generation's depends on its tokens: `line`)."""
+        if not self.peaks or self.generation:
             return None
         if self._price is None:
             self._price = max(math.ceil(p95(list(self.peaks)) * self.penalty), self.floor)
         return self._price
+
+    def fixed(self) -> int | None:
+        """A generation bucket's measured fixed part (P95 of its clean runs)."""
+        return p95(list(self.peaks)) if self.peaks else None
+
+    def rate(self) -> int | None:
+        """A generation bucket's measured KV bytes per token (P95)."""
+        return p95(list(self.per_token)) if self.per_token else None
+
+    def clean_run(self) -> None:
+        """A clean run disproves a floor and wears an out-of-memory penalty down."""
+        self.floor = 0
+        decayed = self.penalty / PENALTY_DECAY
+        self.penalty = decayed if decayed > 1.0 + 1e-9 else 1.0
 
     def expected_s(self) -> float:
         if not self.run_s:
@@ -98,7 +159,7 @@ class BudgetBook:
             self._load(path)
 
     def quote(self, key: PriceKey, size: int, prior: int = 0) -> Quote:
-        """The price of a job in `key`'s bucket (whose numeric size is `size`)."""
+        """The price of a one-shot job in `key`'s bucket (whose numeric size is `size`)."""
         entry = self._entries.get(key)
         learned = entry.price() if entry else None
         expected = entry.expected_s() if entry else self._neighbour_run_s(key, size)
@@ -114,11 +175,39 @@ class BudgetBook:
             return Quote(max(guess, floor, prior), True, "extrapolated", expected, floor)
         return Quote(max(prior, floor), True, "unseen", expected, floor)
 
+    def quote_generation(self, key: PriceKey, size: int, tokens: int, geometry: Geometry) -> Quote:
+        """The price of a generation whose KV cache may hold `tokens`; `key.bucket` names
+        its prompt bucket, whose numeric size (its tokens) is `size`."""
+        entry = self._entries.get(key)
+        penalty, floor = (entry.penalty, entry.floor) if entry else (1.0, 0)
+        expected = entry.expected_s() if entry else DEFAULT_RUN_S
+        rate = self._family_rate(key)
+        fixed = entry.fixed() if entry else None
+        if rate is None and geometry.kv_bytes_per_token <= 0:
+            # nothing known: it runs alone once, and its measurement teaches the line
+            return Quote(max(geometry.fixed_bytes, floor), True, "unseen", expected, floor)
+        per_token = (
+            rate * MEASURED_MARGIN
+            if rate is not None
+            else geometry.kv_bytes_per_token * GEOMETRY_MARGIN
+        )
+        base = (
+            fixed * MEASURED_MARGIN
+            if fixed is not None
+            else max(geometry.fixed_bytes, self._neighbour_fixed(key, size)) * GEOMETRY_MARGIN
+        )
+        source: Source = "geometry"
+        if rate is not None:
+            source = "learned" if fixed is not None else "learned_rate"
+        nbytes = max(math.ceil((base + per_token * tokens) * penalty), floor)
+        return Quote(nbytes, False, source, expected, floor)
+
     def record(self, key: PriceKey, size: int, peak: int, run_s: float) -> None:
         """A peak measured while the job ran alone (a clean sample)."""
         entry = self._entry(key, size)
         entry.peaks.append(max(0, int(peak)))
         entry.run_s.append(run_s)
+        entry.clean_run()
         entry.changed()
         self.dirty = True
 
@@ -129,9 +218,33 @@ class BudgetBook:
         entry.changed()
         self.dirty = True
 
-    def penalize(self, key: PriceKey, size: int, *, alone: bool, pool: int) -> None:
+    def record_generation(
+        self,
+        key: PriceKey,
+        size: int,
+        sample: GenerationSample,
+    ) -> None:
+        """A finished generation, however it ended. Its KV bytes per token are its own
+        (measured on its cache); its peak is its own only if it ran alone (`clean`)."""
+        entry = self._entry(key, size, generation=True)
+        tokens = max(1, sample.kv_tokens)
+        rate = sample.kv_bytes // tokens if sample.kv_bytes > 0 else None
+        if sample.clean:
+            if rate is None:  # the model cannot tell its cache's size: all of it per token
+                rate = math.ceil(sample.peak / tokens)
+            entry.peaks.append(max(0, int(sample.peak) - rate * tokens))
+            entry.clean_run()
+        if rate is not None:
+            entry.per_token.append(rate)
+        entry.run_s.append(sample.run_s)
+        entry.changed()
+        self.dirty = True
+
+    def penalize(
+        self, key: PriceKey, size: int, *, alone: bool, pool: int, generation: bool = False
+    ) -> None:
         """An out-of-memory in this bucket: raise its price."""
-        entry = self._entry(key, size)
+        entry = self._entry(key, size, generation)
         entry.ooms += 1
         entry.penalty = min(MAX_PENALTY, entry.penalty * OOM_PENALTY)
         if alone:
@@ -140,22 +253,32 @@ class BudgetBook:
         self.dirty = True
 
     def snapshot(self) -> list[dict[str, Any]]:
+        """Every bucket's price and where it came from (a generation bucket shows its
+        line: `fixed_bytes` + `per_token_bytes` × the tokens a request may hold)."""
         rows = []
         for key, entry in sorted(self._entries.items(), key=lambda kv: (kv[0].model, kv[1].size)):
-            rows.append(
-                {
-                    "model": key.model,
-                    "bucket": key.bucket,
-                    "size": entry.size,
-                    "device": key.device,
-                    "dtype": key.dtype,
-                    "price_bytes": entry.price(),
-                    "samples": len(entry.peaks),
-                    "expected_run_s": round(entry.expected_s(), 6),
-                    "penalty": entry.penalty,
-                    "ooms": entry.ooms,
-                }
-            )
+            row: dict[str, Any] = {
+                "model": key.model,
+                "bucket": key.bucket,
+                "size": entry.size,
+                "device": key.device,
+                "dtype": key.dtype,
+                "price_bytes": entry.price(),
+                "source": "learned" if entry.peaks else "unseen",
+                "samples": len(entry.peaks),
+                "expected_run_s": round(entry.expected_s(), 6),
+                "penalty": round(entry.penalty, 4),
+                "ooms": entry.ooms,
+            }
+            if entry.generation:
+                rate = self._family_rate(key)
+                row["fixed_bytes"] = entry.fixed()
+                row["per_token_bytes"] = rate
+                row["source"] = (
+                    "learned" if entry.peaks and rate else "learned_rate" if rate else "geometry"
+                )
+                row["samples"] = len(entry.run_s)
+            rows.append(row)
         return rows
 
     # -- persistence -------------------------------------------------------------------
@@ -170,8 +293,11 @@ class BudgetBook:
                     "bucket": k.bucket,
                     "device": k.device,
                     "dtype": k.dtype,
+                    "fingerprint": k.fingerprint,
                     "size": e.size,
+                    "generation": e.generation,
                     "peaks": list(e.peaks),
+                    "per_token": list(e.per_token),
                     "run_s": list(e.run_s),
                     "penalty": e.penalty,
                     "floor": e.floor,
@@ -191,12 +317,18 @@ class BudgetBook:
             return
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("version") == 1:  # before fingerprints: whose weights is unknown
+                log.info("learned prices in %s predate model fingerprints; relearning", path)
+                return
             if data.get("version") != FILE_VERSION:
                 raise ValueError(f"unknown version {data.get('version')!r}")
             for row in data["entries"]:
-                key = PriceKey(row["model"], row["bucket"], row["device"], row["dtype"])
-                entry = self._entry(key, int(row["size"]))
+                key = PriceKey(
+                    row["model"], row["bucket"], row["device"], row["dtype"], row["fingerprint"]
+                )
+                entry = self._entry(key, int(row["size"]), generation=bool(row["generation"]))
                 entry.peaks.extend(int(p) for p in row["peaks"])
+                entry.per_token.extend(int(p) for p in row["per_token"])
                 entry.run_s.extend(float(r) for r in row["run_s"])
                 entry.penalty = float(row.get("penalty", 1.0))
                 entry.floor = int(row.get("floor", 0))
@@ -209,13 +341,39 @@ class BudgetBook:
             log.warning("learned prices in %s unreadable (%s); moved to %s", path, exc, bad)
 
     # -- internals ---------------------------------------------------------------------
-    def _entry(self, key: PriceKey, size: int) -> _Entry:
+    def _entry(self, key: PriceKey, size: int, generation: bool = False) -> _Entry:
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(size=size)
+            entry = self._entries[key] = _Entry(size=size, generation=generation)
         return entry
 
-    def _family(self, key: PriceKey) -> list[tuple[int, int]]:
+    def _family_rate(self, key: PriceKey) -> int | None:
+        """The model's measured KV bytes per token: the same in every prompt bucket."""
+        rates = [
+            rate
+            for other, entry in self._entries.items()
+            if other.family() == key.family() and (rate := entry.rate()) is not None
+        ]
+        return max(rates) if rates else None
+
+    def _neighbour_fixed(self, key: PriceKey, size: int) -> int:
+        """An unmeasured prompt bucket's fixed part from measured ones of the model: the
+        smallest larger one, else the largest smaller one scaled up with a margin (the
+        prefill's activations grow with the prompt). 0 when none is measured."""
+        larger, smaller = [], []
+        for other, e in self._entries.items():
+            fixed = e.fixed() if e.generation else None
+            if other == key or other.family() != key.family() or fixed is None:
+                continue
+            (larger if e.size >= size else smaller).append((e.size, fixed))
+        if larger:
+            return min(larger)[1]
+        if smaller:
+            low_size, low_fixed = max(smaller)
+            return math.ceil(low_fixed * size / max(low_size, 1) * EXTRAPOLATION_MARGIN)
+        return 0
+
+    def _family(self, key: PriceKey) -> list[tuple[int, int]]:  # one-shot buckets only
         """(size, price) of the learned buckets of the same model, device and dtype."""
         found = []
         for other, entry in self._entries.items():

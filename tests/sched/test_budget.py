@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
 
-from app.sched.budget import WINDOW, BudgetBook, PriceKey, p95
+from app.sched.budget import (
+    GEOMETRY_MARGIN,
+    MEASURED_MARGIN,
+    WINDOW,
+    BudgetBook,
+    GenerationSample,
+    Geometry,
+    PriceKey,
+    p95,
+)
+
+MiB = 2**20
 
 
-def key(bucket: str, model: str = "m") -> PriceKey:
-    return PriceKey(model, bucket, "cpu:test", "float32")
+def key(bucket: str, model: str = "m", fingerprint: str = "") -> PriceKey:
+    return PriceKey(model, bucket, "cpu:test", "float32", fingerprint)
 
 
 def test_p95_is_nearest_rank():
@@ -102,7 +114,127 @@ def test_prices_survive_a_restart(tmp_path):
 
 def test_unreadable_price_file_is_set_aside(tmp_path):
     path = tmp_path / "prices.json"
-    path.write_text(json.dumps({"version": 1, "entries": [{"model": "m"}]}))
+    path.write_text(json.dumps({"version": 2, "entries": [{"model": "m"}]}))
     book = BudgetBook(path)
     assert book.snapshot() == []
     assert (tmp_path / "prices.bad").exists() and not path.exists()
+
+
+def test_a_version_1_price_file_is_relearned_not_applied(tmp_path):
+    """Version 1 had no fingerprints: whose weights its prices were for is unknown."""
+    path = tmp_path / "prices.json"
+    row = {"model": "m", "bucket": "s16", "device": "cpu:test", "dtype": "float32"}
+    row |= {"size": 16, "peaks": [5], "run_s": [0.1], "penalty": 1.0}
+    path.write_text(json.dumps({"version": 1, "entries": [row]}))
+    assert BudgetBook(path).quote(key("s16"), 16).source == "unseen"
+
+
+def test_prices_of_other_weights_do_not_apply():
+    """After `pull --force` (a new fingerprint) the model relearns."""
+    book = BudgetBook()
+    book.record(key("s16", fingerprint="old"), 16, 1000, 0.1)
+    assert book.quote(key("s16", fingerprint="old"), 16).source == "learned"
+    assert book.quote(key("s16", fingerprint="new"), 16).source == "unseen"
+    assert book.quote(key("s8", fingerprint="new"), 8).source == "unseen"
+
+
+def test_penalties_decay_as_clean_runs_come_in():
+    book = BudgetBook()
+    for _ in range(3):
+        book.record(key("s16"), 16, 1000, 0.1)
+    book.penalize(key("s16"), 16, alone=False, pool=10_000)
+    book.penalize(key("s16"), 16, alone=False, pool=10_000)
+    assert book.quote(key("s16"), 16).nbytes == 2250
+    for _ in range(16):  # eight clean runs undo one out-of-memory
+        book.record(key("s16"), 16, 1000, 0.1)
+    assert book.quote(key("s16"), 16).nbytes == 1000
+
+
+def test_a_clean_run_disproves_a_floor():
+    book = BudgetBook()
+    book.penalize(key("s64"), 64, alone=True, pool=50_000)
+    assert book.quote(key("s64"), 64).floor == 50_001
+    book.record(key("s64"), 64, 20_000, 0.1)
+    quote = book.quote(key("s64"), 64)
+    assert quote.floor == 0 and quote.nbytes < 50_001
+
+
+# -- generations: a line, fixed + per token × the token bound -----------------------------
+GEOMETRY = Geometry(kv_bytes_per_token=1 * MiB, fixed_bytes=100 * MiB)
+
+
+def chat(tokens: int, *, clean: bool, per_token: int = 2 * MiB, fixed: int = 50 * MiB):
+    """A finished chat whose cache held `tokens` at `per_token` each, above `fixed`."""
+    return GenerationSample(tokens, per_token * tokens, fixed + per_token * tokens, 1.0, clean)
+
+
+def test_an_unmeasured_generation_is_priced_by_its_geometry_and_shares():
+    quote = BudgetBook().quote_generation(key("p16"), 16, 1024, GEOMETRY)
+    assert quote.source == "geometry" and not quote.exclusive
+    assert quote.nbytes == math.ceil((100 * MiB + 1024 * MiB) * GEOMETRY_MARGIN)
+
+
+def test_a_generation_of_unknown_geometry_runs_alone_until_measured():
+    book = BudgetBook()
+    unknown = Geometry(0, 0)
+    assert book.quote_generation(key("p16"), 16, 1024, unknown).exclusive
+    book.record_generation(key("p16"), 16, GenerationSample(40, 0, 80 * MiB, 1.0, True))
+    after = book.quote_generation(key("p16"), 16, 1024, unknown)
+    assert not after.exclusive and after.source == "learned"
+    assert after.nbytes >= 2 * MiB * 1024  # the whole peak counted per token: safe
+
+
+def test_chats_that_stop_early_teach_every_bucket_of_their_prompt_size():
+    """Today's rule learned a bucket only from runs to max_tokens; chats end sooner."""
+    book = BudgetBook()
+    for length in (20, 35, 80, 130):
+        book.record_generation(key("p16"), 16, chat(16 + length, clean=length == 20))
+    for bound in (64, 512, 1024):
+        quote = book.quote_generation(key("p16"), 16, bound, GEOMETRY)
+        assert quote.source == "learned" and not quote.exclusive
+        expected = (50 * MiB + 2 * MiB * bound) * MEASURED_MARGIN
+        assert quote.nbytes == math.ceil(expected)
+
+
+def test_the_per_token_rate_is_learned_beside_others_the_fixed_part_only_alone():
+    book = BudgetBook()
+    book.record_generation(key("p16"), 16, chat(100, clean=False))
+    quote = book.quote_generation(key("p16"), 16, 1024, GEOMETRY)
+    assert quote.source == "learned_rate"
+    fixed_guess = 100 * MiB * GEOMETRY_MARGIN
+    assert quote.nbytes == math.ceil(fixed_guess + 2 * MiB * MEASURED_MARGIN * 1024)
+    # another prompt bucket of the same model shares the rate
+    other = book.quote_generation(key("p256"), 256, 1024, GEOMETRY)
+    assert other.source == "learned_rate"
+
+
+def test_a_generation_bucket_shows_its_line_in_the_snapshot():
+    book = BudgetBook()
+    book.record_generation(key("p16"), 16, chat(40, clean=True))
+    (row,) = book.snapshot()
+    assert row["source"] == "learned" and row["per_token_bytes"] == 2 * MiB
+    assert row["fixed_bytes"] == 50 * MiB and row["price_bytes"] is None
+
+
+def test_an_out_of_memory_raises_a_generation_line_and_it_heals():
+    book = BudgetBook()
+    book.record_generation(key("p16"), 16, chat(40, clean=True))
+    before = book.quote_generation(key("p16"), 16, 512, GEOMETRY).nbytes
+    book.penalize(key("p16"), 16, alone=False, pool=10**12, generation=True)
+    assert book.quote_generation(key("p16"), 16, 512, GEOMETRY).nbytes > before
+    for _ in range(8):
+        book.record_generation(key("p16"), 16, chat(40, clean=True))
+    assert book.quote_generation(key("p16"), 16, 512, GEOMETRY).nbytes == before
+
+
+def test_generation_lines_survive_a_restart(tmp_path):
+    path = tmp_path / "prices.json"
+    book = BudgetBook(path)
+    book.record_generation(key("p16", fingerprint="abc"), 16, chat(40, clean=True))
+    book.save()
+    again = BudgetBook(path)
+    assert again.snapshot() == book.snapshot()
+    k = key("p16", fingerprint="abc")
+    assert again.quote_generation(k, 16, 512, GEOMETRY) == book.quote_generation(
+        k, 16, 512, GEOMETRY
+    )
