@@ -26,6 +26,7 @@ from app.errors import (
     EXIT_INVALID_SETTINGS,
     EXIT_PORT_IN_USE,
     EXIT_WEDGED,
+    DeviceUnavailable,
 )
 from app.settings import (
     ENV_PREFIX,
@@ -218,7 +219,12 @@ def serve(settings: Settings) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, on_fatal=on_fatal, on_shutdown_request=on_shutdown_request)
+    try:
+        app = create_app(settings, on_fatal=on_fatal, on_shutdown_request=on_shutdown_request)
+    except DeviceUnavailable as exc:  # a settings error: retrying cannot help
+        log.error("%s", exc)
+        logging.shutdown()
+        return EXIT_INVALID_SETTINGS
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -14,6 +14,11 @@ EXIT_PORT_IN_USE = 74  # another program (or vramgate) has the port: retrying ca
 EXIT_INVALID_SETTINGS = 2
 
 
+class DeviceUnavailable(ValueError):
+    """The configured device cannot be used (`device = "cuda:1"` on a one-GPU machine):
+    a settings error, so the process exits 2 and the supervisor does not retry it."""
+
+
 class VramgateError(Exception):
     status: ClassVar[int] = 500
     error_type: ClassVar[str] = "server_error"

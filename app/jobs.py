@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +51,11 @@ class Job:
     result: asyncio.Future[JobResult]
     stream: TokenStream | None = None  # a generation: its text flows here while it runs
     waited_s: float = 0.0  # from queueing to admission, once admitted
+
+    @property
+    def label(self) -> str:
+        """The bucket as callers see it (a generation's: prompt and token bound)."""
+        return self.prepared.bucket.label
 
 
 FailureMapper = Callable[[BaseException, PriceKey, Prepared, Permit], VramgateError]
@@ -91,7 +96,8 @@ class JobRunner:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def key_for(self, job: Job, prepared: Prepared) -> PriceKey:
-        return PriceKey(job.model, prepared.bucket.label, job.key.device, job.key.dtype)
+        """A merged group's key: the leader's, with the group's own bucket."""
+        return replace(job.key, bucket=prepared.bucket.label)
 
     def price_group(self, tickets: Sequence[Ticket]) -> tuple[int, bool] | None:
         """The gate's group pricer: the merged request's quote, or None if unmergeable."""
@@ -215,12 +221,16 @@ class JobRunner:
             )
         stream.close()
 
-    def cancel_streams(self) -> None:
-        """Stop running generations before their next step (at shutdown)."""
+    def cancel_streams(self, model: str | None = None, reason: Exception | None = None) -> None:
+        """Stop running generations (of `model`, or all) before their next step."""
         for run in self.running.values():
             for job in run.jobs:
-                if job.stream is not None:
-                    job.stream.cancel()
+                if job.stream is not None and model in (None, job.model):
+                    job.stream.cancel(reason)
+
+    def running_for(self, model: str) -> int:
+        """Groups of `model` still on the device (their threads not yet back)."""
+        return sum(1 for run in self.running.values() if run.jobs[0].model == model)
 
     async def stop(self, timeout_s: float) -> None:
         """Let running groups hand out their results, for at most `timeout_s`."""

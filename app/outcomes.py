@@ -27,6 +27,7 @@ class Cost:
         return {
             "X-Vramgate-Bucket": self.bucket,
             "X-Vramgate-Price-Bytes": str(self.price_bytes),
+            "X-Vramgate-Price-Source": self.price_source,
             "X-Vramgate-Queue-Ms": f"{self.queue_s * 1000:.1f}",
             "X-Vramgate-Run-Ms": f"{self.run_s * 1000:.1f}",
             "X-Vramgate-Batch": str(self.batch),
@@ -56,8 +57,9 @@ class Generation:
         """What is known when the stream starts: the bucket, the price and the wait."""
         quote = self.job.quote
         return {
-            "X-Vramgate-Bucket": self.job.key.bucket,
+            "X-Vramgate-Bucket": self.job.label,
             "X-Vramgate-Price-Bytes": str(quote.nbytes),
+            "X-Vramgate-Price-Source": quote.source,
             "X-Vramgate-Queue-Ms": f"{self.waited * 1000:.1f}",
         }
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.engine.device import Device, MemorySnapshot
-from app.engine.executor import Executor, Measurement
+from app.engine.executor import Executor, Measurement, drop_references
 from app.engine.registry import ModelRegistry
 from app.errors import (
     EXIT_FATAL_DEVICE,
@@ -42,7 +42,7 @@ from app.metrics import Metrics
 from app.models.base import ModelHandler, Prepared, Prompt
 from app.models.textgen import GenerationOutcome, SamplingParams, TokenStream
 from app.outcomes import Cost, Generation, InferenceResult
-from app.sched.budget import BudgetBook, PriceKey, Quote
+from app.sched.budget import BudgetBook, GenerationSample, PriceKey, Quote
 from app.sched.gate import Admit, MemoryGate, Permit, Reject, Ticket, Wait
 from app.settings import Settings
 
@@ -60,6 +60,11 @@ TASK_WORDS = {
     "generates": "it does not generate text",
 }
 DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
+
+
+def price_size(prepared: Prepared) -> int:
+    """The numeric size of the bucket a price is kept under (see `price_key`)."""
+    return prepared.kv_bound[0] if prepared.kv_bound else prepared.bucket.size
 
 
 class InferenceService:
@@ -301,7 +306,7 @@ class InferenceService:
         handler = self._handler_for(model, "generates", probe)
         cap = self.settings.default_max_tokens
         prepared = await self.executor.run_cpu(handler.prepare_generation, prompt, params, cap)
-        key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
+        key = self.price_key(model, handler, prepared)
         quote = self.quote(handler, key, prepared)
         loop = asyncio.get_running_loop()
         stream = TokenStream(loop)
@@ -315,7 +320,7 @@ class InferenceService:
             self.in_flight[model] -= 1
             if isinstance(exc, VramgateError):
                 self._refused(model, exc)
-                self._log_request(key, quote, 0.0, None, exc.code)
+                self._log_request(model, prepared.bucket.label, quote, 0.0, None, exc.code)
             raise
         job.result.add_done_callback(lambda f: self._generation_done(job, f, waited, started))
         return Generation(job, stream, waited)
@@ -327,7 +332,7 @@ class InferenceService:
         error = done.exception()
         if isinstance(error, VramgateError):
             self._refused(job.model, error)
-            self._log_request(job.key, job.quote, waited, None, error.code)
+            self._log_request(job.model, job.label, job.quote, waited, None, error.code)
             return
         if error is not None:
             return
@@ -335,7 +340,7 @@ class InferenceService:
         self.last_alive = self.clock()
         run_s = result.measurement.run_s
         self.metrics.observe_success(job.model, waited, run_s, self.clock() - started)
-        self._log_request(job.key, job.quote, waited, result, "ok")
+        self._log_request(job.model, job.label, job.quote, waited, result, "ok")
 
     def record_generation(
         self,
@@ -344,12 +349,17 @@ class InferenceService:
         outcome: GenerationOutcome,
         measurement: Measurement,
     ) -> None:
-        """A generation's peak is its bucket's worst case only if it ran to `max_tokens`;
-        one that stopped early (or was cancelled) gives its run time alone."""
-        if outcome.finish_reason == "length":
-            self.record(key, prepared, measurement)
-        else:
-            self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
+        """Every finished generation teaches its model's line, however it ended: its KV
+        bytes per token (its own cache, measured even beside others) and, when it ran
+        alone, the fixed part of its peak."""
+        sample = GenerationSample(
+            outcome.kv_tokens,
+            outcome.kv_bytes,
+            measurement.peak_bytes,
+            measurement.run_s,
+            measurement.alone,
+        )
+        self.book.record_generation(key, price_size(prepared), sample)
 
     def _handler_for(self, model: str, task: str, probe: bool) -> ModelHandler:
         """The handler, if the server takes work now and the model can do `task`
@@ -396,7 +406,7 @@ class InferenceService:
             prepared = handler.preprocess(inputs)
         else:  # large inputs and every image on the CPU pool, so the loop stays responsive
             prepared = await self.executor.run_cpu(handler.preprocess, inputs)
-        key = PriceKey(model, prepared.bucket.label, self.device.key, handler.dtype)
+        key = self.price_key(model, handler, prepared)
         quote = self.quote(handler, key, prepared)
         started = self.clock()
         job = Job(model, handler, prepared, key, quote, asyncio.get_running_loop().create_future())
@@ -410,7 +420,7 @@ class InferenceService:
             self._refused(model, exc)
             raise
         finally:
-            self._log_request(key, quote, job.waited_s, result, outcome)
+            self._log_request(model, key.bucket, quote, job.waited_s, result, outcome)
         waited = job.waited_s
         self.last_alive = self.clock()
         run_s = result.measurement.run_s
@@ -426,7 +436,16 @@ class InferenceService:
         )
         return InferenceResult(result.output, prepared.tokens, cost)
 
+    def price_key(self, model: str, handler: ModelHandler, prepared: Prepared) -> PriceKey:
+        """Where the book keeps the price: the bucket, or a generation's prompt bucket
+        (its line's tokens are the request's own), on these weights on this device."""
+        bucket = f"p{prepared.kv_bound[0]}" if prepared.kv_bound else prepared.bucket.label
+        return PriceKey(model, bucket, self.device.key, handler.dtype, handler.fingerprint)
+
     def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
+        if prepared.kv_bound is not None:
+            prompt, tokens = prepared.kv_bound
+            return self.book.quote_generation(key, prompt, tokens, handler.geometry(prompt))
         return self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
 
     def admitted_bytes(self, quote: Quote) -> int:
@@ -444,6 +463,49 @@ class InferenceService:
 
     def release(self, permit: Permit) -> None:
         self.gate.release(permit)
+
+    async def admit_load(self, model: str, nbytes: int) -> Permit:
+        """Wait until the gate admits a load of `model` for `nbytes` (its weights): a
+        load takes memory like a job, so it waits for room like one. Raises ExceedsDevice
+        when it can never fit, QueueTimeout when no room came in time."""
+        admitted: asyncio.Future[Permit] = asyncio.get_running_loop().create_future()
+
+        def on_admit(permit: Permit) -> None:
+            if not admitted.done():
+                admitted.set_result(permit)
+            else:  # given up on meanwhile
+                self.gate.release(permit)
+
+        ticket = Ticket(
+            nbytes=nbytes,
+            deadline=self.clock() + self.settings.queue_timeout,
+            expected_s=1.0,
+            exclusive=False,
+            label=f"{model}/load",
+            on_admit=on_admit,
+        )
+        ticket.id = self.gate.next_id()
+        decision = self.gate.submit(ticket, ignore_queue_limit=True)
+        if isinstance(decision, Reject):
+            raise self._rejection(decision)
+        self._waiters[ticket.id] = admitted
+        try:
+            return await admitted
+        except asyncio.CancelledError:
+            self.gate.cancel(ticket)
+            raise
+        finally:
+            self._waiters.pop(ticket.id, None)
+
+    def end_model_work(self, model: str, error: VramgateError) -> None:
+        """An unload past its wait: the model's waiting requests fail with `error` and its
+        running streams stop before their next step, telling the caller why."""
+        for ticket in self.gate.waiting:
+            job = self.runner.jobs.get(ticket.id)
+            if job is not None and job.model == model:
+                self.gate.cancel(ticket)
+                self._fail_waiter(ticket.id, error)
+        self.runner.cancel_streams(model, error)
 
     async def _admit(
         self,
@@ -473,7 +535,7 @@ class InferenceService:
             deadline=self.clock() + self.settings.queue_timeout,
             expected_s=job.quote.expected_s,
             exclusive=job.quote.exclusive,
-            label=f"{job.key.model}/{job.key.bucket}",
+            label=f"{job.model}/{job.label}",
             on_admit=on_admit,
             batch_key=job.model if handler.batchable and job.stream is None else None,
             batch_limit=handler.spec.max_batch,
@@ -545,11 +607,17 @@ class InferenceService:
     ) -> VramgateError:
         if self.device.is_oom(exc):
             self.metrics.observe_oom()
-            self.device.empty_cache()
-            self.book.penalize(
-                key, prepared.bucket.size, alone=permit.exclusive, pool=self.pool_bytes()
-            )
             log.warning("out of memory in %s/%s: %s", key.model, key.bucket, exc)
+            drop_references(exc)  # the failed run's tensors, before the cache is emptied
+            self.device.empty_cache()
+            self.snapshot(fresh=True)  # the pool as it is after the cache was emptied
+            self.book.penalize(
+                key,
+                price_size(prepared),
+                alone=permit.exclusive,
+                pool=self.pool_bytes(),
+                generation=prepared.kv_bound is not None,
+            )
             return OutOfMemory(
                 "the device ran out of memory for this request; its price was raised, "
                 "retry after the indicated time",
@@ -609,7 +677,8 @@ class InferenceService:
 
     def _log_request(
         self,
-        key: PriceKey,
+        model: str,
+        bucket: str,
         quote: Quote,
         waited: float,
         result: JobResult | None,
@@ -622,8 +691,8 @@ class InferenceService:
         log.info(
             "request model=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f run_ms=%.1f "
             "peak=%s outcome=%s",
-            key.model,
-            result.bucket if result else key.bucket,
+            model,
+            result.bucket if result else bucket,
             result.price_bytes if result else quote.nbytes,
             " exclusive" if quote.exclusive else "",
             result.batch if result else 1,

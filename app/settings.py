@@ -55,12 +55,42 @@ def parse_bytes(text: str | int) -> int:
 
 
 class SimulatedBucket(BaseModel):
-    """One declared bucket of the simulated model: inputs up to `size` words cost `bytes`."""
+    """One declared bucket of the simulated model: inputs up to `size` words are declared
+    to cost `bytes` (the server's prior guess). What a run really allocates is
+    `true_bytes` (default: `bytes`), which the server does not know in advance and must
+    measure; `warm = false` leaves the bucket out of the warm-up."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     size: int = Field(ge=1, le=1_000_000)
     bytes: ByteSize
     run_ms: float = Field(ge=0, le=600_000)
+    true_bytes: ByteSize | None = None
+    warm: bool = True
+
+
+class SimulatedGeneration(BaseModel):
+    """How the simulated model generates. Its "config" declares `kv_bytes_per_token` and
+    `fixed_bytes` (the geometry the server prices from; 0: unknown); it really allocates
+    `true_fixed_bytes` plus `true_kv_bytes_per_token` per token its cache holds, growing
+    step by step. With `answer_tokens` (lo, hi), answers end at a length drawn from that
+    range (seeded by the prompt), as real chats end at end-of-sequence."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kv_bytes_per_token: ByteSize = ByteSize(0)
+    fixed_bytes: ByteSize = ByteSize(0)
+    true_kv_bytes_per_token: ByteSize = ByteSize(0)
+    true_fixed_bytes: ByteSize = ByteSize(0)
+    step_ms: float = Field(default=5, ge=0, le=60_000)
+    answer_tokens: tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> SimulatedGeneration:
+        if (
+            self.answer_tokens is not None
+            and not 1 <= self.answer_tokens[0] <= self.answer_tokens[1]
+        ):
+            raise ValueError("answer_tokens is (lo, hi) with 1 <= lo <= hi")
+        return self
 
 
 DEFAULT_SIMULATED_BUCKETS: tuple[SimulatedBucket, ...] = (
@@ -81,6 +111,8 @@ class FaultInjection(BaseModel):
     hang_on_calls: tuple[int, ...] = ()  # the call blocks for hang_ms (a wedged thread)
     hang_ms: float = Field(default=0, ge=0, le=3_600_000)
     leak_bytes_per_call: ByteSize = ByteSize(0)  # a leaking handler (the soak's control)
+    # each run really allocates its bucket's true bytes × (1 + a uniform draw in [0, this])
+    true_jitter: float = Field(default=0.0, ge=0, le=10)
 
 
 class ModelSpec(BaseModel):
@@ -99,7 +131,10 @@ class ModelSpec(BaseModel):
 
     buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
     load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
+    weights: ByteSize = ByteSize(0)  # simulated only: bytes its weights hold while loaded
     inject: FaultInjection = FaultInjection()  # simulated only
+    # simulated only: generation priced by its KV bytes (None: by the words buckets)
+    generation: SimulatedGeneration | None = None
 
     @field_validator("name")
     @classmethod

@@ -88,11 +88,15 @@ def view_of(
         tooltip += f" · {state}"
     if restarts:
         tooltip += f" · restarts {restarts}"
+    warnings = tuple(device.get("warnings", ()))
+    if warnings:  # the full text is a menu line: a tooltip is cut at 127 characters
+        tooltip = f"⚠ {warnings[0][:60]}… · " + tooltip
     lines = (
         f"{state.capitalize()} on {device['name']}",
         f"VRAM {_gib(used)} of {_gib(total)} GiB (vramgate {_gib(device['used_by_us_bytes'])})",
         f"{queue['running']} running · {queue['depth']} waiting · served "
         f"{status['counters']['served']}",
+        *(f"⚠ {warning}" for warning in warnings),
     )
     models = tuple(
         ModelLine(m["name"], m["state"], m["weights_bytes"]) for m in status.get("models", [])

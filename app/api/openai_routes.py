@@ -258,8 +258,10 @@ class Reply:
                 yield _sse(self._envelope(chunk, [self._delta(self._content(text))]))
             try:
                 outcome, cost = await generation.outcome()
-                if outcome.finish_reason == "cancelled":  # stopped by the server's shutdown
-                    raise ShuttingDown("the server is shutting down; the answer is incomplete")
+                if outcome.finish_reason == "cancelled":  # stopped by the server
+                    raise generation.stream.cancel_reason or ShuttingDown(
+                        "the server is shutting down; the answer is incomplete"
+                    )
             except VramgateError as exc:
                 yield _sse(exc.body())
                 yield DONE

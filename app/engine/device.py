@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import torch
 
+from app.errors import DeviceUnavailable
 from app.settings import Settings
 
 log = logging.getLogger("vramgate.device")
@@ -30,11 +31,26 @@ log = logging.getLogger("vramgate.device")
 GiB = 2**30
 MiB = 2**20
 
-# Errors after which the CUDA context is unusable: only a fresh process recovers.
+# Allocation failures that torch raises as a plain RuntimeError (torch.AcceleratorError
+# from 2.8 on) rather than torch.OutOfMemoryError. The texts are those torch builds:
+# - "CUDA error: out of memory": c10/cuda/CUDAException.cpp (C10_CUDA_CHECK), "CUDA error: "
+#   + cudaGetErrorString(cudaErrorMemoryAllocation);
+# - "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`":
+#   aten/src/ATen/cuda/Exceptions.h (TORCH_CUDABLAS_CHECK); likewise CUSOLVER_/CUSPARSE_;
+# - "cuDNN error: CUDNN_STATUS_ALLOC_FAILED": the same file's AT_CUDNN_CHECK;
+# - "cuFFT error: CUFFT_ALLOC_FAILED": aten/src/ATen/native/cuda/CuFFTUtils.h.
+_OOM_PATTERNS = re.compile(
+    r"CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|"
+    r"CUSOLVER_STATUS_ALLOC_FAILED|CUSPARSE_STATUS_ALLOC_FAILED|CUFFT_ALLOC_FAILED"
+)
+
+# Errors after which the CUDA context is unusable: only a fresh process recovers. The
+# texts are cudaGetErrorString's, as C10_CUDA_CHECK puts them after "CUDA error: ".
 _FATAL_PATTERNS = re.compile(
-    r"illegal memory access|device-side assert|unspecified launch failure|"
-    r"illegal instruction|misaligned address|uncorrectable ECC|launch timed out|"
-    r"CUDA error: unknown error|an illegal",
+    r"CUDA error: (an illegal memory access was encountered|device-side assert triggered|"
+    r"unspecified launch failure|an illegal instruction was encountered|misaligned address|"
+    r"uncorrectable ECC error encountered|the launch timed out and was terminated|"
+    r"hardware stack error|invalid program counter|unknown error)",
     re.IGNORECASE,
 )
 
@@ -60,6 +76,7 @@ class Device(ABC):
     torch_device: torch.device
     default_reserve: int
     default_slots: int
+    warnings: tuple[str, ...] = ()  # what the user should fix (shown in /status, the tray)
 
     @property
     def key(self) -> str:
@@ -87,6 +104,10 @@ class Device(ABC):
     def synchronize(self) -> None:
         return None
 
+    def native_bf16(self) -> bool:
+        """Whether bfloat16 runs natively here (not emulated)."""
+        return False
+
     @contextlib.contextmanager
     def hold(self, nbytes: int) -> Iterator[None]:
         """Really occupy `nbytes` on the device for the duration (simulated models)."""
@@ -98,8 +119,17 @@ class Device(ABC):
         finally:
             del block
 
+    @contextlib.contextmanager
+    def job_stream(self) -> Iterator[None]:
+        """Where one job's device work is queued (CUDA: the inference thread's own stream,
+        so `synchronize` waits for this job only)."""
+        yield
+
     def is_oom(self, exc: BaseException) -> bool:
-        return isinstance(exc, torch.OutOfMemoryError)
+        """Out of device memory, in any of the forms torch raises it."""
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        return isinstance(exc, RuntimeError) and bool(_OOM_PATTERNS.search(str(exc)))
 
     def is_fatal(self, exc: BaseException) -> bool:
         if self.is_oom(exc) or not isinstance(exc, RuntimeError):
@@ -107,7 +137,12 @@ class Device(ABC):
         return bool(_FATAL_PATTERNS.search(str(exc)))
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "torch_device": str(self.torch_device)}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "torch_device": str(self.torch_device),
+            "warnings": list(self.warnings),
+        }
 
 
 class CudaDevice(Device):
@@ -121,11 +156,16 @@ class CudaDevice(Device):
     default_reserve = 512 * MiB
     default_slots = 4
 
-    def __init__(self, index: int = 0, *, nvml: Any = None, cuda: Any = None) -> None:
-        if nvml is None:
-            import pynvml  # the module shipped by nvidia-ml-py
-
-            nvml = pynvml
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        nvml: Any = None,
+        cuda: Any = None,
+        visible: str | None = None,
+    ) -> None:
+        """`visible` is CUDA_VISIBLE_DEVICES as the process started (None: unset)."""
+        nvml = nvml if nvml is not None else _pynvml()
         self._cuda = cuda if cuda is not None else torch.cuda
         try:
             nvml.nvmlInit()
@@ -133,12 +173,18 @@ class CudaDevice(Device):
             raise RuntimeError("no NVIDIA driver found (NVML library missing)") from exc
         if not self._cuda.is_available():
             raise RuntimeError("this torch build or machine has no CUDA")
+        if not 0 <= index < self._cuda.device_count():
+            raise DeviceUnavailable(
+                f"cuda:{index} does not exist: this machine has "
+                f"{self._cuda.device_count()} CUDA device(s) visible"
+            )
         self._nvml = nvml
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        self._handle = nvml_handle_for(nvml, self._cuda, index, visible)
         self.index = index
         self.torch_device = torch.device("cuda", index)
         self.name = self._cuda.get_device_name(index)
         self._pid = os.getpid()
+        self._streams = threading.local()  # each inference thread's own CUDA stream
 
     def _ours_from_driver(self) -> int | None:
         try:
@@ -177,8 +223,23 @@ class CudaDevice(Device):
     def empty_cache(self) -> None:
         self._cuda.empty_cache()
 
+    @contextlib.contextmanager
+    def job_stream(self) -> Iterator[None]:
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = self._cuda.Stream(device=self.index)
+        with self._cuda.stream(stream):
+            yield
+
     def synchronize(self) -> None:
-        self._cuda.synchronize(self.index)
+        """Wait for this thread's job only: a device-wide synchronize would also wait for
+        every other job on the device and inflate this one's run time."""
+        self._cuda.current_stream(self.index).synchronize()
+
+    def native_bf16(self) -> bool:
+        """bfloat16 is native from compute capability 8.0 (Ampere);
+        torch.cuda.is_bf16_supported() also says yes where it is emulated."""
+        return tuple(self._cuda.get_device_capability(self.index)) >= (8, 0)
 
     def describe(self) -> dict[str, Any]:
         driver = self._nvml.nvmlSystemGetDriverVersion()
@@ -202,7 +263,8 @@ class CpuDevice(Device):
     default_reserve = 1 * GiB
     default_slots = 1
 
-    def __init__(self) -> None:
+    def __init__(self, warnings: tuple[str, ...] = ()) -> None:
+        self.warnings = warnings
         self.torch_device = torch.device("cpu")
         self.name = f"{psutil.cpu_count(logical=True)}-thread CPU"
         self._process = psutil.Process()
@@ -359,19 +421,109 @@ class SimulatedDevice(Device):
         return {**super().describe(), "high_water": self.high_water, "ooms": self.oom_count}
 
 
-def make_device(settings: Settings) -> Device:
-    """The device the settings ask for; `auto` takes CUDA when a driver and GPU exist."""
+def _pynvml() -> Any:
+    import pynvml  # the module shipped by nvidia-ml-py
+
+    return pynvml
+
+
+def nvml_handle_for(nvml: Any, cuda: Any, index: int, visible: str | None) -> Any:
+    """The NVML handle of torch's `cuda:index`. NVML numbers GPUs by PCI bus; CUDA orders
+    them fastest first and after CUDA_VISIBLE_DEVICES (indices or UUIDs), so the CUDA
+    index is matched through the device's UUID or PCI bus id, never used as NVML's."""
+    props = cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        with contextlib.suppress(nvml.NVMLError):
+            return nvml.nvmlDeviceGetHandleByUUID(
+                text if text.startswith("GPU-") else f"GPU-{text}"
+            )
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is not None:
+        domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+        with contextlib.suppress(nvml.NVMLError):
+            return nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{device:02X}.0")
+    return _handle_from_visible(nvml, index, visible)
+
+
+def _handle_from_visible(nvml: Any, index: int, visible: str | None) -> Any:
+    """Without UUID or bus id from torch: CUDA_VISIBLE_DEVICES names the GPU (a UUID, or
+    an NVML index when the order is the bus's), else the only GPU, else a guess."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if index < len(entries):
+        entry = entries[index]
+        if entry.startswith(("GPU-", "MIG-")):
+            return nvml.nvmlDeviceGetHandleByUUID(entry)
+        if entry.isdigit():
+            index = int(entry)
+    if nvml.nvmlDeviceGetCount() == 1:
+        return nvml.nvmlDeviceGetHandleByIndex(0)
+    log.warning("cannot match cuda:%d to its NVML device; assuming NVML index %d", index, index)
+    return nvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def nvidia_gpus(nvml: Any) -> list[str]:
+    """The names of the NVIDIA GPUs the driver reports ([] when none, or no driver)."""
+    try:
+        nvml.nvmlInit()
+        names = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return names
+    except Exception:  # any NVML failure (no driver, driver not loaded...) means none
+        return []
+
+
+CPU_ONLY_TORCH = (
+    "an NVIDIA GPU ({gpus}) is present but this PyTorch is a CPU-only build, so vramgate "
+    "serves on the CPU: install PyTorch's CUDA build (README, 'On an NVIDIA GPU') and restart"
+)
+
+
+def make_device(
+    settings: Settings, *, nvml: Any = None, cuda: Any = None, visible: str | None = None
+) -> Device:
+    """The device the settings ask for; `auto` takes CUDA when a driver and GPU exist,
+    and otherwise the CPU, saying why. `cuda:N` that cannot be had is DeviceUnavailable.
+    `nvml`, `cuda` and `visible` (CUDA_VISIBLE_DEVICES) are parameters for tests."""
     spec = settings.device
     capacity = settings.simulated_capacity()
     if capacity is not None:
         return SimulatedDevice(capacity)
     if spec == "cpu":
         return CpuDevice()
+    nvml = nvml if nvml is not None else _safe_pynvml()
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # CUDA's own variable, read as CUDA does
     if spec.startswith("cuda"):
         index = int(spec.partition(":")[2] or 0)
-        return CudaDevice(index)
+        try:
+            return CudaDevice(index, nvml=nvml, cuda=cuda, visible=visible)
+        except DeviceUnavailable:
+            raise
+        except Exception as exc:  # NVML errors, no CUDA in this torch, no driver
+            raise DeviceUnavailable(f"device {spec!r} cannot be used: {exc}") from exc
     try:
-        return CudaDevice(0)
-    except (RuntimeError, ImportError) as exc:
-        log.info("no usable CUDA device (%s); serving on the CPU", exc)
+        return CudaDevice(0, nvml=nvml, cuda=cuda, visible=visible)
+    except Exception as exc:  # every NVML error too (NVMLError_DriverNotLoaded...)
+        gpus = nvidia_gpus(nvml) if nvml is not None else []
+        if gpus:  # a GPU the user surely meant us to use: say what stands in the way
+            if torch.version.cuda is None:
+                warning = CPU_ONLY_TORCH.format(gpus=", ".join(gpus))
+            else:
+                warning = (
+                    f"the NVIDIA GPU ({', '.join(gpus)}) cannot be used ({exc}); serving on the CPU"
+                )
+            log.warning("%s", warning)
+            return CpuDevice(warnings=(warning,))
+        log.info("no usable CUDA device (%s: %s); serving on the CPU", type(exc).__name__, exc)
         return CpuDevice()
+
+
+def _safe_pynvml() -> Any:
+    try:
+        return _pynvml()
+    except ImportError:
+        return None

@@ -12,6 +12,7 @@ import contextlib
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +23,19 @@ import torch
 from app.engine.device import Device
 
 T = TypeVar("T")
+
+
+def drop_references(exc: BaseException) -> None:
+    """Let go of what a failed job's frames still hold (activations, a KV cache): the
+    exception's traceback keeps those frames, and their tensors, alive, so emptying the
+    allocator's cache before this gives nothing back."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,24 @@ class Executor:
         threading.Thread(target=target, name="vramgate-load", daemon=True).start()
         return await done
 
+    async def run_load(self, fn: Callable[..., T], *args: Any) -> tuple[T, bool]:
+        """Load (or unload) a model on a thread of its own (see `run_in_own_thread`), as
+        device work: a job that overlaps it is no clean sample, since the load's
+        allocations would land in its peak. Returns the result and whether the load ran
+        with no job on the device (its own growth in memory is then all its own)."""
+        with self._lock:
+            alone = self._active == 0
+            self._active += 1
+            self._starts += 1
+            my_start = self._starts
+        try:
+            result = await self.run_in_own_thread(fn, *args)
+        finally:
+            with self._lock:
+                clean = alone and self._starts == my_start
+                self._active -= 1
+        return result, clean
+
     def submit_device(
         self, fn: Callable[..., T], *args: Any
     ) -> asyncio.Future[tuple[T, Measurement]]:
@@ -105,8 +137,9 @@ class Executor:
             base = self.device.allocated()
         started = time.perf_counter()
         try:
-            result = fn(*args)
-            self.device.synchronize()
+            with self.device.job_stream():  # on CUDA: this thread's stream, waited for alone
+                result = fn(*args)
+                self.device.synchronize()
             run_s = time.perf_counter() - started
             with self._lock:
                 clean = alone and self._starts == my_start

@@ -74,11 +74,6 @@ class ModelRegistry:
             raise ModelNotFound(f"model {name!r} does not exist", param="model")
         return entry
 
-    def load_all(self) -> None:
-        """Load every model (blocking; run in a background thread)."""
-        for name in self.entries:
-            self.load(name)
-
     def load(self, name: str) -> bool:
         """Load one model (blocking). Its weights are what our allocations grew by."""
         entry = self.entries[name]
@@ -86,6 +81,7 @@ class ModelRegistry:
         before = self.device.allocated()
         started = time.perf_counter()
         try:
+            entry.handler.fingerprint = entry.handler.identify()
             entry.handler.load(self.device)
             entry.handler.prime()
         except Exception as exc:  # a broken model must not stop the others

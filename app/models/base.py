@@ -6,14 +6,18 @@ and is the only stage that holds device memory, `postprocess` on the CPU pool ag
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.engine.device import Device
 from app.errors import WrongModelKind
+from app.sched.budget import Geometry
 from app.settings import ModelSpec
 
 if TYPE_CHECKING:
@@ -40,6 +44,45 @@ class Prepared:
     tokens: int
     count: int = 1
     longest: int = 0
+    # a generation: (prompt bucket, token bound), the tokens its KV cache may hold
+    kv_bound: tuple[int, int] | None = None
+
+
+# What identifies a model's weights: every file's name, size and modification time, and
+# the bytes of the small files that describe it (config.json and the like).
+_DESCRIBING = {".json", ".txt", ".model", ".yaml", ".yml"}
+_DESCRIBING_MAX_BYTES = 1 << 20
+
+
+def weight_file_bytes(folder: Path, element: int) -> int:
+    """The safetensors files' bytes in `folder`, scaled from the element size they are
+    saved in (config.json's dtype; 2 bytes when unsaid) to `element`."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    name = config.get("torch_dtype") or config.get("dtype") or "float16"
+    stored = 4 if name in ("float32", "fp32") else 2
+    total = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return total * element // stored
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A short digest that changes when the model at `path` (a folder or a file) does:
+    `pull --force`, a retrained checkpoint, an edited config. Prices learned for other
+    weights do not apply to these."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    for file in files:
+        try:
+            stat = file.stat()
+        except OSError:
+            continue
+        name = file.relative_to(path).as_posix() if path.is_dir() else file.name
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        if file.suffix in _DESCRIBING and stat.st_size <= _DESCRIBING_MAX_BYTES:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def next_pow2(value: int, floor: int = 1) -> int:
@@ -61,7 +104,22 @@ class ModelHandler(ABC):
         self.spec = spec
         self.name = spec.name
         self.dtype = "float32"
+        self.fingerprint = ""  # set by `identify()` at load: names these weights in prices
         self.forward_calls = 0  # written by the inference threads; read for /status
+
+    def identify(self) -> str:
+        """What identifies the weights this handler serves (see weights_fingerprint);
+        a handler with a `path` is identified by it, others by their spec."""
+        path = getattr(self, "path", None)
+        if isinstance(path, Path) and path.exists():
+            return weights_fingerprint(path)
+        return hashlib.sha256(self.spec.model_dump_json().encode()).hexdigest()[:16]
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        """The bytes loading will take on `device`, known before loading: the weight
+        files' sizes scaled by the element size the device will hold them in (0:
+        unknown). The gate admits a load for this much."""
+        return 0
 
     @abstractmethod
     def load(self, device: Device) -> None:
@@ -124,6 +182,11 @@ class ModelHandler(ABC):
     ) -> Prepared:
         """Tokenise a prompt or chat and bucket it (see app.models.textgen). CPU pool."""
         raise WrongModelKind(f"model {self.name!r} does not generate text", param="model")
+
+    def geometry(self, prompt_tokens: int) -> Geometry:
+        """A generation's cost from the model's config, before any measurement: KV bytes
+        per token and the prefill's activations for a prompt of `prompt_tokens`."""
+        return Geometry(0, 0)
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
         """Generate on the inference pool, emitting text to `stream` as it is decoded and

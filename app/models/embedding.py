@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from app.engine.device import Device
-from app.models.base import Bucket, ModelHandler, Prepared, next_pow2
+from app.models.base import Bucket, ModelHandler, Prepared, next_pow2, weight_file_bytes
 from app.settings import ModelSpec
 
 MIN_SEQ_BUCKET = 16
@@ -53,11 +53,19 @@ class EmbeddingHandler(ModelHandler):
         self._normalize = False
         self._max_seq = 512
 
+    @staticmethod
+    def _dtype_on(device: Device, requested: str) -> str:
+        if requested != "auto":
+            return requested
+        return "float16" if device.kind == "cuda" else "float32"
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        element = torch.finfo(getattr(torch, self._dtype_on(device, self.spec.dtype))).bits // 8
+        return weight_file_bytes(Path(self.path), element)
+
     def load(self, device: Device) -> None:
         self._read_sentence_transformers_config()
-        dtype = self.spec.dtype
-        if dtype == "auto":
-            dtype = "float16" if device.kind == "cuda" else "float32"
+        dtype = self._dtype_on(device, self.spec.dtype)
         self.dtype = dtype
         self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         model = AutoModel.from_pretrained(  # safetensors only: never unpickle weights

@@ -2,20 +2,22 @@
 GGUF file (read through transformers' GGUF loader, dequantised on load; `vramgate pull`
 converts a GGUF once to a folder so later loads are fast).
 
-The dtype follows the device (bfloat16 or float16 on CUDA, float32 on the CPU); chats
+The dtype follows the device (bfloat16 where the GPU computes it natively, compute
+capability 8.0 and later, else float16; float32 on the CPU); chats
 use the model's own chat template. Generation is our own step loop with a KV cache under
 `torch.inference_mode()`, so a cancelled stream stops before its next forward step and
 every step is counted (`forward_calls`).
 
 Bucket: (prompt tokens, prompt + max_tokens), each rounded up (app.models.textgen). The
-prior price, before a bucket is measured, is an estimate of its KV cache and activations.
+price is a line (app.sched.budget): KV bytes per token × the token bound + the prefill's
+activations; before measurements, both come from the config (`geometry`), and every
+finished generation reports its own KV cache's bytes (`cache_bytes`).
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
-import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Bucket, ModelHandler, Prepared, Prompt
+from app.models.base import ModelHandler, Prepared, Prompt, weight_file_bytes
 from app.models.textgen import (
     GenerationInput,
     GenerationOutcome,
@@ -33,10 +35,11 @@ from app.models.textgen import (
     TokenStream,
     generation_prepared,
 )
+from app.sched.budget import Geometry
 from app.settings import ModelSpec
 
-_BUCKET = re.compile(r"^p(\d+)t(\d+)$")
-PRIOR_MARGIN = 1.5
+# GGUF weights are dequantised on load: a 4-bit file holds at most 2 weights a byte.
+GGUF_WEIGHTS_PER_BYTE = 2
 
 
 def source_of(path: Path) -> tuple[Path, dict[str, str]]:
@@ -61,11 +64,33 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
 
 
 def auto_dtype(device: Device, requested: str) -> str:
+    """bfloat16 only where the device computes it natively: torch.cuda.is_bf16_supported()
+    also says yes on Turing and Pascal, which emulate it slowly."""
     if requested != "auto":
         return requested
     if device.kind != "cuda":
         return "float32"
-    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if device.native_bf16() else "float16"
+
+
+def cache_bytes(cache: Any) -> int:
+    """The bytes of a KV cache's own tensors: a transformers Cache (its `layers`' keys
+    and values, or the older `key_cache`/`value_cache` lists) or legacy tuples."""
+    seen: set[int] = set()
+
+    def visit(item: Any, depth: int) -> int:
+        if isinstance(item, torch.Tensor):
+            if id(item) in seen:
+                return 0
+            seen.add(id(item))
+            return item.numel() * item.element_size()
+        if isinstance(item, list | tuple):
+            return sum(visit(part, depth) for part in item)
+        if depth < 3 and hasattr(item, "__dict__"):
+            return sum(visit(value, depth + 1) for value in vars(item).values())
+        return 0
+
+    return visit(cache, 0)
 
 
 class GenerationHandler(ModelHandler):
@@ -88,6 +113,14 @@ class GenerationHandler(ModelHandler):
 
         self._kv_bytes_per_token = 0
         self._act_bytes_per_token = 0
+        self._vocab = 0
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        folder, extra = source_of(self.path)
+        element = torch.finfo(getattr(torch, auto_dtype(device, self.spec.dtype))).bits // 8
+        if extra:  # a GGUF file, dequantised to `element`
+            return self.path.stat().st_size * GGUF_WEIGHTS_PER_BYTE * element
+        return weight_file_bytes(folder, element)
 
     def load(self, device: Device) -> None:
         self.dtype = auto_dtype(device, self.spec.dtype)
@@ -127,6 +160,7 @@ class GenerationHandler(ModelHandler):
         inner = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
         self._kv_bytes_per_token = 2 * layers * kv_heads * head_dim * element
         self._act_bytes_per_token = (4 * hidden + 2 * inner) * element
+        self._vocab = int(getattr(config, "vocab_size", 0) or 0)
 
     def torch_module(self) -> Any:
         return self._model
@@ -179,6 +213,7 @@ class GenerationHandler(ModelHandler):
         step_ids = torch.tensor([task.prompt_ids], device=self._device)
         extra: dict[str, Any] = {"logits_to_keep": 1} if self._keep_last_logits else {}
 
+        cache: Any = None
         with torch.inference_mode():
             for _ in range(task.max_tokens):
                 if stream.cancelled.is_set():
@@ -189,6 +224,7 @@ class GenerationHandler(ModelHandler):
                 self.forward_calls += 1  # one inference thread per job; read for /status
                 extra[self._cache_arg] = getattr(out, self._cache_arg)
 
+                cache = extra[self._cache_arg]
                 token = sample(out.logits[0, -1], params, sampler)
                 if token in self._eos:
                     finish = "stop"
@@ -201,7 +237,16 @@ class GenerationHandler(ModelHandler):
                 step_ids = torch.tensor([[token]], device=self._device)
         if not scanner.stopped:
             stream.emit(scanner.push(self._decode(produced), final=True))
-        return GenerationOutcome(scanner.text, len(task.prompt_ids), len(produced), finish, steps)
+        held = len(task.prompt_ids) + max(0, steps - 1) if steps else 0  # the last token
+        return GenerationOutcome(  # sampled is never fed back
+            scanner.text,
+            len(task.prompt_ids),
+            len(produced),
+            finish,
+            steps,
+            kv_tokens=held,
+            kv_bytes=cache_bytes(cache) if cache is not None else 0,
+        )
 
     def _decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
@@ -213,15 +258,10 @@ class GenerationHandler(ModelHandler):
     def warmup_inputs(self) -> list[list[str]]:
         return [["Say hello."]]
 
-    def prior_bytes(self, bucket: Bucket) -> int:
-        match = _BUCKET.match(bucket.label)
-        if not match:
-            return 0
-        prompt, total = int(match.group(1)), int(match.group(2))
-        vocab = int(getattr(self._model.config, "vocab_size", 0) or 0) if self._model else 0
-        logits = (1 if self._keep_last_logits else prompt) * vocab * 4
-        estimate = total * self._kv_bytes_per_token + prompt * self._act_bytes_per_token + logits
-        return int(estimate * PRIOR_MARGIN)
+    def geometry(self, prompt_tokens: int) -> Geometry:
+        logits = (1 if self._keep_last_logits else prompt_tokens) * self._vocab * 4
+        fixed = prompt_tokens * self._act_bytes_per_token + logits
+        return Geometry(self._kv_bytes_per_token, fixed)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": str(self.path), "context": self.context}

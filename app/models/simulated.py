@@ -1,14 +1,20 @@
-"""A simulated model: declared bytes and run time per bucket, real accounting.
+"""A simulated model: declared costs the server may read, true costs it must measure.
 
-It really occupies its declared bytes on the device for its declared run time (on the
-simulated device that is exact bookkeeping; on CPU or CUDA it is a real allocation),
-and returns deterministic vectors. It also generates text (words as tokens, one bucket
-run_ms per step), so streams can be tested on a simulated pool. Faults can be injected
-on chosen calls.
+Each bucket declares its bytes (the server's prior guess) and really occupies its *true*
+bytes (`true_bytes`, maybe with a random jitter per run) on the device for its run time
+(on the simulated device that is exact bookkeeping, and over-commitment raises torch's
+OutOfMemoryError; on CPU or CUDA it is a real allocation), and returns deterministic
+vectors. It also generates text (words as tokens): with a `generation` setting its "config"
+declares a KV geometry while it really holds its true fixed bytes plus true bytes per token
+its cache holds, growing step by step, and its answers may end early at random lengths;
+without one, a generation holds its words bucket's bytes for `run_ms` per step. Faults
+can be injected on chosen calls.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import threading
 import time
 import zlib
@@ -29,6 +35,7 @@ from app.models.textgen import (
     TokenStream,
     generation_prepared,
 )
+from app.sched.budget import Geometry
 from app.settings import ModelSpec, SimulatedBucket
 
 DIMENSIONS = 64
@@ -53,13 +60,23 @@ class SimulatedHandler(ModelHandler):
         super().__init__(spec)
         self._buckets = sorted(spec.buckets, key=lambda b: b.size)
         self._by_label = {f"w{b.size}": b for b in self._buckets}
-        self._lock = threading.Lock()  # guards forward_calls
+        self._lock = threading.Lock()  # guards forward_calls and _jitter
+        self._jitter = random.Random(zlib.crc32(spec.name.encode()))
         self._device: Device | None = None
         self._leaked: list[bytearray] = []  # what an injected leak keeps
+        self._weights = contextlib.ExitStack()
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        return int(self.spec.weights)
 
     def load(self, device: Device) -> None:
+        self._weights = contextlib.ExitStack()  # the weights stay on the device until unload
+        self._weights.enter_context(device.hold(int(self.spec.weights)))
         time.sleep(self.spec.load_ms / 1000)
         self._device = device
+
+    def unload(self) -> None:
+        self._weights.close()
 
     def _bucket_for(self, words: int) -> SimulatedBucket:
         for bucket in self._buckets:
@@ -134,15 +151,24 @@ class SimulatedHandler(ModelHandler):
         if inject.leak_bytes_per_call:
             self._leaked.append(bytearray(b"\x5a") * int(inject.leak_bytes_per_call))  # touched
 
+    def true_bytes(self, bucket: SimulatedBucket) -> int:
+        """What one run of `bucket` really allocates: unknown to the server in advance."""
+        true = int(bucket.true_bytes if bucket.true_bytes is not None else bucket.bytes)
+        jitter = self.spec.inject.true_jitter
+        if jitter:
+            with self._lock:
+                true = int(true * (1 + self._jitter.uniform(0, jitter)))
+        return true
+
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"
         self._call()
         declared = self._by_label[prepared.bucket.label]
-        with self._device.hold(int(declared.bytes)):
+        with self._device.hold(self.true_bytes(declared)):
             time.sleep(declared.run_ms / 1000)
         return prepared.payload
 
-    # -- generation: words are tokens; a bucket's run_ms is the time of one step -----------
+    # -- generation: words are tokens ------------------------------------------------------
     def prepare_generation(
         self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
     ) -> Prepared:
@@ -152,30 +178,49 @@ class SimulatedHandler(ModelHandler):
             text = " ".join(message.get("content") or "" for message in prompt)
         ids = [zlib.crc32(word.encode("utf-8")) for word in text.split()]
         context = self._buckets[-1].size
-        plain = generation_prepared(self.name, ids, params, context, default_max_tokens)
-        task: GenerationInput = plain.payload
-        # Priced like an embedding of as many words as the whole generation may hold.
-        declared = self._bucket_for(len(ids) + task.max_tokens)
-        return Prepared(
-            Bucket(f"w{declared.size}", declared.size), task, len(ids), longest=len(ids)
-        )
+        prepared = generation_prepared(self.name, ids, params, context, default_max_tokens)
+        if self.spec.generation is None:  # its words bucket must hold the whole generation
+            self._bucket_for(len(ids) + prepared.payload.max_tokens)
+        return prepared
+
+    def geometry(self, prompt_tokens: int) -> Geometry:
+        gen = self.spec.generation
+        if gen is None:
+            return Geometry(0, 0)
+        return Geometry(int(gen.kv_bytes_per_token), int(gen.fixed_bytes))
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
         assert self._device is not None, "load() first"
         task: GenerationInput = prepared.payload
         seed = task.params.seed
         rng = np.random.default_rng(seed if seed is not None else sum(task.prompt_ids))
-        declared = self._by_label[prepared.bucket.label]
+        gen = self.spec.generation
+        prompt = len(task.prompt_ids)
+        if gen is None:  # the words bucket's bytes for the whole generation
+            declared = self._bucket_for(prompt + task.max_tokens)
+            held, per_token, step_ms = self.true_bytes(declared), 0, declared.run_ms
+        else:
+            held = int(gen.true_fixed_bytes) + int(gen.true_kv_bytes_per_token) * prompt
+            per_token, step_ms = int(gen.true_kv_bytes_per_token), gen.step_ms
+        answer = task.max_tokens
+        if gen is not None and gen.answer_tokens is not None:
+            answer = int(rng.integers(gen.answer_tokens[0], gen.answer_tokens[1] + 1))
         scanner = StopScanner(task.params.stop)
         text, produced, steps, finish = "", 0, 0, "length"
-        with self._device.hold(int(declared.bytes)):
+        with contextlib.ExitStack() as memory:
+            memory.enter_context(self._device.hold(held))
             for _ in range(task.max_tokens):
                 if stream.cancelled.is_set():
                     finish = "cancelled"
                     break
                 self._call()
+                if steps and per_token:  # the previous token joins the cache
+                    memory.enter_context(self._device.hold(per_token))
                 steps += 1
-                time.sleep(declared.run_ms / 1000)
+                time.sleep(step_ms / 1000)
+                if produced == answer:  # end of sequence
+                    finish = "stop"
+                    break
                 text += f"w{int(rng.integers(1000))} "
                 produced += 1
                 stream.emit(scanner.push(text))
@@ -184,7 +229,16 @@ class SimulatedHandler(ModelHandler):
                     break
         if not scanner.stopped:
             stream.emit(scanner.push(text, final=True))
-        return GenerationOutcome(scanner.text, len(task.prompt_ids), produced, finish, steps)
+        kv_tokens = prompt + max(0, steps - 1) if steps else 0
+        return GenerationOutcome(
+            scanner.text,
+            prompt,
+            produced,
+            finish,
+            steps,
+            kv_tokens=kv_tokens,
+            kv_bytes=per_token * kv_tokens,  # its cache, as a real model's is measured
+        )
 
     def postprocess(self, raw: Any) -> np.ndarray:
         """One unit vector per input, picked by the input's CRC-32 from a fixed table:
@@ -196,7 +250,7 @@ class SimulatedHandler(ModelHandler):
         return [encode_png(np.zeros((16, 16, 3), dtype=np.uint8))]
 
     def warmup_inputs(self) -> list[list[str]]:
-        return [[" ".join(["w"] * b.size)] for b in self._buckets]
+        return [[" ".join(["w"] * b.size)] for b in self._buckets if b.warm]
 
     def prior_bytes(self, bucket: Bucket) -> int:
         declared = self._by_label.get(bucket.label)

@@ -3,7 +3,8 @@ generation, and the token stream from the inference thread to the event loop.
 
 A generation holds its permit for the whole stream. It is priced for its worst case: the
 bucket is (prompt tokens, prompt + `max_tokens`), each rounded up, so the admitted bytes
-cover the KV cache of the longest answer it may produce.
+cover the KV cache of the longest answer it may produce (app.sched.budget prices it as
+fixed + per-token bytes × that bound).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class GenerationOutcome:
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "cancelled"
     steps: int  # forward passes run (prefill included)
+    kv_tokens: int = 0  # tokens its KV cache held at the end
+    kv_bytes: int = 0  # that cache's own bytes, measured on its tensors (0: unknown)
 
 
 def generation_prepared(
@@ -72,6 +75,7 @@ def generation_prepared(
         prompt,
         count=1,
         longest=prompt,
+        kv_bound=(p, t),
     )
 
 
@@ -84,6 +88,7 @@ class TokenStream:
         self.deltas: asyncio.Queue[str | None] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.progress_at = 0.0  # monotonic time of the latest step, for the watchdog
+        self.cancel_reason: Exception | None = None  # why the server ended it, if it did
 
     def emit(self, text: str) -> None:
         """Called on the inference thread after every step (text may be empty)."""
@@ -95,7 +100,11 @@ class TokenStream:
         """Called on the loop, after every emit of the run has been delivered."""
         self.deltas.put_nowait(None)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: Exception | None = None) -> None:
+        """Stop before the next step; `reason` is what the caller is told, when it is
+        the server (a shutdown, an unload) and not the caller that ends the stream."""
+        if reason is not None and not self.cancelled.is_set():
+            self.cancel_reason = reason
         self.cancelled.set()
 
 

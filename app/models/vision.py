@@ -83,6 +83,9 @@ class VisionHandler(ModelHandler):
             line.strip() for line in labels.read_text(encoding="utf-8").splitlines() if line.strip()
         ]
 
+    def expected_weights_bytes(self, device: Device) -> int:
+        return self.path.stat().st_size if self.path.is_file() else 0  # float32 as saved
+
     def load(self, device: Device) -> None:
         self.dtype = "float32"
         module = load_module(self.path, self.spec.arch, len(self.labels), device.torch_device)

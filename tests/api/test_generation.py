@@ -81,17 +81,20 @@ def test_completions_are_seeded_and_stop_at_stop_strings(tiny):
         assert int(client.post("/v1/completions", json=body).headers["X-Vramgate-Price-Bytes"]) > 0
 
 
-def test_prices_per_bucket_are_learned_and_shown(tiny):
+def test_the_kv_bytes_per_token_are_measured_on_the_cache_and_shown(tiny):
+    """The tiny Llama's geometry: 2 layers × 2 KV heads × head size 16 × K and V × 4 bytes
+    (float32) = 512 bytes per token. The server measures it on the real cache's tensors."""
     with tiny.client() as client:
         for max_tokens in (8, 40):
             r = client.post("/v1/chat/completions", json=chat("hi", max_tokens=max_tokens))
             assert r.status_code == 200
+        price = int(r.headers["X-Vramgate-Price-Bytes"])
     model = next(m for m in tiny.status()["models"] if m["name"] == "tiny")
-    # Measured on the CPU, a tiny model's peak may be 0 (the allocator reuses memory).
-    learned = {p["bucket"]: p["price_bytes"] for p in model["prices"] if p["samples"]}
-    totals = {int(bucket.split("t")[1]) for bucket in learned}
-    assert len(totals) >= 2 and all(price is not None for price in learned.values())
-
+    lines = [p for p in model["prices"] if p["bucket"].startswith("p")]
+    assert {line["per_token_bytes"] for line in lines} == {2 * 2 * 16 * 2 * 4}
+    assert {line["source"] for line in lines} <= {"learned", "learned_rate"}
+    assert sum(line["samples"] for line in lines) >= 3  # warm-up and both chats
+    assert price >= 512 * 64  # the 40-token answer's bucket holds up to 64 tokens
     assert model["kind"] == "generation" and model["context"] == CONTEXT
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from app.engine.device import CpuDevice, SimulatedDevice, make_device
+from app.errors import DeviceUnavailable
 from app.settings import load_settings
 
 MiB = 2**20
@@ -80,11 +81,11 @@ def test_auto_without_a_driver_serves_on_the_cpu(tmp_path):
     assert make_device(settings).kind == "cpu"
 
 
-def test_cuda_without_a_driver_says_so(tmp_path):
+def test_cuda_without_a_driver_is_a_settings_error_that_says_so(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     settings = load_settings({"device": "cuda:0"}, tmp_path / "none.toml")
-    with pytest.raises(RuntimeError, match=r"NVIDIA driver|CUDA"):
+    with pytest.raises(DeviceUnavailable, match=r"'cuda:0' cannot be used.*(NVIDIA driver|CUDA)"):
         make_device(settings)
 
 
@@ -100,12 +101,33 @@ class FakeNvml:
     def __init__(self, total: int, free: int, ours: int | None, present: bool = True) -> None:
         self.total, self.free, self.ours, self.present = total, free, ours, present
 
+    # NVML's own order: by PCI bus. (uuid, bus id) of each GPU.
+    gpus = (("GPU-aaaa", "00000000:01:00.0"), ("GPU-bbbb", "00000000:02:00.0"))
+
     def nvmlInit(self) -> None:
         if not self.present:
             raise self.NVMLError_LibraryNotFound("NVML Shared Library Not Found")
 
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
     def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
         return f"gpu{index}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        for index, (known, _) in enumerate(self.gpus):
+            if known == uuid:
+                return f"gpu{index}"
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus: str) -> str:
+        for index, (_, known) in enumerate(self.gpus):
+            if known == bus:
+                return f"gpu{index}"
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetName(self, handle: str) -> str:
+        return "NVIDIA GeForce RTX 4090"
 
     def nvmlDeviceGetMemoryInfo(self, handle: str):
         return type("Info", (), {"total": self.total, "free": self.free})()
@@ -122,16 +144,58 @@ class FakeNvml:
 
 
 class FakeCudaStats:
-    """torch.cuda's memory statistics as the CUDA caching allocator reports them."""
+    """torch.cuda's memory statistics as the CUDA caching allocator reports them, and two
+    GPUs that CUDA numbers in another order than NVML."""
 
     def __init__(self, allocated: int, reserved: int) -> None:
         self.allocated, self.reserved, self.peak = allocated, reserved, allocated
+        # CUDA's order (fastest first): cuda:0 is the card on bus 02, NVML's index 1
+        self.props = [
+            type("Props", (), {"uuid": "bbbb", "pci_bus_id": 2, "pci_device_id": 0})(),
+            type("Props", (), {"uuid": "aaaa", "pci_bus_id": 1, "pci_device_id": 0})(),
+        ]
+        self.capability = (8, 6)
+        self.calls: list[str] = []
 
     def is_available(self) -> bool:
         return True
 
+    def device_count(self) -> int:
+        return len(self.props)
+
+    def get_device_properties(self, index: int):
+        return self.props[index]
+
+    def get_device_capability(self, index: int) -> tuple[int, int]:
+        return self.capability
+
     def get_device_name(self, index: int) -> str:
         return "Fake RTX"
+
+    def synchronize(self, index: int | None = None) -> None:
+        self.calls.append("device-wide synchronize")
+
+    def Stream(self, device: int):
+        stats = self
+
+        class Stream:
+            def synchronize(self) -> None:
+                stats.calls.append("stream synchronize")
+
+        return Stream()
+
+    def current_stream(self, index: int):
+        return self._current
+
+    def stream(self, stream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def using():
+            self._current = stream
+            yield
+
+        return using()
 
     def memory_allocated(self, index: int) -> int:
         return self.allocated
@@ -174,3 +238,165 @@ def test_fake_driver_missing_means_no_nvidia_driver():
 
     with pytest.raises(RuntimeError, match="no NVIDIA driver"):
         CudaDevice(0, nvml=FakeNvml(0, 0, None, present=False), cuda=FakeCudaStats(0, 0))
+
+
+def fake_cuda_device(index: int = 0, visible: str | None = None, **props):
+    from app.engine.device import CudaDevice
+
+    stats = FakeCudaStats(100, 300)
+    for name, value in props.items():
+        for prop in stats.props:
+            setattr(prop, name, value)
+    nvml = FakeNvml(total=1000, free=500, ours=None)
+    return CudaDevice(index, nvml=nvml, cuda=stats, visible=visible), stats
+
+
+def test_the_nvml_handle_is_the_cuda_devices_own_by_uuid():
+    """cuda:0 is NVML's GPU 1 here: its free memory must be read from NVML's 1."""
+    assert fake_cuda_device(0)[0]._handle == "gpu1"
+    assert fake_cuda_device(1)[0]._handle == "gpu0"
+
+
+def test_the_nvml_handle_is_matched_by_pci_bus_id_without_a_uuid():
+    assert fake_cuda_device(0, uuid=None)[0]._handle == "gpu1"
+
+
+def test_without_uuid_or_bus_id_cuda_visible_devices_names_the_gpu():
+    no_ids = {"uuid": None, "pci_bus_id": None}
+    assert fake_cuda_device(0, visible="GPU-bbbb", **no_ids)[0]._handle == "gpu1"
+    assert fake_cuda_device(0, visible="1", **no_ids)[0]._handle == "gpu1"
+    assert fake_cuda_device(1, visible="1,0", **no_ids)[0]._handle == "gpu0"
+
+
+def test_a_job_waits_for_its_own_stream_not_the_whole_device():
+    device, stats = fake_cuda_device(0)
+    with device.job_stream():
+        device.synchronize()
+    assert stats.calls == ["stream synchronize"]
+
+
+def test_bf16_only_where_native(tmp_path):
+    """torch.cuda.is_bf16_supported() says yes on Turing (7.5), which emulates it."""
+    from app.models.generation import auto_dtype
+
+    device, stats = fake_cuda_device(0)
+    stats.capability = (7, 5)
+    assert auto_dtype(device, "auto") == "float16"
+    stats.capability = (8, 0)
+    assert auto_dtype(device, "auto") == "bfloat16"
+    assert auto_dtype(device, "float32") == "float32"
+    assert auto_dtype(SimulatedDevice(MiB), "auto") == "float32"
+
+
+def test_a_cuda_index_that_does_not_exist_is_a_settings_error():
+    with pytest.raises(DeviceUnavailable, match="cuda:5 does not exist"):
+        fake_cuda_device(5)
+
+
+class DriverNotLoaded(FakeNvml):
+    def nvmlInit(self) -> None:
+        import pynvml
+
+        # pynvml's own class for NVML_ERROR_DRIVER_NOT_LOADED (a driver installed, not running)
+        raise pynvml.NVMLError_DriverNotLoaded(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+
+def test_auto_falls_back_to_the_cpu_on_any_nvml_error(tmp_path, caplog):
+    caplog.set_level("INFO", logger="vramgate.device")
+    settings = load_settings({"device": "auto"}, tmp_path / "none.toml")
+    device = make_device(settings, nvml=DriverNotLoaded(0, 0, None), cuda=FakeCudaStats(0, 0))
+    assert device.kind == "cpu" and "Driver Not Loaded" in caplog.text
+
+
+class CpuOnlyTorch(FakeCudaStats):
+    def is_available(self) -> bool:
+        return False
+
+
+def test_an_nvidia_gpu_with_a_cpu_only_torch_is_a_warning_that_names_the_fix(tmp_path):
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
+    settings = load_settings({"device": "auto"}, tmp_path / "none.toml")
+    device = make_device(settings, nvml=FakeNvml(1000, 500, None), cuda=CpuOnlyTorch(0, 0))
+    assert device.kind == "cpu"
+    (warning,) = device.describe()["warnings"]
+    assert "RTX 4090" in warning and "CPU-only" in warning and "CUDA build" in warning
+
+
+# The texts torch raises, as its sources build them (see app/engine/device.py):
+# c10/cuda/CUDAException.cpp: "CUDA error: " + cudaGetErrorString(err), then a "Search for"
+# line (torch >= 2.8) and the CUDA_LAUNCH_BLOCKING hint; torch >= 2.8 raises these as
+# torch.AcceleratorError, a RuntimeError, earlier versions as RuntimeError.
+_HINT = (
+    "\nCUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.\nFor debugging consider passing "
+    "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
+    "assertions.\n"
+)
+
+
+def _cuda_error(text: str, code: str) -> str:
+    return (
+        f"CUDA error: {text}\nSearch for `{code}' in https://docs.nvidia.com/cuda/"
+        f"cuda-runtime-api/group__CUDART__TYPES.html for more information.{_HINT}"
+    )
+
+
+OUT_OF_MEMORY = [
+    # c10/cuda/CUDACachingAllocator.cpp (the allocator's own OOM: torch.OutOfMemoryError)
+    torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "23.99 GiB of which 1.02 GiB is free."
+    ),
+    # cudaErrorMemoryAllocation from a kernel launch or cudaMemGetInfo
+    torch.AcceleratorError(_cuda_error("out of memory", "cudaErrorMemoryAllocation")),
+    RuntimeError("CUDA error: out of memory" + _HINT),  # torch < 2.8
+    # aten/src/ATen/cuda/Exceptions.h, TORCH_CUDABLAS_CHECK
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError(
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+        "`cublasLtMatmulAlgoGetHeuristic( ltHandle, computeDesc.descriptor(), ...)`"
+    ),
+    # aten/src/ATen/cudnn/Exceptions.h, AT_CUDNN_CHECK
+    RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    # aten/src/ATen/native/cuda/MiscUtils.h, TORCH_CUSOLVER_CHECK
+    RuntimeError(
+        "CUDA error: CUSOLVER_STATUS_ALLOC_FAILED when calling `cusolverDnCreate(handle)`"
+    ),
+]
+
+FATAL = [
+    torch.AcceleratorError(
+        _cuda_error("an illegal memory access was encountered", "cudaErrorIllegalAddress")
+    ),
+    RuntimeError("CUDA error: device-side assert triggered" + _HINT),
+    RuntimeError("CUDA error: unspecified launch failure" + _HINT),
+    RuntimeError("CUDA error: uncorrectable ECC error encountered" + _HINT),
+    RuntimeError("CUDA error: an illegal instruction was encountered" + _HINT),
+    RuntimeError("CUDA error: misaligned address" + _HINT),
+    RuntimeError("CUDA error: the launch timed out and was terminated" + _HINT),
+]
+
+ORDINARY = [
+    RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x64 and 32x64)"),
+    RuntimeError("an illegal combination of arguments"),  # once matched "an illegal"
+    RuntimeError("Expected all tensors to be on the same device, but found cuda:0 and cpu!"),
+]
+
+
+@pytest.mark.parametrize("error", OUT_OF_MEMORY, ids=lambda e: str(e)[:40])
+def test_every_form_of_out_of_memory_is_recognised(error):
+    device = SimulatedDevice(MiB)
+    assert device.is_oom(error) and not device.is_fatal(error)
+
+
+@pytest.mark.parametrize("error", FATAL, ids=lambda e: str(e)[:40])
+def test_fatal_device_errors_are_recognised_from_torchs_texts(error):
+    device = SimulatedDevice(MiB)
+    assert device.is_fatal(error) and not device.is_oom(error)
+
+
+@pytest.mark.parametrize("error", ORDINARY, ids=lambda e: str(e)[:40])
+def test_ordinary_errors_are_neither(error):
+    device = SimulatedDevice(MiB)
+    assert not device.is_fatal(error) and not device.is_oom(error)

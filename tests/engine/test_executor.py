@@ -87,3 +87,70 @@ def test_run_in_own_thread_hands_the_error_to_the_caller():
 
     with pytest.raises(OSError, match="weights missing"):
         asyncio.run(main())
+
+
+def test_a_job_that_overlaps_a_load_is_no_clean_sample_nor_is_the_load():
+    """A load's allocations would land in the job's peak (and the job's in the load's)."""
+    device = SimulatedDevice(1000 * MiB)
+    executor = Executor(device, slots=2, cpu_threads=1)
+    job_inside, load_done = threading.Event(), threading.Event()
+
+    def load() -> str:
+        job_inside.wait(5)
+        with device.hold(200 * MiB):  # weights arriving while the job runs
+            load_done.set()
+        return "loaded"
+
+    def job() -> None:
+        with device.hold(10 * MiB):
+            job_inside.set()
+            load_done.wait(5)
+
+    async def main():
+        work = executor.submit_device(job)
+        loaded = await executor.run_load(load)
+        return await work, loaded
+
+    (_, measurement), (result, load_alone) = asyncio.run(main())
+    assert result == "loaded"
+    assert not measurement.alone and measurement.peak_bytes == 0
+    assert not load_alone
+    executor.shutdown()
+
+
+def test_a_load_on_an_idle_device_is_alone():
+    executor = Executor(SimulatedDevice(MiB), slots=1, cpu_threads=1)
+    assert asyncio.run(executor.run_load(lambda: 7)) == (7, True)
+    executor.shutdown()
+
+
+def test_drop_references_frees_the_failed_jobs_tensors():
+    """An out-of-memory's traceback keeps the failed forward's frames, and their tensors,
+    alive: emptying the cache before they are let go gives nothing back."""
+    import weakref
+
+    import torch
+
+    from app.engine.executor import drop_references
+
+    held: list[weakref.ref] = []
+
+    def forward() -> None:
+        activations = torch.ones(1024)
+        held.append(weakref.ref(activations))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    executor = Executor(SimulatedDevice(MiB), slots=1, cpu_threads=1)
+
+    async def main() -> BaseException:
+        try:
+            await executor.submit_device(forward)
+        except torch.OutOfMemoryError as exc:
+            return exc
+        raise AssertionError("no error")
+
+    error = asyncio.run(main())
+    assert held[0]() is not None  # still held by the exception's frames
+    drop_references(error)
+    assert held[0]() is None
+    executor.shutdown()
