@@ -110,7 +110,7 @@ class JobRunner:
         if merged is None:
             return None
         quote = self.service.quote(leader.handler, self.key_for(leader, merged), merged)
-        return self.service.admitted_bytes(quote), quote.exclusive
+        return self.service.admission(quote)
 
     def start(self, permit: Permit) -> None:
         """Run an admitted group; called once per permit, by its leader's admission."""

@@ -448,12 +448,15 @@ class InferenceService:
             return self.book.quote_generation(key, prompt, tokens, handler.geometry(prompt))
         return self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
 
-    def admitted_bytes(self, quote: Quote) -> int:
-        """An exclusive price is a guess: it runs alone whatever it says, unless proven
-        too big for the device."""
-        if quote.exclusive:
-            return max(min(quote.nbytes, self.capacity_bytes()), quote.floor)
-        return quote.nbytes
+    def admission(self, quote: Quote) -> tuple[int, bool]:
+        """The bytes and exclusivity a quote is admitted with. An exclusive price is a
+        guess: it runs alone whatever it says, unless proven too big for the device. A
+        price that penalties raised above the device, for a bucket never proven too big
+        (its floor fits), also runs alone rather than being refused for good."""
+        capacity = self.capacity_bytes()
+        if quote.exclusive or (quote.nbytes > capacity >= quote.floor):
+            return max(min(quote.nbytes, capacity), quote.floor), True
+        return quote.nbytes, False
 
     def record(self, key: PriceKey, prepared: Prepared, measurement: Measurement) -> None:
         if measurement.alone:
@@ -530,11 +533,12 @@ class InferenceService:
                 self.runner.start(permit)
 
         handler = job.handler
+        nbytes, exclusive = self.admission(job.quote)
         ticket = Ticket(
-            nbytes=self.admitted_bytes(job.quote),
+            nbytes=nbytes,
             deadline=self.clock() + self.settings.queue_timeout,
             expected_s=job.quote.expected_s,
-            exclusive=job.quote.exclusive,
+            exclusive=exclusive,
             label=f"{job.model}/{job.label}",
             on_admit=on_admit,
             batch_key=job.model if handler.batchable and job.stream is None else None,
