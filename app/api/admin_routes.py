@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
 from app.errors import Forbidden
 from app.service import InferenceService
@@ -52,9 +52,14 @@ async def shutdown(request: Request) -> dict[str, Any]:
 
 
 @router.post("/models/{name}/unload")
-async def unload(request: Request, name: str = ModelName) -> dict[str, Any]:
-    """Wait for the model's running jobs, then free its weights."""
-    freed = await _service(request).lifecycle.unload(name)
+async def unload(
+    request: Request,
+    name: str = ModelName,
+    wait_s: float = Query(30.0, ge=0, le=3600, description="time running jobs get to finish"),
+) -> dict[str, Any]:
+    """Let the model's running jobs finish for `wait_s`, end the rest (streams get an
+    error event, waiting requests 503), then free its weights."""
+    freed = await _service(request).lifecycle.unload(name, wait_s)
     return {
         "model": name,
         "state": _service(request).registry.entry(name).state,

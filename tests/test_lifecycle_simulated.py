@@ -1,0 +1,71 @@
+"""Loads go through the gate, unloads end what still runs properly: a simulated 1 GiB
+device whose simulated models really hold their weights while loaded."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+
+from app.settings import ModelSpec, SimulatedBucket
+
+MiB = 2**20
+# "a" generates for 40 steps × 25 ms holding 700 MiB; "b" has 600 MiB of weights
+A = ModelSpec(
+    name="a",
+    kind="simulated",
+    weights=100 * MiB,
+    buckets=(SimulatedBucket(size=64, bytes=700 * MiB, run_ms=25),),
+)
+B = ModelSpec(name="b", kind="simulated", weights=600 * MiB, buckets=A.buckets)
+
+
+def stream_lines(url: str, model: str, out: list[str], ended: list[float]) -> None:
+    body = {"model": model, "prompt": "one two", "max_tokens": 40, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        out.extend(line for line in r.iter_lines() if line)
+    ended.append(time.monotonic())
+
+
+def test_simulated_a_load_waits_for_room_for_its_weights(server_factory):
+    live = server_factory(device="simulated:1GiB", models=(A, B), max_concurrent=4)
+    device = live.service.device
+    ooms = device.oom_count  # the warm-up's: both loaded, a's 700 MiB bucket did not fit
+    with live.client() as client:
+        assert client.post("/admin/models/b/unload").json()["state"] == "unloaded"
+        lines: list[str] = []
+        ended: list[float] = []
+        stream = threading.Thread(target=stream_lines, args=(live.url, "a", lines, ended))
+        stream.start()
+        while live.status()["queue"]["running"] == 0:
+            time.sleep(0.01)
+        # 1 GiB − a's 100 MiB of weights − its stream's 700 MiB leaves no room for 600 MiB
+        loaded = client.post("/admin/models/b/load").json()
+        loaded_at = time.monotonic()
+        stream.join()
+    assert loaded["state"] == "ready", loaded
+    assert ended and loaded_at >= ended[0], "the load did not wait for room"
+    assert lines[-1] == "data: [DONE]" and "error" not in lines[-2]
+    assert device.oom_count == ooms and device.high_water <= 1024 * MiB
+
+
+def test_simulated_unload_ends_a_running_stream_with_an_error_event_not_a_500(server_factory):
+    live = server_factory(device="simulated:1GiB", models=(A,), max_concurrent=4)
+    lines: list[str] = []
+    ended: list[float] = []
+    stream = threading.Thread(target=stream_lines, args=(live.url, "a", lines, ended))
+    stream.start()
+    while live.status()["queue"]["running"] == 0:
+        time.sleep(0.01)
+    with live.client() as client:
+        unloaded = client.post("/admin/models/a/unload", params={"wait_s": 0.1}).json()
+    stream.join()
+    assert unloaded["state"] == "unloaded" and unloaded["freed_bytes"] >= 100 * MiB
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: ") :])["error"]
+    assert error["code"] == "model_loading" and "unloaded" in error["message"]
+    assert live.service.device.allocated() == 0  # weights and stream both gone
+    status = live.status()
+    assert status["queue"]["running"] == 0 and status["pool"]["admitted_bytes"] == 0
