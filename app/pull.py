@@ -151,27 +151,31 @@ def convert_gguf(gguf: Path, target: Path) -> None:
 
     print(f"converting {gguf.name} to a safetensors folder (once)", flush=True)
     tokenizer, model = load_causal_lm(gguf, torch.float32)
+    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
+    with torch.inference_mode():  # before `to` rounds the model to float16 in place
+        want = model(input_ids=ids).logits
     # The loaded model is marked as GGUF-quantised; its tensors are plain floats to save.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.to(torch.float16).save_pretrained(target)
     tokenizer.save_pretrained(target)
-    _check_conversion(model.to(torch.float32), tokenizer, target)
+    del model
+    check_conversion(want, ids, target)
 
 
-def _check_conversion(original: object, tokenizer: object, target: Path) -> None:
+def check_conversion(want: Any, ids: Any, target: Path) -> None:
+    """The converted folder, loaded as a user's model is, against the GGUF's own logits
+    (`want`, computed before conversion) for the prompt `ids`."""
     import torch
 
     from app.models.generation import load_causal_lm
 
     _, converted = load_causal_lm(target, torch.float32)
-    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])  # type: ignore[operator]
     with torch.inference_mode():
-        want = original(input_ids=ids).logits  # type: ignore[operator]
         got = converted(input_ids=ids).logits
     diff = float((want - got).abs().max())
-    if diff > MAX_LOGIT_DIFF:
+    if not diff <= MAX_LOGIT_DIFF:  # NaN (a weight beyond float16's range) fails too
         raise PullError(f"the converted model differs from the GGUF (logits by {diff:.3f})")
     print(f"checked: the converted model's logits match the GGUF's within {diff:.4f}")
 

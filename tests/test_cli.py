@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.errors import EXIT_FATAL_DEVICE, EXIT_PORT_IN_USE
+from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
 from app.settings import Settings
 from tests.live import ServerProcess, clean_env, free_port
 
@@ -121,6 +121,24 @@ def test_port_in_use_is_reported_not_crashed(tmp_path):
         )
     assert result.returncode == EXIT_PORT_IN_USE
     assert "already in use" in result.stderr
+
+
+def test_a_cuda_device_that_cannot_be_had_exits_2_not_a_crash_to_retry(tmp_path):
+    """The supervisor restarts a server that exits 1; a settings error (2) it does not.
+    This machine has no NVIDIA driver; on one with a GPU, cuda:63 does not exist."""
+    result = vramgate(
+        "serve",
+        "--port",
+        str(free_port()),
+        "--log-dir",
+        str(tmp_path),
+        "--data-dir",
+        str(tmp_path),
+        "--device",
+        "cuda:63",
+    )
+    assert result.returncode == EXIT_INVALID_SETTINGS
+    assert "cuda:63" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_fatal_device_error_exits_with_its_code(sim_server):

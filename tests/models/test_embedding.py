@@ -96,7 +96,25 @@ def test_merged_requests_take_the_bucket_of_the_whole_batch(minilm_handler):
     assert minilm_handler.merge(too_many) is None
 
 
-def test_batched_results_equal_unbatched_ones(minilm_handler):
+@pytest.fixture(scope="module")
+def minilm_bf16():
+    handler = EmbeddingHandler(ModelSpec(name="minilm", max_batch=4, dtype="bfloat16"))
+    handler.load(CpuDevice())
+    return handler
+
+
+# Batched rows differ from unbatched ones only by padding and summation order. In float32
+# that is rounding noise; bfloat16 keeps 8 bits of mantissa (about 2-3 decimal digits), as
+# a GPU serving bf16 does, so its rows agree to a cosine of 0.999 (measured here: 0.99993).
+TOLERANCE = {"float32": 0.99999, "bfloat16": 0.999}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batched_results_equal_unbatched_ones(dtype, request):
+    minilm_handler = request.getfixturevalue(
+        "minilm_handler" if dtype == "float32" else "minilm_bf16"
+    )
+    assert minilm_handler.dtype == dtype
     texts = [
         "short",
         "a rather longer sentence about batching " * 3,
@@ -108,6 +126,9 @@ def test_batched_results_equal_unbatched_ones(minilm_handler):
     merged = minilm_handler.merge([minilm_handler.preprocess([t]) for t in texts[:4]])
     together = list(minilm_handler.forward(merged))
     together += list(minilm_handler.forward(minilm_handler.preprocess(texts[4:])))
+    cosines = []
     for a, b in zip(alone, together, strict=True):
-        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-        assert cosine >= 0.99999
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    print(f"{dtype}: lowest cosine batched vs alone {min(cosines):.6f}")
+    assert min(cosines) >= TOLERANCE[dtype]
