@@ -10,7 +10,10 @@ Runs the real server in-process on the device and prints (and writes to OUT/gpu_
 3. a flood at high concurrency with mixed sizes (the real model and the simulated one, which
    really allocates on the device) against a pool limited to --pool-gib: OOMs (must be 0),
    rejected, served, throughput, and the peak of torch's allocations against the limit;
-4. a real device-side assert in a child process, and how vramgate classifies it.
+4. a real device-side assert in a child process, and how vramgate classifies it;
+5. generation (a randomly initialised Llama made on the spot): 4 concurrent chats after
+   warm-up (how many ran at once, each one's price and its source), and the learned price
+   of a bucket against the peak of one generation run alone to that bucket's bound.
 
 On a machine without CUDA, `--device cpu` runs the same steps as a dry run. The device
 machine has no network: carry the pure dependencies as wheels, e.g.
@@ -80,6 +83,109 @@ def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, in
     return peaks
 
 
+def isolated_generation_peak(model_dir: Path, device_spec: str, prompt: str, tokens: int) -> int:
+    """One generation of `tokens` tokens with the model alone on the device."""
+    from app.engine.device import make_device
+    from app.models.generation import GenerationHandler
+    from app.models.textgen import SamplingParams, TokenStream
+    from app.settings import ModelSpec, load_settings
+
+    device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
+    handler = GenerationHandler(ModelSpec(name="llama", kind="generation", path=model_dir))
+    handler.load(device)
+    handler.prime()
+    params = SamplingParams(max_tokens=tokens, temperature=0.0)
+    prepared = handler.prepare_generation(prompt, params, tokens)
+    device.synchronize()
+    device.begin_peak()
+    base = device.allocated()
+    handler.generate(prepared, TokenStream(asyncio.new_event_loop()))
+    device.synchronize()
+    peak = device.peak() - base
+    handler.unload()
+    device.empty_cache()
+    return peak
+
+
+async def concurrent_chats(url: str, chats: int, max_tokens: int) -> dict[str, Any]:
+    """`chats` streamed chats at once; how many ran together, and what each was charged."""
+    import httpx
+
+    body = {
+        "model": "llama",
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    headers: list[dict[str, str]] = []
+    running: list[int] = []
+
+    async def one(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            headers.append({k: v for k, v in r.headers.items() if k.startswith("x-vramgate")})
+            async for _ in r.aiter_lines():
+                pass
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        tasks = [asyncio.ensure_future(one(client)) for _ in range(chats)]
+        while not all(t.done() for t in tasks):
+            running.append((await client.get("/status")).json()["queue"]["running"])
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+    return {"max_running": max(running, default=0), "admissions": headers}
+
+
+def generation_check(
+    work: Path, device_spec: str, tokens: int, hidden: int, layers: int
+) -> dict[str, Any]:
+    import httpx
+
+    from app.settings import ModelSpec
+    from tests.live import live_server, make_settings
+    from tests.random_models import save_random_llama
+
+    heads = max(1, hidden // 64)
+    model_dir = save_random_llama(
+        work / "llama",
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=max(1, heads // 4),
+        context=4096,
+    )
+    prompt = "Tell me a long story."
+    report: dict[str, Any] = {}
+    llama = ModelSpec(name="llama", kind="generation", path=model_dir)
+    settings = make_settings(work / "gen", device=device_spec, models=(llama,))
+    with live_server(settings) as live:
+        with httpx.Client(base_url=live.url, timeout=600) as client:
+            for max_tokens in (40, 90):  # chats that end before their bound teach the line
+                client.post(
+                    "/v1/completions",
+                    json={"model": "llama", "prompt": prompt, "max_tokens": max_tokens},
+                )
+            quoted = client.post(
+                "/v1/completions", json={"model": "llama", "prompt": prompt, "max_tokens": tokens}
+            )
+        report["concurrent"] = asyncio.run(concurrent_chats(live.url, 4, 128))
+        report["lines"] = [
+            p for m in live.status()["models"] if m["name"] == "llama" for p in m["prices"]
+        ]
+    price = int(quoted.headers["X-Vramgate-Price-Bytes"])
+    bucket = quoted.headers["X-Vramgate-Bucket"]
+    bound = int(bucket.split("t")[1])
+    prompt_tokens = quoted.json()["usage"]["prompt_tokens"]
+    peak = isolated_generation_peak(model_dir, device_spec, prompt, bound - prompt_tokens)
+    report["price_vs_isolated"] = {
+        "bucket": bucket,
+        "price_bytes": price,
+        "price_source": quoted.headers["X-Vramgate-Price-Source"],
+        "isolated_peak_bytes": peak,
+        "ratio": round(price / peak, 3) if peak else None,
+    }
+    return report
+
+
 async def flood(url: str, bodies: list[dict], clients: int) -> dict[str, Any]:
     import httpx
 
@@ -132,6 +238,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--gen-tokens", type=int, default=1000, help="a priced generation")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
 
@@ -217,6 +324,9 @@ def main() -> int:
             "snapshot_total": snap.total,
         }
     report["device_side_assert"] = device_side_assert(args.device)
+    report["generation"] = generation_check(
+        work, args.device, args.gen_tokens, args.hidden, args.layers
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))
