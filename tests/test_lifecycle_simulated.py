@@ -29,18 +29,24 @@ def stream_lines(url: str, model: str, out: list[str], ended: list[float]) -> No
     ended.append(time.monotonic())
 
 
+def start_stream(url: str, model: str, status) -> tuple[threading.Thread, list[str], list[float]]:
+    """A stream of `model` in a thread, returned once the server runs it."""
+    lines: list[str] = []
+    ended: list[float] = []
+    stream = threading.Thread(target=stream_lines, args=(url, model, lines, ended))
+    stream.start()
+    while status()["queue"]["running"] == 0:
+        time.sleep(0.01)
+    return stream, lines, ended
+
+
 def test_simulated_a_load_waits_for_room_for_its_weights(server_factory):
     live = server_factory(device="simulated:1GiB", models=(A, B), max_concurrent=4)
     device = live.service.device
     ooms = device.oom_count  # the warm-up's: both loaded, a's 700 MiB bucket did not fit
     with live.client() as client:
         assert client.post("/admin/models/b/unload").json()["state"] == "unloaded"
-        lines: list[str] = []
-        ended: list[float] = []
-        stream = threading.Thread(target=stream_lines, args=(live.url, "a", lines, ended))
-        stream.start()
-        while live.status()["queue"]["running"] == 0:
-            time.sleep(0.01)
+        stream, lines, ended = start_stream(live.url, "a", live.status)
         # 1 GiB − a's 100 MiB of weights − its stream's 700 MiB leaves no room for 600 MiB
         loaded = client.post("/admin/models/b/load").json()
         loaded_at = time.monotonic()
@@ -53,12 +59,7 @@ def test_simulated_a_load_waits_for_room_for_its_weights(server_factory):
 
 def test_simulated_unload_ends_a_running_stream_with_an_error_event_not_a_500(server_factory):
     live = server_factory(device="simulated:1GiB", models=(A,), max_concurrent=4)
-    lines: list[str] = []
-    ended: list[float] = []
-    stream = threading.Thread(target=stream_lines, args=(live.url, "a", lines, ended))
-    stream.start()
-    while live.status()["queue"]["running"] == 0:
-        time.sleep(0.01)
+    stream, lines, _ = start_stream(live.url, "a", live.status)
     with live.client() as client:
         unloaded = client.post("/admin/models/a/unload", params={"wait_s": 0.1}).json()
     stream.join()

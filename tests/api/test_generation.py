@@ -257,13 +257,16 @@ def test_same_answer_under_load_for_seeded_sampling(tiny):
 
 
 def test_disconnect_during_a_non_streamed_chat_stops_generation(tiny):
+    """The tiny model steps in well under a millisecond on a fast CPU (770 steps in the
+    0.5 s this test once waited): the client leaves after 0.1 s of a 1,000-token answer
+    and the generation must end far short of it."""
     handler = tiny.service.registry.get("tiny")
     before = handler.forward_calls
-    body = chat("Tell me everything.", max_tokens=900, temperature=0)
+    body = chat("Tell me everything.", max_tokens=1000, temperature=0)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(tiny.url + "/v1/chat/completions", json=body, timeout=0.5)
+        httpx.post(tiny.url + "/v1/chat/completions", json=body, timeout=0.1)
     wait_until(lambda: tiny.status()["pool"]["admitted_bytes"] == 0, 30, "permit back")
     steps = handler.forward_calls - before
     time.sleep(0.5)
     assert handler.forward_calls - before == steps, "generation kept running"
-    assert steps < 600, f"{steps} steps for a client that left after 0.5 s"
+    assert steps < 900, f"{steps} steps for a client that left after 0.1 s"
