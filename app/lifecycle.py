@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vramgate.lifecycle")
 
+LOAD_POLL_S = 0.02  # how often a request waiting for its model looks again
+
 
 class ModelLifecycle:
     def __init__(self, service: InferenceService) -> None:
@@ -58,6 +60,16 @@ class ModelLifecycle:
             log.error("model %s %s", name, entry.error)
             return
         entry.state = "ready"
+
+    async def wait_loaded(self, name: str, deadline: float) -> None:
+        """Wait until `name` serves (loading it if unloaded, after an unload under way),
+        or has failed, or `deadline` passes; what the registry says then is the answer."""
+        entry = self.registry.entries[name]
+        while self.service.clock() < deadline and self.service.state in ("ready", "degraded"):
+            if entry.state in ("ready", "warming", "failed"):
+                return
+            self.ensure_loaded(name)
+            await asyncio.sleep(LOAD_POLL_S)
 
     def ensure_loaded(self, name: str) -> None:
         """A request for an unloaded model starts loading it (the request gets 503)."""

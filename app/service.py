@@ -285,7 +285,7 @@ class InferenceService:
         probe: bool = False,
     ) -> InferenceResult:
         """A one-shot request (embeddings, images) for a handler that can do `task`."""
-        handler = self._handler_for(model, task, probe)
+        handler = await self._handler_for(model, task, probe)
         self.in_flight[model] += 1
         try:
             return await self._infer(handler, model, inputs, gone, probe)
@@ -303,7 +303,7 @@ class InferenceService:
     ) -> Generation:
         """Price and admit a generation; returns once it holds its permit and runs.
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
-        handler = self._handler_for(model, "generates", probe)
+        handler = await self._handler_for(model, "generates", probe)
         cap = self.settings.default_max_tokens
         prepared = await self.executor.run_cpu(handler.prepare_generation, prompt, params, cap)
         key = self.price_key(model, handler, prepared)
@@ -361,10 +361,15 @@ class InferenceService:
         )
         self.book.record_generation(key, price_size(prepared), sample)
 
-    def _handler_for(self, model: str, task: str, probe: bool) -> ModelHandler:
+    async def _handler_for(self, model: str, task: str, probe: bool) -> ModelHandler:
         """The handler, if the server takes work now and the model can do `task`
-        (`embeds`, `generates`, `sees`); a refusal is counted and raised."""
+        (`embeds`, `generates`, `sees`); a refusal is counted and raised. A request for a
+        model being unloaded or loaded waits for it (up to `queue_timeout`), and one for
+        an unloaded model loads it, as a request waits for memory in the queue."""
         try:
+            entry = self.registry.entries.get(model)
+            if entry is not None and entry.state not in ("ready", "warming") and not probe:
+                await self.lifecycle.wait_loaded(model, self.clock() + self.settings.queue_timeout)
             handler = self._admissible(model, probe)
             if not getattr(handler, task):
                 raise WrongModelKind(

@@ -70,3 +70,25 @@ def test_simulated_unload_ends_a_running_stream_with_an_error_event_not_a_500(se
     assert live.service.device.allocated() == 0  # weights and stream both gone
     status = live.status()
     assert status["queue"]["running"] == 0 and status["pool"]["admitted_bytes"] == 0
+
+
+def test_simulated_a_request_sent_during_an_unload_waits_for_the_reload(server_factory):
+    live = server_factory(device="simulated:1GiB", models=(A,), max_concurrent=4)
+    stream, _, ended = start_stream(live.url, "a", live.status)
+    answers: list[httpx.Response] = []
+
+    def unload() -> None:
+        httpx.post(live.url + "/admin/models/a/unload", timeout=60)  # waits for the stream
+
+    unloading = threading.Thread(target=unload)
+    unloading.start()
+    while live.status()["models"][0]["state"] != "unloading":
+        time.sleep(0.01)
+    body = {"model": "a", "input": "one two"}
+    answers.append(httpx.post(live.url + "/v1/embeddings", json=body, timeout=60))
+    answered_at = time.monotonic()
+    unloading.join()
+    stream.join()
+    assert answers[0].status_code == 200, answers[0].text
+    assert answered_at > ended[0]  # after the stream, the unload and the load again
+    assert live.status()["models"][0]["state"] == "ready"

@@ -62,7 +62,7 @@ class ModelRegistry:
             raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
         if entry.state not in ("warming", "ready"):
             if entry.state in ("unloading", "unloaded"):
-                raise ModelLoading(f"model {name!r} is unloaded; loading it now", retry_after=2)
+                raise ModelLoading(f"model {name!r} is not loaded yet; loading it", retry_after=2)
             if entry.state == "failed":
                 raise ModelNotFound(f"model {name!r} failed to load: {entry.error}", param="model")
             raise ModelLoading(f"model {name!r} is still loading", retry_after=2)
