@@ -104,6 +104,10 @@ class Device(ABC):
     def synchronize(self) -> None:
         return None
 
+    def settle(self) -> None:
+        """Wait for all work on the device, of every thread and stream (after a load)."""
+        return None
+
     def native_bf16(self) -> bool:
         """Whether bfloat16 runs natively here (not emulated)."""
         return False
@@ -235,6 +239,12 @@ class CudaDevice(Device):
         """Wait for this thread's job only: a device-wide synchronize would also wait for
         every other job on the device and inflate this one's run time."""
         self._cuda.current_stream(self.index).synchronize()
+
+    def settle(self) -> None:
+        """A load's copies of the weights run on the loader's stream, and a copy from
+        pageable memory may still be in flight when it returns; the inference threads'
+        own streams do not wait for it, so a load ends with the whole device settled."""
+        self._cuda.synchronize(self.index)
 
     def native_bf16(self) -> bool:
         """bfloat16 is native from compute capability 8.0 (Ampere);

@@ -84,6 +84,7 @@ class ModelRegistry:
             entry.handler.fingerprint = entry.handler.identify()
             entry.handler.load(self.device)
             entry.handler.prime()
+            self.device.settle()  # the weights are on the device before any job uses them
         except Exception as exc:  # a broken model must not stop the others
             entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, entry.error)

@@ -273,6 +273,8 @@ def test_a_job_waits_for_its_own_stream_not_the_whole_device():
     with device.job_stream():
         device.synchronize()
     assert stats.calls == ["stream synchronize"]
+    device.settle()  # after a load: the weights' copies on the loader's stream are done
+    assert stats.calls == ["stream synchronize", "device-wide synchronize"]
 
 
 def test_bf16_only_where_native(tmp_path):
