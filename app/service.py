@@ -351,7 +351,11 @@ class InferenceService:
     ) -> None:
         """Every finished generation teaches its model's line, however it ended: its KV
         bytes per token (its own cache, measured even beside others) and, when it ran
-        alone, the fixed part of its peak."""
+        alone, the fixed part of its peak. One priced as a plain bucket (a simulated
+        model holding its bucket's bytes throughout) teaches that bucket."""
+        if prepared.kv_bound is None:
+            self.record(key, prepared, measurement)
+            return
         sample = GenerationSample(
             outcome.kv_tokens,
             outcome.kv_bytes,

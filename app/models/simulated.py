@@ -179,9 +179,15 @@ class SimulatedHandler(ModelHandler):
         ids = [zlib.crc32(word.encode("utf-8")) for word in text.split()]
         context = self._buckets[-1].size
         prepared = generation_prepared(self.name, ids, params, context, default_max_tokens)
-        if self.spec.generation is None:  # its words bucket must hold the whole generation
-            self._bucket_for(len(ids) + prepared.payload.max_tokens)
-        return prepared
+        if self.spec.generation is not None:  # priced by its KV bytes, as a real model
+            return prepared
+        # Without a generation setting it holds its words bucket's bytes from the first
+        # step to the last, whatever its length: priced as that bucket, like a batch.
+        task: GenerationInput = prepared.payload
+        declared = self._bucket_for(len(ids) + task.max_tokens)
+        return Prepared(
+            Bucket(f"w{declared.size}", declared.size), task, len(ids), longest=len(ids)
+        )
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         gen = self.spec.generation
