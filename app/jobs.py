@@ -203,7 +203,9 @@ class JobRunner:
 
     async def _run_stream(self, permit: Permit, job: Job, stream: TokenStream) -> None:
         """A generation runs alone in its group and holds its permit until it returns."""
-        work = self.service.executor.submit_device(job.handler.generate, job.prepared, stream)
+        work = self.service.executor.submit_device(
+            job.handler.generate, job.prepared, stream, stream=True
+        )
         run = self._track(permit, [job], work)
         try:
             outcome, measurement = await asyncio.shield(work)

@@ -107,6 +107,7 @@ class InferenceService:
             pool=self.pool_bytes,
             capacity=self.capacity_bytes,
             slots=executor.slots,
+            stream_slots=executor.stream_slots,
             max_queue=settings.max_queue,
             clock=clock,
             max_head_bypass=settings.max_head_bypass,
@@ -551,6 +552,7 @@ class InferenceService:
             label=f"{job.model}/{job.label}",
             on_admit=on_admit,
             batch_key=job.model if handler.batchable and job.stream is None else None,
+            stream=job.stream is not None,
             batch_limit=handler.spec.max_batch,
         )
         ticket.id = self.gate.next_id()

@@ -201,6 +201,13 @@ class Settings(BaseSettings):
         le=256,
         description="jobs on the device at once (0: 4 on CUDA, 1 on CPU, 8 simulated)",
     )
+    max_streams: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="generation streams on the device at once, beside max_concurrent "
+        "one-shot jobs, so long chats never hold every slot (0: as many as max_concurrent)",
+    )
     max_head_bypass: int = Field(
         16,
         ge=0,

@@ -15,7 +15,7 @@ import pytest
 from tests.live import ServerProcess, clean_env
 
 CONFIG = (
-    'device = "simulated:1GiB"\nmax_concurrent = 2\nhealth_interval = 3600\n'
+    'device = "simulated:1GiB"\nmax_concurrent = 1\nmax_streams = 1\nhealth_interval = 3600\n'
     '[[models]]\nname = "sim"\nkind = "simulated"\nmax_batch = 1\n'
     'buckets = [{size = 64, bytes = "400MiB", run_ms = 1500}]\n'
 )
@@ -48,7 +48,7 @@ def test_simulated_sigint_with_running_waiting_and_streaming_work(tmp_path):
             await asyncio.sleep(0.3)
             body = {"model": "sim", "input": "x"}
             posts = [asyncio.create_task(client.post("/v1/embeddings", json=body))]
-            await asyncio.sleep(0.3)  # the second slot is now busy: these wait
+            await asyncio.sleep(0.3)  # the one job slot is now busy: these wait
             posts += [
                 asyncio.create_task(client.post("/v1/embeddings", json=body)) for _ in range(3)
             ]

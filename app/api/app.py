@@ -34,7 +34,8 @@ def build_service(
 ) -> InferenceService:
     device = device or make_device(settings)
     slots = settings.max_concurrent or device.default_slots
-    executor = Executor(device, slots=slots, cpu_threads=settings.cpu_threads)
+    streams = settings.max_streams or slots
+    executor = Executor(device, slots=slots, stream_slots=streams, cpu_threads=settings.cpu_threads)
     book = BudgetBook(settings.resolved_data_dir / PRICES_FILE)
     bounds = (settings.max_image_side, settings.max_image_pixels)
     registry = ModelRegistry(settings.models, device, bounds)

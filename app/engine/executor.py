@@ -46,10 +46,23 @@ class Measurement:
 
 
 class Executor:
-    def __init__(self, device: Device, *, slots: int, cpu_threads: int = 0) -> None:
+    def __init__(
+        self, device: Device, *, slots: int, stream_slots: int = 0, cpu_threads: int = 0
+    ) -> None:
+        """`slots` threads run one-shot jobs; `stream_slots` threads of their own run
+        generation streams (0: streams run on the job threads). Separate pools, so that
+        one-shot traffic alone never starts a thread beyond `slots`: each thread that runs
+        torch on the CPU keeps an OpenMP team, and more teams than cores slow every
+        forward (see `run_in_own_thread`)."""
         self.device = device
         self.slots = slots
+        self.stream_slots = stream_slots
         self._device_pool = ThreadPoolExecutor(slots, thread_name_prefix="vramgate-infer")
+        self._stream_pool = (
+            ThreadPoolExecutor(stream_slots, thread_name_prefix="vramgate-stream")
+            if stream_slots
+            else self._device_pool
+        )
         self._cpu_pool = ThreadPoolExecutor(2, thread_name_prefix="vramgate-cpu")
         self._lock = threading.Lock()  # guards _active and _starts
         self._active = 0
@@ -120,11 +133,13 @@ class Executor:
         return result, clean
 
     def submit_device(
-        self, fn: Callable[..., T], *args: Any
+        self, fn: Callable[..., T], *args: Any, stream: bool = False
     ) -> asyncio.Future[tuple[T, Measurement]]:
-        """Start `fn` on the inference pool. The future resolves when the device is done."""
+        """Start `fn` on the inference pool (a generation `stream` on the stream pool).
+        The future resolves when the device is done."""
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._device_pool, self._measured, fn, args)
+        pool = self._stream_pool if stream else self._device_pool
+        return loop.run_in_executor(pool, self._measured, fn, args)
 
     def _measured(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[T, Measurement]:
         with self._lock:
@@ -155,4 +170,5 @@ class Executor:
 
     def shutdown(self, wait: bool = True) -> None:
         self._device_pool.shutdown(wait=wait, cancel_futures=True)
+        self._stream_pool.shutdown(wait=wait, cancel_futures=True)
         self._cpu_pool.shutdown(wait=wait, cancel_futures=True)

@@ -8,6 +8,11 @@ that does not fit yet may be overtaken by later, smaller jobs that fit now, at m
 `max_head_bypass` times; after that nothing passes it, so a large job is never starved
 by a stream of small ones. An *exclusive* job (an unseen bucket measured alone) runs
 only on an idle device and nothing runs beside it.
+
+Slots: one-shot jobs take one of `slots`; with `stream_slots`, a generation stream takes
+one of those instead, so streams that last minutes never leave an embedding waiting for
+a slot (bytes are shared by both). A ticket whose kind has no free slot waits for one
+without blocking the other kind.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class Ticket:
     id: int = field(default=0)
     # Waiting tickets with the same batch key may be admitted together, as one job.
     batch_key: str | None = None
+    stream: bool = False  # a generation stream: takes a stream slot where there are some
     batch_limit: int = 1
     # Called (on the gate's thread) when the ticket is admitted, whichever call admits it.
     on_admit: Callable[[Permit], None] | None = field(default=None, repr=False, compare=False)
@@ -48,6 +54,7 @@ class Permit:
     admitted_at: float
     waited_s: float
     members: tuple[int, ...] = ()  # the tickets admitted together, the first one leading
+    stream: bool = False  # holds a stream slot, not a job slot
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ def plan_admissions(
     now: float,
     exclusive_running: bool,
     max_head_bypass: int,
+    free_stream_slots: int | None = None,
 ) -> list[int]:
     """Which queued tickets (indices, in order) start now. Pure; tested with tables.
 
@@ -92,16 +100,25 @@ def plan_admissions(
     what will be spare when the head starts (EASY backfilling), and only while the head
     has been overtaken fewer than `max_head_bypass` times, a bound that holds even when
     run-time estimates are wrong.
+
+    With `free_stream_slots` (not None), stream tickets count against those instead of
+    `free_slots`; a ticket whose kind has no free slot is passed over, and is no head.
     """
-    if exclusive_running or free_slots <= 0:
+    separate = free_stream_slots is not None
+    # free slots by kind: True for a stream where streams have slots of their own
+    free = {False: free_slots, True: free_stream_slots if free_stream_slots is not None else 0}
+    if exclusive_running or max(free.values()) <= 0:
         return []
     ends = list(running)
     chosen: list[int] = []
     head: Ticket | None = None
     shadow, spare, overtakes = 0.0, 0, 0
     for index, ticket in enumerate(queue):
-        if free_slots <= 0:
+        kind = ticket.stream and separate
+        if max(free.values()) <= 0:
             break
+        if free[kind] <= 0:
+            continue
         fits = ticket.nbytes <= free_bytes
         if head is None:
             if ticket.exclusive:
@@ -109,7 +126,7 @@ def plan_admissions(
             if fits:
                 chosen.append(index)
                 free_bytes -= ticket.nbytes
-                free_slots -= 1
+                free[kind] -= 1
                 ends.append((ticket.nbytes, now + ticket.expected_s))
                 if ticket.exclusive:
                     break
@@ -124,7 +141,7 @@ def plan_admissions(
                 spare -= 0 if ends_in_time else ticket.nbytes
                 chosen.append(index)
                 free_bytes -= ticket.nbytes
-                free_slots -= 1
+                free[kind] -= 1
                 overtakes += 1
         if head.bypassed + overtakes >= max_head_bypass:
             break
@@ -185,13 +202,16 @@ class MemoryGate:
         max_head_bypass: int = 16,
         price_group: GroupPricer | None = None,
         batch_wait_s: float = 0.0,
+        stream_slots: int = 0,
     ) -> None:
+        """`stream_slots` 0: streams take job slots like any job."""
         if slots < 1:
             raise ValueError("a gate needs at least one slot")
         self._pool = pool  # bytes jobs may hold in total right now (follows the device)
         self._capacity = capacity  # the most the pool could ever be on this device
         self._clock = clock
         self.slots = slots
+        self.stream_slots = stream_slots
         self.max_queue = max_queue
         self.max_head_bypass = max_head_bypass
         self._price_group = price_group
@@ -210,6 +230,10 @@ class MemoryGate:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def running_streams(self) -> int:
+        return sum(1 for p in self._running.values() if p.stream)
 
     @property
     def depth(self) -> int:
@@ -296,10 +320,12 @@ class MemoryGate:
 
     def _admit(self, now: float) -> list[Permit]:
         eligible = self._eligible(now) if self.batch_wait_s > 0 else None
+        streams = self.running_streams if self.stream_slots else 0
         chosen = plan_admissions(
             self._queue if eligible is None else [self._queue[i] for i in eligible],
             free_bytes=self.free_bytes(),
-            free_slots=self.slots - self.running,
+            free_slots=self.slots - self.running + streams,
+            free_stream_slots=self.stream_slots - streams if self.stream_slots else None,
             running=[(p.nbytes, p.admitted_at + p.expected_s) for p in self._running.values()],
             now=now,
             exclusive_running=any(p.exclusive for p in self._running.values()),
@@ -330,6 +356,7 @@ class MemoryGate:
                 now,
                 now - leader.enqueued_at,
                 tuple(t.id for t in members),
+                stream=leader.stream,
             )
             self._running[leader.id] = permit
             permits.append(permit)

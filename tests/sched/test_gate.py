@@ -280,3 +280,52 @@ def test_with_a_batch_wait_a_full_group_runs_at_once():
 def test_a_batch_wait_does_not_hold_jobs_that_cannot_batch():
     gate, _ = batch_gate(10.0)
     assert isinstance(gate.submit(t(10)), Admit)
+
+
+# -- stream slots: streams that last minutes do not take the slots of one-shot jobs ------
+def stream(nbytes: int) -> Ticket:
+    return Ticket(nbytes=nbytes, deadline=1e9, expected_s=1.0, stream=True)
+
+
+@pytest.mark.parametrize(
+    ("queue", "free_slots", "free_streams", "admitted"),
+    [
+        # no job slot free: the stream behind the waiting job starts
+        ([t(10), stream(10)], 0, 1, [1]),
+        # no stream slot free: the job behind the waiting stream starts, the stream waits
+        ([stream(10), t(10)], 1, 0, [1]),
+        # both kinds free: queue order, each kind from its own slots
+        ([stream(10), t(10), stream(10), t(10)], 1, 1, [0, 1]),
+        # a slot-blocked stream is no head: a job behind it needs no reservation
+        ([stream(10), t(90)], 1, 0, [1]),
+        # without stream slots of their own, streams take job slots
+        ([stream(10), t(10)], 1, None, [0]),
+    ],
+)
+def test_streams_and_jobs_take_slots_of_their_own_kind(queue, free_slots, free_streams, admitted):
+    planned = plan_admissions(
+        queue,
+        free_bytes=100,
+        free_slots=free_slots,
+        running=[],
+        now=0.0,
+        exclusive_running=False,
+        max_head_bypass=2,
+        free_stream_slots=free_streams,
+    )
+    assert planned == admitted
+
+
+def test_four_streams_leave_the_job_slots_to_one_shot_jobs():
+    clock = FakeClock()
+    gate = MemoryGate(
+        pool=lambda: 100, capacity=lambda: 100, slots=4, stream_slots=4, max_queue=8,
+        clock=clock,
+    )  # fmt: skip
+    for _ in range(4):
+        assert isinstance(gate.submit(stream(10)), Admit)
+    assert isinstance(gate.submit(stream(10)), Wait)  # a fifth stream waits for a slot
+    assert isinstance(gate.submit(t(10)), Admit)  # an embedding does not
+    assert (gate.running, gate.running_streams) == (5, 4)
+    bytes_bound = gate.submit(t(60))  # 50 bytes held, 50 free: bytes still bind
+    assert isinstance(bytes_bound, Wait)
