@@ -130,8 +130,10 @@ class InferenceService:
         return max(0, snap.free_for_us + snap.ours_allocated - self.baseline - self.reserve)
 
     def capacity_bytes(self) -> int:
-        """The most the pool could be, if every other program let go."""
-        return max(0, self.snapshot().total - self.baseline - self.reserve)
+        """The most the pool could be, if every other program let go. A device's total
+        never changes: any reading serves (this is asked at every admission)."""
+        snap = self._snap[1] if self._snap is not None else self.snapshot()
+        return max(0, snap.total - self.baseline - self.reserve)
 
     def memory_line(self) -> str:
         """A compact device snapshot for log lines."""
@@ -286,7 +288,9 @@ class InferenceService:
         probe: bool = False,
     ) -> InferenceResult:
         """A one-shot request (embeddings, images) for a handler that can do `task`."""
-        handler = await self._handler_for(model, task, probe)
+        if self._model_away(model, probe):
+            await self.lifecycle.wait_loaded(model, self.clock() + self.settings.queue_timeout)
+        handler = self._handler_for(model, task, probe)
         self.in_flight[model] += 1
         try:
             return await self._infer(handler, model, inputs, gone, probe)
@@ -304,7 +308,9 @@ class InferenceService:
     ) -> Generation:
         """Price and admit a generation; returns once it holds its permit and runs.
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
-        handler = await self._handler_for(model, "generates", probe)
+        if self._model_away(model, probe):
+            await self.lifecycle.wait_loaded(model, self.clock() + self.settings.queue_timeout)
+        handler = self._handler_for(model, "generates", probe)
         cap = self.settings.default_max_tokens
         prepared = await self.executor.run_cpu(handler.prepare_generation, prompt, params, cap)
         key = self.price_key(model, handler, prepared)
@@ -366,15 +372,17 @@ class InferenceService:
         )
         self.book.record_generation(key, price_size(prepared), sample)
 
-    async def _handler_for(self, model: str, task: str, probe: bool) -> ModelHandler:
+    def _model_away(self, model: str, probe: bool) -> bool:
+        """Whether a request for `model` must first wait for it: a model being unloaded
+        or loaded is waited for (up to `queue_timeout`), and an unloaded one is loaded,
+        as a request waits for memory in the queue."""
+        entry = self.registry.entries.get(model)
+        return entry is not None and entry.state not in ("ready", "warming") and not probe
+
+    def _handler_for(self, model: str, task: str, probe: bool) -> ModelHandler:
         """The handler, if the server takes work now and the model can do `task`
-        (`embeds`, `generates`, `sees`); a refusal is counted and raised. A request for a
-        model being unloaded or loaded waits for it (up to `queue_timeout`), and one for
-        an unloaded model loads it, as a request waits for memory in the queue."""
+        (`embeds`, `generates`, `sees`); a refusal is counted and raised."""
         try:
-            entry = self.registry.entries.get(model)
-            if entry is not None and entry.state not in ("ready", "warming") and not probe:
-                await self.lifecycle.wait_loaded(model, self.clock() + self.settings.queue_timeout)
             handler = self._admissible(model, probe)
             if not getattr(handler, task):
                 raise WrongModelKind(

@@ -55,6 +55,9 @@ _FATAL_PATTERNS = re.compile(
 )
 
 
+_NO_STREAM = contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class MemorySnapshot:
     """One reading of device memory, in bytes."""
@@ -123,11 +126,11 @@ class Device(ABC):
         finally:
             del block
 
-    @contextlib.contextmanager
-    def job_stream(self) -> Iterator[None]:
+    def job_stream(self) -> contextlib.AbstractContextManager[Any]:
         """Where one job's device work is queued (CUDA: the inference thread's own stream,
-        so `synchronize` waits for this job only)."""
-        yield
+        so `synchronize` waits for this job only). Elsewhere nothing: one shared null
+        context, since this is entered around every job."""
+        return _NO_STREAM
 
     def is_oom(self, exc: BaseException) -> bool:
         """Out of device memory, in any of the forms torch raises it."""
@@ -227,13 +230,11 @@ class CudaDevice(Device):
     def empty_cache(self) -> None:
         self._cuda.empty_cache()
 
-    @contextlib.contextmanager
-    def job_stream(self) -> Iterator[None]:
+    def job_stream(self) -> contextlib.AbstractContextManager[Any]:
         stream = getattr(self._streams, "stream", None)
         if stream is None:
             stream = self._streams.stream = self._cuda.Stream(device=self.index)
-        with self._cuda.stream(stream):
-            yield
+        return self._cuda.stream(stream)
 
     def synchronize(self) -> None:
         """Wait for this thread's job only: a device-wide synchronize would also wait for

@@ -105,19 +105,20 @@ def plan_admissions(
     `free_slots`; a ticket whose kind has no free slot is passed over, and is no head.
     """
     separate = free_stream_slots is not None
-    # free slots by kind: True for a stream where streams have slots of their own
-    free = {False: free_slots, True: free_stream_slots if free_stream_slots is not None else 0}
-    if exclusive_running or max(free.values()) <= 0:
+    # free slots by kind: [jobs, streams]; a stream is kind 1 only where streams have
+    # slots of their own
+    free = [free_slots, free_stream_slots or 0]
+    if exclusive_running or (free[0] <= 0 and free[1] <= 0):
         return []
     ends = list(running)
     chosen: list[int] = []
     head: Ticket | None = None
     shadow, spare, overtakes = 0.0, 0, 0
     for index, ticket in enumerate(queue):
-        kind = ticket.stream and separate
-        if max(free.values()) <= 0:
-            break
+        kind = 1 if separate and ticket.stream else 0
         if free[kind] <= 0:
+            if free[1 - kind] <= 0:
+                break
             continue
         fits = ticket.nbytes <= free_bytes
         if head is None:
@@ -320,15 +321,21 @@ class MemoryGate:
 
     def _admit(self, now: float) -> list[Permit]:
         eligible = self._eligible(now) if self.batch_wait_s > 0 else None
-        streams = self.running_streams if self.stream_slots else 0
+        ends, held, streams, exclusive = [], 0, 0, False  # one pass over what runs
+        for p in self._running.values():
+            ends.append((p.nbytes, p.admitted_at + p.expected_s))
+            held += p.nbytes
+            streams += p.stream
+            exclusive = exclusive or p.exclusive
+        separate = self.stream_slots > 0
         chosen = plan_admissions(
             self._queue if eligible is None else [self._queue[i] for i in eligible],
-            free_bytes=self.free_bytes(),
-            free_slots=self.slots - self.running + streams,
-            free_stream_slots=self.stream_slots - streams if self.stream_slots else None,
-            running=[(p.nbytes, p.admitted_at + p.expected_s) for p in self._running.values()],
+            free_bytes=self._pool() - held,
+            free_slots=self.slots - len(ends) + (streams if separate else 0),
+            free_stream_slots=self.stream_slots - streams if separate else None,
+            running=ends,
             now=now,
-            exclusive_running=any(p.exclusive for p in self._running.values()),
+            exclusive_running=exclusive,
             max_head_bypass=self.max_head_bypass,
         )
         if not chosen:
