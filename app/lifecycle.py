@@ -72,7 +72,7 @@ class ModelLifecycle:
             await asyncio.sleep(LOAD_POLL_S)
 
     def ensure_loaded(self, name: str) -> None:
-        """A request for an unloaded model starts loading it (the request gets 503)."""
+        """A request for an unloaded model starts loading it (and waits: `wait_loaded`)."""
         entry = self.registry.entries.get(name)
         if entry is not None and entry.state == "unloaded" and name not in self._loading:
             self._loading[name] = asyncio.create_task(self.load(name))
