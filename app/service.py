@@ -82,6 +82,7 @@ class InferenceService:
     ) -> None:
         self.settings = settings
         self.device = device
+        self._device_key = device.key  # in every price key: read once
         self.registry = registry
         self.book = book
         self.executor = executor
@@ -458,7 +459,7 @@ class InferenceService:
         """Where the book keeps the price: the bucket, or a generation's prompt bucket
         (its line's tokens are the request's own), on these weights on this device."""
         bucket = f"p{prepared.kv_bound[0]}" if prepared.kv_bound else prepared.bucket.label
-        return PriceKey(model, bucket, self.device.key, handler.dtype, handler.fingerprint)
+        return PriceKey(model, bucket, self._device_key, handler.dtype, handler.fingerprint)
 
     def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
         if prepared.kv_bound is not None:

