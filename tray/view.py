@@ -57,6 +57,9 @@ def state_of(status: dict[str, Any], rejected_queue_full_delta: int = 0) -> str:
     return "ready"
 
 
+TOOLTIP_MAX = 127  # Windows keeps 127 characters of a tray icon's tooltip (szTip[128])
+
+
 def _gib(value: float) -> str:
     return f"{value / GiB:.1f}"
 
@@ -90,7 +93,7 @@ def view_of(
         tooltip += f" · restarts {restarts}"
     warnings = tuple(device.get("warnings", ()))
     if warnings:  # the full text is a menu line: a tooltip is cut at 127 characters
-        tooltip = f"⚠ {warnings[0][:60]}… · " + tooltip
+        tooltip = (f"⚠ {warnings[0][:60]}… · " + tooltip)[:TOOLTIP_MAX]
     lines = (
         f"{state.capitalize()} on {device['name']}",
         f"VRAM {_gib(used)} of {_gib(total)} GiB (vramgate {_gib(device['used_by_us_bytes'])})",

@@ -489,7 +489,8 @@ def nvidia_gpus(nvml: Any) -> list[str]:
 
 CPU_ONLY_TORCH = (
     "an NVIDIA GPU ({gpus}) is present but this PyTorch is a CPU-only build, so vramgate "
-    "serves on the CPU: install PyTorch's CUDA build (README, 'On an NVIDIA GPU') and restart"
+    "serves on the CPU: install PyTorch's CUDA build from PyTorch's own package index (the "
+    "README's set-up section says how) and restart"
 )
 
 

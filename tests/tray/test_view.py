@@ -69,3 +69,15 @@ def test_restarts_and_problems_show_in_the_tooltip():
 
 def test_equal_figures_give_equal_icon_views():
     assert view_of(STATUS).icon == view_of(copy.deepcopy(STATUS)).icon
+
+
+def test_a_device_warning_leads_the_tooltip_and_stands_whole_in_the_menu():
+    """An NVIDIA GPU with a CPU-only PyTorch: the person must see why the GPU sits idle."""
+    warning = (
+        "an NVIDIA GPU (NVIDIA GeForce RTX 4090) is present but this PyTorch is a CPU-only "
+        "build, so vramgate serves on the CPU: install PyTorch's CUDA build and restart"
+    )
+    view = view_of(status(device__warnings=[warning]))
+    assert view.tooltip.startswith("⚠ an NVIDIA GPU") and len(view.tooltip) <= 127
+    assert f"⚠ {warning}" in view.lines
+    assert "⚠" not in view_of(STATUS).tooltip  # no warning, no sign
