@@ -363,7 +363,8 @@ class BudgetBook:
         """An unmeasured prompt bucket's fixed part from measured ones of the model: the
         smallest larger one, else the largest smaller one scaled up with a margin (the
         prefill's activations grow with the prompt). 0 when none is measured."""
-        larger, smaller = [], []
+        larger: list[tuple[int, int]] = []
+        smaller: list[tuple[int, int]] = []
         for other, e in self._entries.items():
             fixed = e.fixed() if e.generation else None
             if other == key or other.family() != key.family() or fixed is None:
