@@ -120,15 +120,12 @@ class Executor:
         allocations would land in its peak. Returns the result and whether the load ran
         with no job on the device (its own growth in memory is then all its own)."""
         with self._lock:
-            alone = self._active == 0
-            self._active += 1
-            self._starts += 1
-            my_start = self._starts
+            alone, my_start = self._begin_locked()
         try:
             result = await self.run_in_own_thread(fn, *args)
         finally:
             with self._lock:
-                clean = alone and self._starts == my_start
+                clean = self._alone_throughout_locked(alone, my_start)
                 self._active -= 1
         return result, clean
 
@@ -143,10 +140,7 @@ class Executor:
 
     def _measured(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[T, Measurement]:
         with self._lock:
-            alone = self._active == 0
-            self._active += 1
-            self._starts += 1
-            my_start = self._starts
+            alone, my_start = self._begin_locked()
             if alone:
                 self.device.begin_peak()
             base = self.device.allocated()
@@ -157,12 +151,24 @@ class Executor:
                 self.device.synchronize()
             run_s = time.perf_counter() - started
             with self._lock:
-                clean = alone and self._starts == my_start
+                clean = self._alone_throughout_locked(alone, my_start)
                 peak = max(0, self.device.peak() - base) if clean else 0
             return result, Measurement(peak, run_s, clean)
         finally:
             with self._lock:
                 self._active -= 1
+
+    def _begin_locked(self) -> tuple[bool, int]:
+        """Count one more piece of device work (a job or a load); under the lock. Returns
+        whether the device was idle, and the work's start number."""
+        alone = self._active == 0
+        self._active += 1
+        self._starts += 1
+        return alone, self._starts
+
+    def _alone_throughout_locked(self, alone: bool, my_start: int) -> bool:
+        """Whether work that began `alone` saw no other work start; under the lock."""
+        return alone and self._starts == my_start
 
     @property
     def active(self) -> int:

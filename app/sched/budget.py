@@ -84,6 +84,14 @@ class Quote(NamedTuple):
     floor: int = 0  # proven need: the bucket failed alone with this much memory
 
 
+def line_source(rate: int | None, fixed: int | None) -> Source:
+    """Where a generation line comes from: both parts measured, the rate only, or the
+    model's geometry alone."""
+    if rate is None:
+        return "geometry"
+    return "learned" if fixed is not None else "learned_rate"
+
+
 def p95(values: list[int]) -> int:
     """Nearest-rank 95th percentile."""
     ordered = sorted(values)
@@ -199,11 +207,8 @@ class BudgetBook:
             if fixed is not None
             else max(geometry.fixed_bytes, self._neighbour_fixed(key, size)) * GEOMETRY_MARGIN
         )
-        source: Source = "geometry"
-        if rate is not None:
-            source = "learned" if fixed is not None else "learned_rate"
         nbytes = max(math.ceil((base + per_token * tokens) * penalty), floor)
-        return Quote(nbytes, False, source, expected, floor)
+        return Quote(nbytes, False, line_source(rate, fixed), expected, floor)
 
     def record(self, key: PriceKey, size: int, peak: int, run_s: float) -> None:
         """A peak measured while the job ran alone (a clean sample)."""
@@ -274,12 +279,10 @@ class BudgetBook:
                 "ooms": entry.ooms,
             }
             if entry.generation:
-                rate = self._family_rate(key)
-                row["fixed_bytes"] = entry.fixed()
+                rate, fixed = self._family_rate(key), entry.fixed()
+                row["fixed_bytes"] = fixed
                 row["per_token_bytes"] = rate
-                row["source"] = (
-                    "learned" if entry.peaks and rate else "learned_rate" if rate else "geometry"
-                )
+                row["source"] = line_source(rate, fixed)
                 row["samples"] = len(entry.run_s)
             rows.append(row)
         return rows
