@@ -10,7 +10,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -28,6 +27,7 @@ from app.errors import (
     EXIT_WEDGED,
     DeviceUnavailable,
 )
+from app.ports import port_free
 from app.settings import (
     ENV_PREFIX,
     ModelSpec,
@@ -133,19 +133,6 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def port_free(host: str, port: int) -> bool:
-    if port == 0:
-        return True
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def resolve_token(settings: Settings) -> Settings:
     """Beyond loopback a token is required; `auto` makes one, in a file only the user
     can read (DATA_DIR/token), and never logs it."""
@@ -211,7 +198,7 @@ def serve(settings: Settings) -> int:
 
     def on_fatal() -> None:
         nonlocal exit_code
-        exit_code = app.state.service.exit_code or EXIT_FATAL_DEVICE
+        exit_code = app.state.service.state.exit_code or EXIT_FATAL_DEVICE
         if server is not None:
             server.should_exit = True
 
@@ -236,7 +223,7 @@ def serve(settings: Settings) -> int:
         # peer, never an X-Forwarded-For header a local program could forge.
         proxy_headers=False,
     )
-    server = DrainingServer(config, app.state.service.begin_stop)
+    server = draining_server(config, app.state.service.begin_stop)
     run_until_stopped(server)
     log.info("vramgate stopped (exit code %d)", exit_code)
     logging.shutdown()
@@ -245,7 +232,7 @@ def serve(settings: Settings) -> int:
     return exit_code
 
 
-def DrainingServer(config: Any, on_stop: Callable[[], None]) -> Any:
+def draining_server(config: Any, on_stop: Callable[[], None]) -> Any:
     """uvicorn's server, telling the service the moment it starts shutting down: waiting
     requests get 503 at once instead of after uvicorn's grace period."""
     import uvicorn

@@ -147,7 +147,7 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     """Dequantise a GGUF once into a float16 safetensors folder, and check it."""
     import torch
 
-    from app.models.generation import load_causal_lm
+    from app.models.causal_lm import load_causal_lm
 
     print(f"converting {gguf.name} to a safetensors folder (once)", flush=True)
     tokenizer, model = load_causal_lm(gguf, torch.float32)
@@ -169,7 +169,7 @@ def check_conversion(want: Any, ids: Any, target: Path) -> None:
     (`want`, computed before conversion) for the prompt `ids`."""
     import torch
 
-    from app.models.generation import load_causal_lm
+    from app.models.causal_lm import load_causal_lm
 
     _, converted = load_causal_lm(target, torch.float32)
     with torch.inference_mode():

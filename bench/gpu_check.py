@@ -49,13 +49,13 @@ def text(tokens: int) -> str:
 def device_facts(service: Any) -> dict[str, Any]:
     import torch
 
-    snap = service.snapshot(fresh=True)
+    snap = service.memory.snapshot(fresh=True)
     return {
         **service.device.describe(),
         "total_bytes": snap.total,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "pool_bytes": service.pool_bytes(),
+        "pool_bytes": service.memory.pool_bytes(),
     }
 
 
@@ -86,12 +86,12 @@ def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, in
 def isolated_generation_peak(model_dir: Path, device_spec: str, prompt: str, tokens: int) -> int:
     """One generation of `tokens` tokens with the model alone on the device."""
     from app.engine.device import make_device
-    from app.models.generation import GenerationHandler
-    from app.models.textgen import SamplingParams, TokenStream
+    from app.models.causal_lm import CausalLMHandler
+    from app.models.decoding import SamplingParams, TokenStream
     from app.settings import ModelSpec, load_settings
 
     device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
-    handler = GenerationHandler(ModelSpec(name="llama", kind="generation", path=model_dir))
+    handler = CausalLMHandler(ModelSpec(name="llama", kind="generation", path=model_dir))
     handler.load(device)
     handler.prime()
     params = SamplingParams(max_tokens=tokens, temperature=0.0)
@@ -271,9 +271,10 @@ def main() -> int:
     )
     with live_server(settings) as live:
         service = live.service
-        snap = service.snapshot(fresh=True)
+        snap = service.memory.snapshot(fresh=True)
         # Limit the pool: reserve everything above --pool-gib of what jobs may hold.
-        service.reserve = max(0, service.pool_bytes() + service.reserve - limit)
+        memory = service.memory
+        memory.reserve = max(0, memory.pool_bytes() + memory.reserve - limit)
         report["device"] = device_facts(service)
         import httpx
 

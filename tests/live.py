@@ -19,8 +19,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.api.app import create_app
+from app.core.service import InferenceService
 from app.engine.device import Device
-from app.service import InferenceService
 from app.settings import Settings, load_settings
 
 

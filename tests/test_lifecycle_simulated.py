@@ -49,7 +49,7 @@ def test_simulated_a_load_waits_for_room_for_its_weights(server_factory):
         short = {"model": "a", "prompt": "one", "max_tokens": 2}
         assert client.post("/v1/completions", json=short).status_code == 200
         stream, lines, ended = start_stream(live.url, "a", live.status)
-        assert not any(p.exclusive for p in live.service.gate.permits)
+        assert not any(p.exclusive for p in live.service.scheduler.gate.permits)
         # 1 GiB − a's 100 MiB of weights − its stream's 700 MiB leaves no room for 600 MiB
         loaded = client.post("/admin/models/b/load").json()
         stream.join()

@@ -211,7 +211,7 @@ def test_the_conversion_check_compares_with_the_unconverted_model(tmp_path):
     weight beyond float16's range (max 65504) becomes inf once saved: the check fails."""
     import torch
 
-    from app.models.generation import load_causal_lm
+    from app.models.causal_lm import load_causal_lm
     from app.pull import check_conversion
 
     folder = save_random_llama(tmp_path / "src", context=64)

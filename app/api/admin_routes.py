@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
+from app.core.service import InferenceService
 from app.errors import Forbidden
-from app.service import InferenceService
 from app.settings import MODEL_NAME_PATTERN
 
 
@@ -33,13 +33,13 @@ def _service(request: Request) -> InferenceService:
 @router.post("/pause")
 async def pause(request: Request) -> dict[str, Any]:
     """New inference requests get 503 `paused` until resumed; running ones finish."""
-    _service(request).paused = True
+    _service(request).state.paused = True
     return {"paused": True}
 
 
 @router.post("/resume")
 async def resume(request: Request) -> dict[str, Any]:
-    _service(request).paused = False
+    _service(request).state.paused = False
     return {"paused": False}
 
 

@@ -16,13 +16,13 @@ from app.api import admin_routes, openai_routes, ops_routes, vision_routes
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
+from app.core.service import InferenceService
 from app.engine.device import Device, make_device
 from app.engine.executor import Executor
 from app.engine.registry import ModelRegistry
 from app.logconfig import set_snapshot_provider
 from app.metrics import Metrics
 from app.sched.budget import BudgetBook
-from app.service import InferenceService
 from app.settings import Settings
 
 log = logging.getLogger("vramgate.app")

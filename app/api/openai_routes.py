@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 import uuid
@@ -20,13 +19,15 @@ from app.api.schemas import (
     CompletionRequest,
     EmbeddingRequest,
     PredictRequest,
-    ValidEmbeddingRequest,
     validate_embedding_request,
+    validate_generation_request,
 )
-from app.errors import ClientGone, InvalidRequest, ShuttingDown, VramgateError
-from app.models.textgen import GenerationOutcome
-from app.outcomes import Cost, Generation, InferenceResult
-from app.service import InferenceService
+from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
+from app.core.service import InferenceService
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, Cost, InferenceResult
+from app.errors import ClientGone, ShuttingDown, VramgateError
+from app.models.decoding import DecodeResult
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -38,14 +39,19 @@ def _service(request: Request) -> InferenceService:
 
 
 def disconnected(request: Request) -> Callable[[], Awaitable[None]]:
-    """Waits until the client goes away (the body has been read already). The service
-    only starts this when a request has to wait, so most requests never pay for it."""
+    """Waits until the client goes away (the body has been read already)."""
 
     async def wait() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
     return wait
+
+
+def client_watch(request: Request) -> ClientWatch:
+    """The request's one disconnect watch; the core starts it only when a request has
+    to wait, so most requests never pay for it."""
+    return ClientWatch(disconnected(request))
 
 
 async def read_body(request: Request) -> bytes:
@@ -116,13 +122,8 @@ async def create_embeddings(request: Request) -> Response:
     except ValidationError as exc:
         raise from_validation_errors(exc.errors()) from None
     valid = validate_embedding_request(body, service.settings)
-    result = await service.embed(valid.model, valid.texts, gone=disconnected(request))
-    if valid.dimensions is not None and valid.dimensions != result.output.shape[1]:
-        raise InvalidRequest(
-            f"model {valid.model!r} makes {result.output.shape[1]}-dimensional vectors; "
-            f"dimensions={valid.dimensions} is not supported",
-            param="dimensions",
-        )
+    with client_watch(request) as watch:
+        result = await service.embed(valid, watch)
     return Response(
         encode_embeddings(valid, result),
         media_type="application/json",
@@ -185,67 +186,64 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI chat completions, streamed as server-sent events with `stream: true`."""
     body = _parse(ChatRequest, await read_body(request))
-    return await _complete(request, body, Reply(body, "chat.completion", "chatcmpl"))
+    return await _complete(request, body, "chat.completion", "chatcmpl")
 
 
 @router.post("/completions", openapi_extra=_openapi_body(CompletionRequest), responses=STREAMED)
 async def create_completion(request: Request) -> Response:
     """OpenAI (legacy) text completions, streamed with `stream: true`."""
     body = _parse(CompletionRequest, await read_body(request))
-    return await _complete(request, body, Reply(body, "text_completion", "cmpl"))
+    return await _complete(request, body, "text_completion", "cmpl")
 
 
 async def _complete(
-    request: Request, body: ChatRequest | CompletionRequest, reply: Reply
+    request: Request, body: ChatRequest | CompletionRequest, kind: str, prefix: str
 ) -> Response:
     service = _service(request)
-    gone = disconnected(request)
-    prompt = body.as_prompt(service.settings)
-    generation = await service.generate(body.model, prompt, body.sampling(), gone=gone)
-    return await reply.respond(generation, gone)
+    valid = validate_generation_request(body, service.settings)
+    reply = Reply(valid, kind, prefix)
+    with client_watch(request) as watch:
+        generation = await service.generate(valid, watch)
+        if not valid.stream:
+            return await reply.respond(generation, watch)
+    # the stream's response reads the connection itself: the watch has ended
+    return reply.stream(generation)
 
 
 class Reply:
     """One generation's answer in OpenAI's shapes: a JSON body, or SSE chunks."""
 
-    def __init__(self, body: ChatRequest | CompletionRequest, kind: str, prefix: str) -> None:
+    def __init__(self, body: ValidGenerationRequest, kind: str, prefix: str) -> None:
         self.body = body
         self.chat = kind == "chat.completion"
         self.kind = kind
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    async def respond(
-        self, generation: Generation, gone: Callable[[], Awaitable[None]]
-    ) -> Response:
-        if not self.body.stream:
-            # A client that leaves stops the generation before its next step, as a
-            # stream's does; nobody reads the answer then.
-            watcher = asyncio.ensure_future(gone())
+    async def respond(self, generation: AdmittedGeneration, watch: ClientWatch) -> Response:
+        """The whole answer as one JSON body. A client that leaves stops the generation
+        before its next step, as a stream's does; nobody reads the answer then."""
+        watch.on_leave(generation.close)
+        try:
+            text = "".join([delta async for delta in generation.deltas()])
+            outcome, cost = await generation.outcome()
+        finally:
+            generation.close()
+        payload = self._envelope(self.kind, [self._choice(text, outcome.finish_reason)])
+        payload["usage"] = usage(outcome, cost)
+        return Response(
+            orjson.dumps(payload), media_type="application/json", headers=cost.headers()
+        )
 
-            def left(w: asyncio.Future[None]) -> None:
-                if not w.cancelled():
-                    generation.close()
-
-            watcher.add_done_callback(left)
-            try:
-                text = "".join([delta async for delta in generation.deltas()])
-                outcome, cost = await generation.outcome()
-            finally:
-                watcher.cancel()
-                generation.close()
-            payload = self._envelope(self.kind, [self._choice(text, outcome.finish_reason)])
-            payload["usage"] = usage(outcome, cost)
-            return Response(
-                orjson.dumps(payload), media_type="application/json", headers=cost.headers()
-            )
+    def stream(self, generation: AdmittedGeneration) -> Response:
+        """Server-sent events as the text is decoded."""
         return StreamingResponse(
             self._events(generation),
             media_type="text/event-stream",
             headers={**generation.admission_headers(), "Cache-Control": "no-cache"},
         )
 
-    async def _events(self, generation: Generation) -> AsyncIterator[bytes]:
+    async def _events(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         """Chunks as text is decoded; the last names the finish reason and carries usage;
         then `[DONE]`. A failure after the stream started arrives as an error event."""
         chunk = f"{self.kind}.chunk" if self.chat else self.kind
@@ -318,7 +316,7 @@ def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def usage(outcome: GenerationOutcome, cost: Cost) -> dict[str, Any]:
+def usage(outcome: DecodeResult, cost: Cost) -> dict[str, Any]:
     return {
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,

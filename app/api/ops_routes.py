@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.service import InferenceService
-from app.status import build_status
+from app.core.service import InferenceService
+from app.core.snapshot import status_document
 
 router = APIRouter(tags=["ops"])
 
@@ -24,13 +24,20 @@ async def health(request: Request) -> JSONResponse:
     """200 when ready to serve; 503 while loading, after a device failure, or when wedged."""
     service = _service(request)
     ready = service.ready
-    body = {"live": True, "ready": ready, "state": service.state}
+    body = {"live": True, "ready": ready, "state": service.state.phase}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    return build_status(_service(request))
+    service = _service(request)
+    return status_document(
+        service.view(),
+        service.device.describe(),
+        service.registry.describe(),
+        service.book.snapshot(),
+        service.metrics,
+    )
 
 
 @router.get(
@@ -41,18 +48,7 @@ async def metrics(request: Request) -> Response:
 
     service = _service(request)
     m = service.metrics
-    snap = service.snapshot()
-    m.queue_depth.set(service.gate.depth)
-    m.running.set(service.gate.running)
-    m.pool.set(service.pool_bytes())
-    m.admitted.set(service.gate.held_bytes)
-    m.device_total.set(snap.total)
-    m.device_used.set(snap.total - snap.free)
-    m.device_ours.set(snap.ours)
-    m.ready.set(1 if service.ready else 0)
-    for row in service.book.snapshot():
-        if row["price_bytes"] is not None:
-            m.price.labels(row["model"], row["bucket"]).set(row["price_bytes"])
+    service.view().set_gauges(m, service.book.snapshot())
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,16 +1,17 @@
-"""Request and response types. Every number is bounded and every list and string capped
-before anything is queued; `ValidEmbeddingRequest` is the only type the service sees."""
+"""Request bodies as clients send them. Every number is bounded and every list and string
+capped before anything is queued; each body becomes one of app.core.requests' validated
+types, the only requests the core sees."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
-from app.models.base import Prompt
-from app.models.textgen import SamplingParams
+from app.models.decoding import Prompt, SamplingParams
 from app.settings import MODEL_NAME_PATTERN, Settings
 
 # Outer bounds; the configured limits (Settings.max_inputs, max_input_chars) are tighter.
@@ -27,14 +28,6 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, le=65_536)
     user: str | None = Field(default=None, max_length=256)
-
-
-@dataclass(frozen=True)
-class ValidEmbeddingRequest:
-    model: str
-    texts: list[str]
-    encoding_format: Literal["float", "base64"]
-    dimensions: int | None
 
 
 def validate_embedding_request(body: EmbeddingRequest, settings: Settings) -> ValidEmbeddingRequest:
@@ -158,6 +151,16 @@ class CompletionRequest(_GenerationFields):
             raise InvalidRequest("the prompt is empty", param="prompt")
         _check_chars(len(prompt), settings, "prompt")
         return prompt
+
+
+def validate_generation_request(
+    body: ChatRequest | CompletionRequest, settings: Settings
+) -> ValidGenerationRequest:
+    """The request as the core takes it (a 400 for what fails a configured bound)."""
+    prompt = body.as_prompt(settings)
+    return ValidGenerationRequest(
+        body.model, prompt, body.sampling(), body.stream, body.include_usage
+    )
 
 
 def _check_chars(chars: int, settings: Settings, param: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,13 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from app.api.errors import from_validation_errors
-from app.api.openai_routes import disconnected, read_body
+from app.api.openai_routes import client_watch, read_body
 from app.api.schemas import PredictRequest
+from app.core.requests import ValidImageRequest
+from app.core.service import InferenceService
+from app.core.work import InferenceResult
 from app.errors import InvalidRequest
-from app.outcomes import InferenceResult
-from app.service import InferenceService
+from app.models.kinds import ImageModel
 from app.settings import MODEL_NAME_PATTERN, Settings
 
 router = APIRouter(prefix="/v1", tags=["vision"])
@@ -57,12 +60,13 @@ async def predict(
     request: Request, model: str = PathParam(max_length=64, pattern=MODEL_NAME_PATTERN)
 ) -> Response:
     service: InferenceService = request.app.state.service
-    images, top_k = await read_images(request, service.settings)
-    result = await service.infer(model, images, task="sees", gone=disconnected(request))
+    valid = await read_images(request, model, service.settings)
+    with client_watch(request) as watch:
+        result = await service.predict(valid, watch)
     headers = {**result.cost.headers(), "X-Content-Type-Options": "nosniff"}
     if isinstance(result.output, np.ndarray):
-        labels = getattr(service.registry.get(model), "labels", [])
-        body = scores_body(model, result, labels, top_k)
+        labels = service.registry.serving(model, ImageModel).labels
+        body = scores_body(model, result, labels, valid.top_k)
         return Response(orjson.dumps(body), media_type="application/json", headers=headers)
     if len(result.output) == 1:
         return Response(result.output[0], media_type="image/png", headers=headers)
@@ -74,7 +78,7 @@ async def predict(
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
 
-async def read_images(request: Request, settings: Settings) -> tuple[list[bytes], int]:
+async def read_images(request: Request, model: str, settings: Settings) -> ValidImageRequest:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
         form = await request.form(max_files=settings.max_images, max_fields=8)
@@ -101,7 +105,7 @@ async def read_images(request: Request, settings: Settings) -> tuple[list[bytes]
         raise InvalidRequest(
             f"{len(images)} images; at most {settings.max_images} per request", param="image"
         )
-    return images, top_k
+    return ValidImageRequest(model, images, top_k)
 
 
 def _top_k(value: Any) -> int:
@@ -113,7 +117,7 @@ def _top_k(value: Any) -> int:
 
 
 def scores_body(
-    model: str, result: InferenceResult, labels: list[str], top_k: int
+    model: str, result: InferenceResult, labels: Sequence[str], top_k: int
 ) -> dict[str, Any]:
     data = []
     for index, row in enumerate(result.output):

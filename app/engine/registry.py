@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from app.engine.device import Device
-from app.errors import ModelLoading, ModelNotFound
+from app.errors import ModelLoading, ModelNotFound, WrongModelKind
 from app.models.base import ModelHandler
+from app.models.causal_lm import CausalLMHandler
 from app.models.embedding import EmbeddingHandler
-from app.models.generation import GenerationHandler
+from app.models.kinds import CAPABILITIES, LACKING
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
 from app.settings import ModelSpec
@@ -23,15 +24,23 @@ State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded
 
 def make_handler(spec: ModelSpec, image_bounds: tuple[int, int] = (4096, 2**24)) -> ModelHandler:
     """`image_bounds`: the largest image side and pixel count accepted."""
+    handler: ModelHandler
     if spec.kind == "simulated":
         simulated = SimulatedHandler(spec)
         simulated.max_side, simulated.max_pixels = image_bounds
-        return simulated
-    if spec.kind == "generation":
-        return GenerationHandler(spec)
-    if spec.kind == "vision":
-        return VisionHandler(spec, *image_bounds)
-    return EmbeddingHandler(spec)
+        handler = simulated
+    elif spec.kind == "generation":
+        handler = CausalLMHandler(spec)
+    elif spec.kind == "vision":
+        handler = VisionHandler(spec, *image_bounds)
+    else:
+        handler = EmbeddingHandler(spec)
+    if not isinstance(handler, CAPABILITIES):
+        raise TypeError(f"{type(handler).__name__} fulfils no capability of app.models.kinds")
+    return handler
+
+
+H = TypeVar("H", bound=ModelHandler)
 
 
 @dataclass
@@ -67,6 +76,17 @@ class ModelRegistry:
                 raise ModelNotFound(f"model {name!r} failed to load: {entry.error}", param="model")
             raise ModelLoading(f"model {name!r} is still loading", retry_after=2)
         return entry.handler
+
+    def serving(self, name: str, capability: type[H]) -> H:
+        """The handler for `name` if it is ready and can do what `capability` is (an
+        app.models.kinds contract); a model of another kind is a 400 that says so."""
+        handler = self.get(name)
+        if not isinstance(handler, capability):
+            raise WrongModelKind(
+                f"model {name!r} is a {handler.kind} model: {LACKING[capability]}",
+                param="model",
+            )
+        return handler
 
     def entry(self, name: str) -> ModelEntry:
         entry = self.entries.get(name)

@@ -1,8 +1,5 @@
-"""The model handler interface, split at the resource boundary.
-
-`preprocess` runs on the CPU pool (tokenise, bucket), `forward` on the inference pool
-and is the only stage that holds device memory, `postprocess` on the CPU pool again.
-"""
+"""What every model handler shares: its prepared work (a bucket and a payload), what
+identifies its weights, and loading. Capabilities live in app.models.kinds."""
 
 from __future__ import annotations
 
@@ -11,19 +8,10 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from app.engine.device import Device
-from app.errors import WrongModelKind
-from app.sched.budget import Geometry
 from app.settings import ModelSpec
-
-if TYPE_CHECKING:
-    from app.models.textgen import GenerationOutcome, SamplingParams, TokenStream
-
-Prompt = str | list[dict[str, str]]  # a completion's text, or chat messages (role, content)
 
 
 @dataclass(frozen=True)
@@ -93,12 +81,13 @@ def next_pow2(value: int, floor: int = 1) -> int:
 
 
 class ModelHandler(ABC):
+    """What every model is: weights that load, unload and describe themselves. What a
+    model can *do* is one of the capability contracts of app.models.kinds (an embedder,
+    an image model, a text generator), which a handler inherits; the server asks for a
+    capability by its type, never by a flag or a name."""
+
     kind: str
-    dimensions: int
-    embeds = True  # serves /v1/embeddings (preprocess → forward → postprocess)
-    generates = False  # serves /v1/chat/completions and /v1/completions
-    sees = False  # serves /v1/models/{name}/predict with images (bytes) as inputs
-    postprocess_on_loop = True  # False: postprocess runs on the CPU pool (heavy encoding)
+    dimensions = 0  # an embedding's width, or an image model's class count
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -141,61 +130,10 @@ class ModelHandler(ABC):
         """Drop the weights; `load` may be called again later."""
         return None
 
-    @abstractmethod
-    def preprocess(self, texts: list[str]) -> Prepared: ...
-
-    @abstractmethod
-    def forward(self, prepared: Prepared) -> Any: ...
-
-    @abstractmethod
-    def postprocess(self, raw: Any) -> np.ndarray:
-        """Float32 array, one row per input, in the caller's order."""
-
-    def merge(self, parts: list[Prepared]) -> Prepared | None:
-        """Several requests as one forward (continuous batching), or None if they cannot
-        share one (too many inputs together). The rows of the result follow `parts`."""
-        return parts[0] if len(parts) == 1 else None
-
-    @property
-    def batchable(self) -> bool:
-        return self.spec.max_batch > 1
-
     def prime(self) -> None:
         """One unmeasured forward right after loading, so one-time lazy allocations
         (kernels, thread pools) land in the weights baseline and not in a bucket's price."""
         return None
-
-    def warmup_inputs(self) -> list[list[str]]:
-        """Requests run once after loading so the common buckets have learned prices."""
-        return [["warm up"]]
-
-    def warmup_images(self) -> list[bytes]:
-        """An image model's warm-up and probe input (encoded images)."""
-        return []
-
-    def probe_input(self) -> list[str]:
-        """The tiny real inference of the readiness check."""
-        return ["ok"]
-
-    def prepare_generation(
-        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
-    ) -> Prepared:
-        """Tokenise a prompt or chat and bucket it (see app.models.textgen). CPU pool."""
-        raise WrongModelKind(f"model {self.name!r} does not generate text", param="model")
-
-    def geometry(self, prompt_tokens: int) -> Geometry:
-        """A generation's cost from the model's config, before any measurement: KV bytes
-        per token and the prefill's activations for a prompt of `prompt_tokens`."""
-        return Geometry(0, 0)
-
-    def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
-        """Generate on the inference pool, emitting text to `stream` as it is decoded and
-        stopping before the next step once `stream.cancelled` is set."""
-        raise WrongModelKind(f"model {self.name!r} does not generate text", param="model")
-
-    def prior_bytes(self, bucket: Bucket) -> int:
-        """A declared or estimated cost before anything was measured (0: unknown)."""
-        return 0
 
     def describe(self) -> dict[str, Any]:
         return {

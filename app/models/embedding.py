@@ -22,7 +22,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from app.engine.device import Device
-from app.models.base import Bucket, ModelHandler, Prepared, next_pow2, weight_file_bytes
+from app.models.base import Bucket, Prepared, next_pow2, weight_file_bytes
+from app.models.kinds import Embedder
 from app.settings import ModelSpec
 
 MIN_SEQ_BUCKET = 16
@@ -38,7 +39,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-class EmbeddingHandler(ModelHandler):
+class EmbeddingHandler(Embedder):
     kind = "embedding"
 
     def __init__(self, spec: ModelSpec) -> None:

@@ -25,16 +25,18 @@ import torch
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Bucket, ModelHandler, Prepared, Prompt
-from app.models.images import encode_png, image_size
-from app.models.textgen import (
+from app.models.base import Bucket, Prepared
+from app.models.decoding import (
+    DecodeResult,
     GenerationInput,
-    GenerationOutcome,
+    Prompt,
     SamplingParams,
     StopScanner,
     TokenStream,
     generation_prepared,
 )
+from app.models.images import encode_png, image_size
+from app.models.kinds import Embedder, Generator, ImageModel
 from app.sched.budget import Geometry
 from app.settings import ModelSpec, SimulatedBucket
 
@@ -49,11 +51,11 @@ def _unit_vectors(count: int) -> np.ndarray:
 _VECTORS = _unit_vectors(4096)
 
 
-class SimulatedHandler(ModelHandler):
+class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
+    """Fakes every capability: texts, images (bytes) and prompts all come in."""
+
     kind = "simulated"
     dimensions = DIMENSIONS
-    generates = True  # and embeds, and takes images
-    sees = True
     max_side, max_pixels = 4096, 2**24  # image bounds; the registry sets the configured ones
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -195,7 +197,7 @@ class SimulatedHandler(ModelHandler):
             return Geometry(0, 0)
         return Geometry(int(gen.kv_bytes_per_token), int(gen.fixed_bytes))
 
-    def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
+    def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         assert self._device is not None, "load() first"
         task: GenerationInput = prepared.payload
         seed = task.params.seed
@@ -236,7 +238,7 @@ class SimulatedHandler(ModelHandler):
         if not scanner.stopped:
             stream.emit(scanner.push(text, final=True))
         kv_tokens = prompt + max(0, steps - 1) if steps else 0
-        return GenerationOutcome(
+        return DecodeResult(
             scanner.text,
             prompt,
             produced,
@@ -252,8 +254,8 @@ class SimulatedHandler(ModelHandler):
         picks = [zlib.crc32(item if isinstance(item, bytes) else item.encode()) for item in raw]
         return _VECTORS[np.array(picks, dtype=np.uint32) % len(_VECTORS)]
 
-    def warmup_images(self) -> list[bytes]:
-        return [encode_png(np.zeros((16, 16, 3), dtype=np.uint8))]
+    def warmup_image(self) -> bytes:
+        return encode_png(np.zeros((16, 16, 3), dtype=np.uint8))
 
     def warmup_inputs(self) -> list[list[str]]:
         return [[" ".join(["w"] * b.size)] for b in self._buckets if b.warm]

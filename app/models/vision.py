@@ -22,8 +22,9 @@ import torch
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Bucket, ModelHandler, Prepared, next_pow2
+from app.models.base import Bucket, Prepared, next_pow2
 from app.models.images import decode_rgb, encode_png
+from app.models.kinds import ImageModel
 from app.settings import ModelSpec
 
 MIN_SIDE_BUCKET = 64
@@ -57,10 +58,8 @@ def load_module(path: Path, arch: str | None, classes: int, device: torch.device
     return module.to(device)
 
 
-class VisionHandler(ModelHandler):
+class VisionHandler(ImageModel):
     kind = "vision"
-    embeds = False
-    sees = True
     postprocess_on_loop = False  # PNG encoding and score lists stay off the event loop
 
     def __init__(self, spec: ModelSpec, max_side: int = 4096, max_pixels: int = 2**24) -> None:
@@ -147,8 +146,8 @@ class VisionHandler(ModelHandler):
         self.forward(self._prepared(torch.zeros(1, 3, 64, 64)))
         self.forward_calls = 0
 
-    def warmup_images(self) -> list[bytes]:
-        return [encode_png(np.full((64, 64, 3), 128, dtype=np.uint8))]
+    def warmup_image(self) -> bytes:
+        return encode_png(np.full((64, 64, 3), 128, dtype=np.uint8))
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,9 @@
 """MemoryGate: admits a job when its price in bytes fits in the pool AND a slot is free.
 
 Pure Python: no torch, no FastAPI, no asyncio; the clock and the pool are injected.
-The gate is owned by one thread (the server's event loop); it has no lock.
+The gate is owned by one thread (the server's event loop); it has no lock. It calls
+nobody back: every call returns the permits it started, and its owner starts their work
+once the call has returned.
 
 Order: first come, first served among jobs that fit. A job at the head of the queue
 that does not fit yet may be overtaken by later, smaller jobs that fit now, at most
@@ -18,175 +20,12 @@ without blocking the other kind.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable
 
+from app.sched.plan import GroupPricer, grow_group, plan_admissions
+from app.sched.tickets import Admit, Decision, Permit, Reject, Ticket, Wait
 
-@dataclass(eq=False)  # a ticket is itself: finding it in the queue compares identities
-class Ticket:
-    """A job waiting for admission. `expected_s` is its learned run time."""
-
-    nbytes: int
-    deadline: float
-    expected_s: float = 0.0
-    exclusive: bool = False
-    label: str = ""
-    enqueued_at: float = 0.0
-    bypassed: int = 0
-    id: int = field(default=0)
-    # Waiting tickets with the same batch key may be admitted together, as one job.
-    batch_key: str | None = None
-    stream: bool = False  # a generation stream: takes a stream slot where there are some
-    batch_limit: int = 1
-    # Called (on the gate's thread) when the ticket is admitted, whichever call admits it.
-    on_admit: Callable[[Permit], None] | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class Permit:
-    """The right to run: holds `nbytes` of the pool and one slot until released."""
-
-    ticket_id: int
-    nbytes: int
-    exclusive: bool
-    expected_s: float
-    admitted_at: float
-    waited_s: float
-    members: tuple[int, ...] = ()  # the tickets admitted together, the first one leading
-    stream: bool = False  # holds a stream slot, not a job slot
-
-
-@dataclass(frozen=True)
-class Admit:
-    permit: Permit
-
-
-@dataclass(frozen=True)
-class Wait:
-    position: int
-    estimated_wait_s: float
-
-
-@dataclass(frozen=True)
-class Reject:
-    reason: Literal["queue_full", "exceeds_device"]
-    needed: int
-    available: int
-    queue_depth: int
-    estimated_wait_s: float
-
-
-Decision = Admit | Wait | Reject
-
-
-def plan_admissions(
-    queue: Sequence[Ticket],
-    *,
-    free_bytes: int,
-    free_slots: int,
-    running: Sequence[tuple[int, float]],
-    now: float,
-    exclusive_running: bool,
-    max_head_bypass: int,
-    free_stream_slots: int | None = None,
-) -> list[int]:
-    """Which queued tickets (indices, in order) start now. Pure; tested with tables.
-
-    `running` holds (bytes, expected end) of the jobs on the device. Tickets start in
-    order while they fit. The first that does not (the head) gets a reservation: the
-    time enough running jobs are expected to have ended for it to fit. A later ticket
-    may overtake it only if it fits now and either ends before that time or fits in
-    what will be spare when the head starts (EASY backfilling), and only while the head
-    has been overtaken fewer than `max_head_bypass` times, a bound that holds even when
-    run-time estimates are wrong.
-
-    With `free_stream_slots` (not None), stream tickets count against those instead of
-    `free_slots`; a ticket whose kind has no free slot is passed over, and is no head.
-    """
-    separate = free_stream_slots is not None
-    # free slots by kind: [jobs, streams]; a stream is kind 1 only where streams have
-    # slots of their own
-    free = [free_slots, free_stream_slots or 0]
-    if exclusive_running or (free[0] <= 0 and free[1] <= 0):
-        return []
-    ends = list(running)
-    chosen: list[int] = []
-    head: Ticket | None = None
-    shadow, spare, overtakes = 0.0, 0, 0
-    for index, ticket in enumerate(queue):
-        kind = 1 if separate and ticket.stream else 0
-        if free[kind] <= 0:
-            if free[1 - kind] <= 0:
-                break
-            continue
-        fits = ticket.nbytes <= free_bytes
-        if head is None:
-            if ticket.exclusive:
-                fits = fits and not ends
-            if fits:
-                chosen.append(index)
-                free_bytes -= ticket.nbytes
-                free[kind] -= 1
-                ends.append((ticket.nbytes, now + ticket.expected_s))
-                if ticket.exclusive:
-                    break
-                continue
-            head = ticket
-            shadow, spare = _reservation(ticket, free_bytes, ends)
-        elif head.bypassed + overtakes >= max_head_bypass:
-            break
-        elif fits and not ticket.exclusive:
-            ends_in_time = now + ticket.expected_s <= shadow
-            if ends_in_time or ticket.nbytes <= spare:
-                spare -= 0 if ends_in_time else ticket.nbytes
-                chosen.append(index)
-                free_bytes -= ticket.nbytes
-                free[kind] -= 1
-                overtakes += 1
-        if head.bypassed + overtakes >= max_head_bypass:
-            break
-    return chosen
-
-
-# Prices a would-be group of tickets: (bytes, exclusive), or None if they cannot be merged.
-GroupPricer = Callable[[Sequence[Ticket]], tuple[int, bool] | None]
-
-
-def grow_group(
-    leader: Ticket,
-    riders: Sequence[Ticket],
-    *,
-    available: int,
-    alone: bool,
-    price_group: GroupPricer,
-) -> tuple[list[Ticket], int, bool]:
-    """The largest group of `leader` plus a prefix of `riders` (same batch key, in queue
-    order) whose price fits in `available` bytes; exclusive only if it would run `alone`.
-    Tries the largest group first, then halves. Pure."""
-    count = min(len(riders), max(0, leader.batch_limit - 1))
-    while count > 0:
-        members = [leader, *riders[:count]]
-        priced = price_group(members)
-        if priced is not None:
-            nbytes, exclusive = priced
-            if nbytes <= available and (alone or not exclusive):
-                return members, nbytes, exclusive
-        count //= 2
-    return [leader], leader.nbytes, leader.exclusive
-
-
-def _reservation(head: Ticket, free_bytes: int, ends: list[tuple[int, float]]) -> tuple[float, int]:
-    """When the blocked `head` is expected to fit, and the bytes spare beside it then."""
-    available, shadow = free_bytes, float("inf")
-    for nbytes, end in sorted(ends, key=lambda e: e[1]):
-        if available >= head.nbytes and not head.exclusive:
-            break
-        available += nbytes
-        shadow = end
-    if available < head.nbytes:
-        return float("inf"), 0  # only memory other programs hold can let it in
-    return shadow, 0 if head.exclusive else available - head.nbytes
+__all__ = ["Admit", "Decision", "MemoryGate", "Permit", "Reject", "Ticket", "Wait"]
 
 
 class MemoryGate:
@@ -276,18 +115,19 @@ class MemoryGate:
         if ticket.nbytes > capacity:
             return Reject("exceeds_device", ticket.nbytes, capacity, self.depth, 0.0)
         self._queue.append(ticket)
-        admitted = self._admit(now)
+        started = tuple(self._admit(now))
         # admitted as a leader, or riding in a group whose leader waited (a pool that
         # grew, or a group that was gathering)
-        mine = next((p for p in admitted if ticket.id in (p.members or (p.ticket_id,))), None)
+        mine = next((p for p in started if ticket.id in p.ticket_ids), None)
         if mine is not None:
-            return Admit(mine)
+            return Admit(mine, started)
         position = self._queue.index(ticket)
         if position >= self.max_queue and not ignore_queue_limit:
             self._queue.remove(ticket)
             wait = self.estimated_wait_s()
-            return Reject("queue_full", ticket.nbytes, self.free_bytes(), self.depth, wait)
-        return Wait(position, self.estimated_wait_s(position))
+            free = self.free_bytes()
+            return Reject("queue_full", ticket.nbytes, free, self.depth, wait, started)
+        return Wait(position, self.estimated_wait_s(position), started)
 
     def release(self, permit: Permit) -> list[Permit]:
         """Give a permit back (idempotent) and return the permits this frees for waiters."""
@@ -367,10 +207,6 @@ class MemoryGate:
             )
             self._running[leader.id] = permit
             permits.append(permit)
-        for (members, _, _), permit in zip(groups, permits, strict=True):
-            for ticket in members:
-                if ticket.on_admit is not None:
-                    ticket.on_admit(permit)
         return permits
 
     def _eligible(self, now: float) -> list[int]:

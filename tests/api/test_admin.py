@@ -91,4 +91,4 @@ def test_shutdown_route_drains_and_stops_the_server(server_factory):
         return False
 
     wait_until(refused, 30, "no longer accepting")
-    wait_until(lambda: live.service.state == "stopping", 30, "drained and stopped")
+    wait_until(lambda: live.service.state.phase == "stopping", 30, "drained and stopped")

@@ -100,7 +100,7 @@ def test_simulated_client_gone_while_queued_never_runs(server_factory):
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
             first = asyncio.create_task(client.post("/v1/embeddings", json=body()))
             await asyncio.to_thread(
-                wait_until, lambda: live.service.gate.running == 1, 10, "first running"
+                wait_until, lambda: live.service.scheduler.gate.running == 1, 10, "first running"
             )
             await asyncio.to_thread(queue_one_and_hang_up, live.url)
             return (await first).status_code
@@ -166,7 +166,7 @@ def test_simulated_pool_follows_memory_taken_by_another_program(server_factory):
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
             pending = asyncio.create_task(client.post("/v1/embeddings", json=body()))
             await asyncio.to_thread(
-                wait_until, lambda: live.service.gate.depth == 1, 10, "waiting for memory"
+                wait_until, lambda: live.service.scheduler.gate.depth == 1, 10, "waiting for memory"
             )
             device.set_external(0)  # the game quits
             return (await pending).status_code
@@ -234,14 +234,14 @@ def test_simulated_client_gone_while_running_is_counted_and_the_permit_comes_bac
     )
     handler = live.service.registry.entries["sim"].handler
     calls_before = handler.forward_calls
-    post_and_hang_up(live.url, lambda: live.service.gate.running == 1, "running")
+    post_and_hang_up(live.url, lambda: live.service.scheduler.gate.running == 1, "running")
     # gone while its forward runs: the run finishes, its permit comes back, one count
     wait_until(
         lambda: live.status()["counters"]["rejected"].get("client_disconnected") == 1,
         10,
         "counted",
     )
-    wait_until(lambda: live.service.gate.running == 0, 10, "run over")
+    wait_until(lambda: live.service.scheduler.gate.running == 0, 10, "run over")
     assert handler.forward_calls == calls_before + 1
     assert live.status()["pool"]["admitted_bytes"] == 0
     assert httpx.post(live.url + "/v1/embeddings", json=body(), timeout=30).status_code == 200

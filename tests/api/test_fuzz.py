@@ -77,4 +77,4 @@ def test_after_fuzzing_the_server_is_healthy_and_holds_nothing(fuzzed):
     status = fuzzed.status()
     assert status["queue"]["depth"] == 0 and status["queue"]["running"] == 0
     assert status["pool"]["admitted_bytes"] == 0
-    assert fuzzed.service.runner.running == {} and fuzzed.service.runner.jobs == {}
+    assert fuzzed.service.scheduler.entries == 0  # nothing waits or runs

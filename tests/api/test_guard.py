@@ -193,7 +193,7 @@ def test_a_page_signs_in_with_the_token_in_its_address_and_then_only_reads(serve
         calls = live.service.registry.get("sim").forward_calls
         assert browser.post("/v1/embeddings", json=BODY).status_code == 401
         assert browser.post("/admin/pause").status_code == 401
-        assert live.service.paused is False
+        assert live.service.state.paused is False
         assert live.service.registry.get("sim").forward_calls == calls
 
     for forged in (b"0" * 64, b"\xe9t\xe9", b"%E2%82%AC", b"a=b; c"):

@@ -74,7 +74,7 @@ def test_simulated_handler_exception_is_a_generic_500_on_both_paths(server_facto
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "internal_error"
     assert "injected" not in r.text  # the cause is logged, not sent
-    assert live.service.gate.held_bytes == 0 and live.service.gate.depth == 0
+    assert live.service.scheduler.gate.held_bytes == 0 and live.service.scheduler.gate.depth == 0
 
 
 @pytest.mark.parametrize("hot_routes", [True, False])
@@ -90,4 +90,4 @@ def test_simulated_client_leaving_mid_body_is_no_server_error(server_factory, ho
     r = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"}, timeout=30)
     assert r.status_code == 200
     assert not [rec for rec in caplog.records if rec.levelname == "ERROR"]
-    assert live.service.gate.held_bytes == 0 and live.service.gate.depth == 0
+    assert live.service.scheduler.gate.held_bytes == 0 and live.service.scheduler.gate.depth == 0

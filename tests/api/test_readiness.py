@@ -31,7 +31,7 @@ def test_simulated_wedged_device_turns_health_unready_then_recovers(server_facto
         health_interval=0.5,
         queue_timeout=1,
     )
-    wait_until(lambda: live.service.gate.running == 0, 30, "warm-up done")
+    wait_until(lambda: live.service.scheduler.gate.running == 0, 30, "warm-up done")
 
     async def scenario() -> list[int]:
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
@@ -58,7 +58,7 @@ def test_model_that_fails_to_load_leaves_the_server_unready_but_others_serve(
 ):
     broken = ModelSpec(name="broken", kind="embedding", path=tmp_path / "missing")
     live = server_factory(device="simulated:1GiB", models=(sim(1), broken), ready=False)
-    wait_until(lambda: live.service.state in ("ready", "degraded"), 60, "start-up done")
+    wait_until(lambda: live.service.state.phase in ("ready", "degraded"), 60, "start-up done")
     assert httpx.get(live.url + "/health").status_code == 503
     states = {m["name"]: m for m in live.status()["models"]}
     assert states["broken"]["state"] == "failed" and "does not exist" in states["broken"]["error"]

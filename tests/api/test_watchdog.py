@@ -38,7 +38,7 @@ def test_simulated_hung_job_gets_504_its_permit_back_and_health_goes_bad(server_
     assert httpx.get(live.url + "/health").status_code == 503
     # Still away after another run_timeout: the service asks the process to end.
     wait_until(lambda: live.fatal_calls, 10, "the wedged exit")
-    assert live.service.exit_code == EXIT_WEDGED
+    assert live.service.state.exit_code == EXIT_WEDGED
 
 
 def test_simulated_job_back_in_time_clears_the_wedge(server_factory):
@@ -47,7 +47,7 @@ def test_simulated_job_back_in_time_clears_the_wedge(server_factory):
     )
     r = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"}, timeout=30)
     assert r.status_code == 504
-    wait_until(lambda: not live.service.runner.wedged, 10, "the thread back")
+    wait_until(lambda: not live.service.scheduler.wedged, 10, "the thread back")
     assert not live.fatal_calls
     ok = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"}, timeout=30)
     assert ok.status_code == 200

@@ -279,7 +279,7 @@ def test_a_job_waits_for_its_own_stream_not_the_whole_device():
 
 def test_bf16_only_where_native(tmp_path):
     """torch.cuda.is_bf16_supported() says yes on Turing (7.5), which emulates it."""
-    from app.models.generation import auto_dtype
+    from app.models.causal_lm import auto_dtype
 
     device, stats = fake_cuda_device(0)
     stats.capability = (7, 5)

@@ -9,7 +9,7 @@ import pytest
 
 from app.engine.device import CpuDevice
 from app.models.base import weights_fingerprint
-from app.models.generation import GenerationHandler
+from app.models.causal_lm import CausalLMHandler
 from app.settings import ModelSpec
 from tests.random_models import save_random_llama
 
@@ -34,11 +34,9 @@ def test_the_fingerprint_changes_with_the_weights_or_the_config(llama):
 
 
 def test_a_handler_is_identified_by_its_folder(llama):
-    handler = GenerationHandler(ModelSpec(name="tiny", kind="generation", path=llama))
+    handler = CausalLMHandler(ModelSpec(name="tiny", kind="generation", path=llama))
     assert handler.identify() == weights_fingerprint(llama)
-    other = GenerationHandler(
-        ModelSpec(name="tiny", kind="generation", path=llama, dtype="float16")
-    )
+    other = CausalLMHandler(ModelSpec(name="tiny", kind="generation", path=llama, dtype="float16"))
     assert other.identify() == handler.identify()  # the dtype is in the price key already
 
 
@@ -47,9 +45,9 @@ def test_a_load_is_priced_from_the_files_before_loading(llama):
     bytes; asked for float16, half of them."""
     size = (llama / "model.safetensors").stat().st_size
     spec = ModelSpec(name="tiny", kind="generation", path=llama)
-    assert GenerationHandler(spec).expected_weights_bytes(CpuDevice()) == size
+    assert CausalLMHandler(spec).expected_weights_bytes(CpuDevice()) == size
     half = spec.model_copy(update={"dtype": "float16"})
-    assert GenerationHandler(half).expected_weights_bytes(CpuDevice()) == size // 2
-    loaded = GenerationHandler(spec)
+    assert CausalLMHandler(half).expected_weights_bytes(CpuDevice()) == size // 2
+    loaded = CausalLMHandler(spec)
     loaded.load(CpuDevice())
     assert abs(loaded.weights_bytes() - size) < 0.01 * size  # the estimate was right

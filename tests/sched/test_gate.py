@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.sched.gate import Admit, MemoryGate, Reject, Ticket, Wait, plan_admissions
+from app.sched.gate import Admit, MemoryGate, Reject, Ticket, Wait
+from app.sched.plan import plan_admissions
 
 MiB = 2**20
 
@@ -134,15 +135,12 @@ def test_submit_admits_when_bytes_and_slot_free():
 def test_submit_waits_then_release_admits_fifo():
     gate, _ = make_gate(pool=100)
     first = gate.submit(t(70))
-    woken = []
     second, third = t(60), t(50)
-    second.on_admit = lambda p: woken.append(("second", p))
-    third.on_admit = lambda p: woken.append(("third", p))
     assert isinstance(gate.submit(second), Wait)
     assert isinstance(gate.submit(third), Wait)
     assert isinstance(first, Admit)
-    gate.release(first.permit)
-    assert [name for name, _ in woken] == ["second"]
+    woken = gate.release(first.permit)
+    assert [p.ticket_id for p in woken] == [second.id]
     assert gate.held_bytes == 60 and gate.depth == 1
 
 
@@ -203,15 +201,15 @@ def test_large_job_is_not_starved_by_a_stream_of_small_ones():
     permits = [gate.submit(t(30)).permit for _ in range(2)]  # 60 held
     big = t(90)
     started = []
-    big.on_admit = started.append
     gate.submit(big)
     passed = 0
     for _ in range(20):  # a stream of small jobs arrives; each old one finishes
         decision = gate.submit(t(10))
+        started += [p for p in decision.started if p.ticket_id == big.id]
         if isinstance(decision, Admit):
             passed += 1
             permits.append(decision.permit)
-        gate.release(permits.pop(0))
+        started += [p for p in gate.release(permits.pop(0)) if p.ticket_id == big.id]
         if started:
             break
     assert started, "the large job must start"

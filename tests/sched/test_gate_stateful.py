@@ -44,12 +44,14 @@ class GateMachine(RuleBasedStateMachine):
     permits = Bundle("permits")
     tickets = Bundle("tickets")
 
-    def _admitted(self, permit: Permit) -> None:
-        # At the moment of admission the held bytes (this one included) fit in the pool.
-        assert self.gate.held_bytes <= self.pool
-        assert permit.ticket_id not in self.running, "admitted twice"
-        self.running[permit.ticket_id] = permit
-        self.admission_order.append(permit.ticket_id)
+    def _took(self, started) -> None:
+        """What one gate call started: right after it, the held bytes (these included)
+        fit in the pool, and no ticket was started twice."""
+        for permit in started:
+            assert self.gate.held_bytes <= self.pool
+            assert permit.ticket_id not in self.running, "admitted twice"
+            self.running[permit.ticket_id] = permit
+            self.admission_order.append(permit.ticket_id)
 
     @rule(
         target=tickets,
@@ -59,8 +61,8 @@ class GateMachine(RuleBasedStateMachine):
     )
     def submit(self, nbytes: int, exclusive: bool, ttl: float):
         ticket = Ticket(nbytes=nbytes, deadline=self.now + ttl, exclusive=exclusive)
-        ticket.on_admit = self._admitted
         decision = self.gate.submit(ticket)
+        self._took(decision.started)
         if isinstance(decision, Reject):
             assert nbytes > CAPACITY or decision.reason == "queue_full"
             return multiple()
@@ -76,18 +78,19 @@ class GateMachine(RuleBasedStateMachine):
         """Release if running (maybe twice), otherwise cancel (client gone)."""
         permit = self.running.pop(ticket.id, None)
         if permit is not None:
-            self.gate.release(permit)
-            if double:
-                self.gate.release(permit)  # a double release must change nothing
+            self._took(self.gate.release(permit))
+            if double:  # a double release must change nothing
+                assert self.gate.release(permit) == []
         else:
-            self.gate.cancel(ticket)
-            self.gate.cancel(ticket)
+            self._took(self.gate.cancel(ticket))
+            assert self.gate.cancel(ticket) == []
         self.finished.add(ticket.id)
 
     @rule(seconds=st.floats(0.1, 10))
     def time_passes(self, seconds: float):
         self.now += seconds
-        expired, _ = self.gate.expire()
+        expired, started = self.gate.expire()
+        self._took(started)
         for ticket in expired:
             assert ticket.deadline <= self.now
             self.finished.add(ticket.id)
@@ -95,7 +98,7 @@ class GateMachine(RuleBasedStateMachine):
     @rule(pool=st.integers(0, CAPACITY))
     def other_program_changes_memory(self, pool: int):
         self.pool = pool
-        self.gate.pump()
+        self._took(self.gate.pump())
 
     @invariant()
     def accounting_is_exact(self):
@@ -136,12 +139,12 @@ class GateMachine(RuleBasedStateMachine):
     def teardown(self):
         # Cancelling everything and releasing everything returns every byte and slot.
         for ticket in self.gate.waiting:
-            self.gate.cancel(ticket)
+            self._took(self.gate.cancel(ticket))
         while self.running:
             _, permit = self.running.popitem()
-            self.gate.release(permit)
+            self._took(self.gate.release(permit))
             for ticket in self.gate.waiting:
-                self.gate.cancel(ticket)
+                self._took(self.gate.cancel(ticket))
         while self.gate.permits:  # admissions made by the last releases
             self.gate.release(self.gate.permits[0])
         assert self.gate.held_bytes == 0 and self.gate.running == 0 and self.gate.depth == 0
@@ -190,25 +193,29 @@ class GroupingMachine(RuleBasedStateMachine):
         total = int(sum(t.nbytes for t in tickets) * 1.1)
         return None if total > 90 else (total, False)
 
-    def _on_admit(self, ticket: Ticket, permit: Permit) -> None:
-        assert ticket.id not in self.admitted, "a ticket was admitted twice"
-        assert ticket.id in (permit.members or (permit.ticket_id,))
-        assert self.gate.held_bytes <= CAPACITY
-        self.admitted[ticket.id] = permit.ticket_id
-        self.permits[permit.ticket_id] = permit
+    def _took(self, started) -> None:
+        for permit in started:
+            assert self.gate.held_bytes <= CAPACITY
+            for ticket_id in permit.ticket_ids:
+                assert ticket_id not in self.admitted, "a ticket was admitted twice"
+                self.admitted[ticket_id] = permit.ticket_id
+            self.permits[permit.ticket_id] = permit
 
     @rule(nbytes=st.integers(1, 60), key=st.sampled_from([None, "a", "b"]))
     def submit(self, nbytes: int, key: str | None):
         ticket = Ticket(nbytes=nbytes, deadline=self.now + 100, batch_key=key, batch_limit=4)
-        ticket.on_admit = lambda permit, t=ticket: self._on_admit(t, permit)
-        self.gate.submit(ticket)
+        decision = self.gate.submit(ticket)
+        self._took(decision.started)
+        if isinstance(decision, Admit):  # its own permit is among those it started
+            assert ticket.id in decision.permit.ticket_ids
+            assert self.admitted[ticket.id] == decision.permit.ticket_id
 
     @rule(data=st.data())
     def finish_a_group(self, data):
         if not self.permits:
             return
         leader = data.draw(st.sampled_from(sorted(self.permits)))
-        self.gate.release(self.permits.pop(leader))
+        self._took(self.gate.release(self.permits.pop(leader)))
 
     @invariant()
     def groups_are_accounted_as_one(self):

@@ -24,7 +24,7 @@ def test_monitor_hands_over_a_view_only_when_it_changes(server_factory, tmp_path
     assert seen == [first]
     assert first.icon.state == "ready" and first.tooltip.startswith("VRAM 0.0 / 1.0 GiB")
     live.service.device.set_external(512 * MiB)
-    live.service.snapshot(fresh=True)
+    live.service.memory.snapshot(fresh=True)
     changed = monitor.poll()
     assert len(seen) == 2 and changed.icon.vram_fraction == 0.5
 

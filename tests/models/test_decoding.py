@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import ContextLengthExceeded
-from app.models.textgen import SamplingParams, StopScanner, generation_prepared
+from app.models.decoding import SamplingParams, StopScanner, generation_prepared
 
 
 def test_bucket_covers_the_worst_case_and_max_tokens_is_capped_by_the_context():

@@ -8,7 +8,7 @@ use the model's own chat template. Generation is our own step loop with a KV cac
 `torch.inference_mode()`, so a cancelled stream stops before its next forward step and
 every step is counted (`forward_calls`).
 
-Bucket: (prompt tokens, prompt + max_tokens), each rounded up (app.models.textgen). The
+Bucket: (prompt tokens, prompt + max_tokens), each rounded up (app.models.decoding). The
 price is a line (app.sched.budget): KV bytes per token × the token bound + the prefill's
 activations; before measurements, both come from the config (`geometry`), and every
 finished generation reports its own KV cache's bytes (`cache_bytes`).
@@ -26,15 +26,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import ModelHandler, Prepared, Prompt, weight_file_bytes
-from app.models.textgen import (
+from app.models.base import Prepared, weight_file_bytes
+from app.models.decoding import (
+    DecodeResult,
     GenerationInput,
-    GenerationOutcome,
+    Prompt,
     SamplingParams,
     StopScanner,
     TokenStream,
     generation_prepared,
 )
+from app.models.kinds import Generator
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
 
@@ -93,16 +95,13 @@ def cache_bytes(cache: Any) -> int:
     return visit(cache, 0)
 
 
-class GenerationHandler(ModelHandler):
+class CausalLMHandler(Generator):
     kind = "generation"
-    embeds = False
-    generates = True
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         assert spec.path is not None, "ModelSpec checks that a generation model has a path"
         self.path = Path(spec.path)
-        self.dimensions = 0
         self.context = spec.max_context
         self._model: Any = None
         self._tokenizer: Any = None
@@ -170,17 +169,6 @@ class GenerationHandler(ModelHandler):
         self._tokenizer = None
         gc.collect()
 
-    # -- embeddings: not this kind's job --------------------------------------------------
-    def preprocess(self, texts: list[str]) -> Prepared:
-        raise NotImplementedError("a generation model runs prepare_generation()")
-
-    def forward(self, prepared: Prepared) -> Any:
-        raise NotImplementedError("a generation model runs generate(), not forward()")
-
-    def postprocess(self, raw: Any) -> Any:
-        raise NotImplementedError("a generation model runs generate(), not forward()")
-
-    # -- generation ----------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
         tokenizer = self._tokenizer
         if isinstance(prompt, str):
@@ -199,7 +187,7 @@ class GenerationHandler(ModelHandler):
         ids = self.encode(prompt)
         return generation_prepared(self.name, ids, params, self.context, default_max_tokens)
 
-    def generate(self, prepared: Prepared, stream: TokenStream) -> GenerationOutcome:
+    def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         task: GenerationInput = prepared.payload
         params = task.params
         sampler = torch.Generator()
@@ -238,7 +226,7 @@ class GenerationHandler(ModelHandler):
         if not scanner.stopped:
             stream.emit(scanner.push(self._decode(produced), final=True))
         held = len(task.prompt_ids) + max(0, steps - 1) if steps else 0  # the last token
-        return GenerationOutcome(  # sampled is never fed back
+        return DecodeResult(  # sampled is never fed back
             scanner.text,
             len(task.prompt_ids),
             len(produced),
@@ -254,9 +242,6 @@ class GenerationHandler(ModelHandler):
     def prime(self) -> None:
         with torch.inference_mode():
             self._model(input_ids=torch.tensor([[0]], device=self._device))
-
-    def warmup_inputs(self) -> list[list[str]]:
-        return [["Say hello."]]
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         logits = (1 if self._keep_last_logits else prompt_tokens) * self._vocab * 4

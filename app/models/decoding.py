@@ -19,6 +19,8 @@ from app.models.base import Bucket, Prepared, next_pow2
 
 MIN_TOKEN_BUCKET = 16
 
+Prompt = str | list[dict[str, str]]  # a completion's text, or chat messages (role, content)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -41,7 +43,7 @@ class GenerationInput:
 
 
 @dataclass(frozen=True)
-class GenerationOutcome:
+class DecodeResult:
     text: str
     prompt_tokens: int
     completion_tokens: int

@@ -1,0 +1,52 @@
+"""Readiness and the watchdog: when work last completed, and threads that do not come
+back. A wedged device stops completions; /health turns unhealthy at once, and if a
+thread is still not back after another `run_timeout`, the process ends (exit 76) so the
+supervisor starts a fresh one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.core.scheduler import Scheduler
+from app.core.state import ServerState
+from app.errors import EXIT_WEDGED
+from app.settings import Settings
+
+
+class Health:
+    def __init__(
+        self,
+        state: ServerState,
+        scheduler: Scheduler,
+        settings: Settings,
+        clock: Callable[[], float],
+        on_wedged: Callable[[BaseException, int], None],
+    ) -> None:
+        self._state = state
+        self._scheduler = scheduler
+        self._settings = settings
+        self._clock = clock
+        self._on_wedged = on_wedged
+        self.last_alive = clock()  # when a job last completed: a wedged device stops this
+        self.wedged_since: float | None = None
+
+    def alive(self) -> None:
+        """A job completed."""
+        self.last_alive = self._clock()
+
+    @property
+    def ready(self) -> bool:
+        stale_after = 3 * self._settings.health_interval + self._settings.queue_timeout
+        fresh = self._clock() - self.last_alive < stale_after
+        return self._state.phase == "ready" and fresh and not self._scheduler.wedged
+
+    def watchdog(self) -> None:
+        """Runs without progress for `run_timeout` get 504 and their permits back."""
+        now, limit = self._clock(), self._settings.run_timeout
+        if self._scheduler.watch(now, limit) and self.wedged_since is None:
+            self.wedged_since = now
+        if not self._scheduler.wedged:
+            self.wedged_since = None
+        elif self.wedged_since is not None and now - self.wedged_since > limit:
+            error = RuntimeError(f"an inference thread has not come back for {2 * limit:g}s")
+            self._on_wedged(error, EXIT_WEDGED)

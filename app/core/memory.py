@@ -1,0 +1,36 @@
+"""What jobs may hold: the device's memory as the pool and the capacity the gate admits
+against, above the weights (`baseline`) and the reserve left to other programs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.engine.device import Device, MemorySnapshot
+
+SNAPSHOT_TTL_S = 0.05
+
+
+class MemoryView:
+    def __init__(self, device: Device, reserve: int, clock: Callable[[], float]) -> None:
+        self.device = device
+        self.reserve = reserve
+        self.baseline = 0  # our memory after the weights loaded; jobs are priced above it
+        self._clock = clock
+        self._snap: tuple[float, MemorySnapshot] | None = None
+
+    def snapshot(self, fresh: bool = False) -> MemorySnapshot:
+        now = self._clock()
+        if fresh or self._snap is None or now - self._snap[0] > SNAPSHOT_TTL_S:
+            self._snap = (now, self.device.snapshot())
+        return self._snap[1]
+
+    def pool_bytes(self) -> int:
+        """What jobs may hold in total now: follows memory other programs take or free."""
+        snap = self.snapshot()
+        return max(0, snap.free_for_us + snap.ours_allocated - self.baseline - self.reserve)
+
+    def capacity_bytes(self) -> int:
+        """The most the pool could be, if every other program let go. A device's total
+        never changes: any reading serves (this is asked at every admission)."""
+        snap = self._snap[1] if self._snap is not None else self.snapshot()
+        return max(0, snap.total - self.baseline - self.reserve)

@@ -1,0 +1,116 @@
+"""The pricer: where a job's price is kept, what it is now, the bytes and exclusivity it
+is admitted with, and what each run teaches. It reads the book and the device's
+capacity; it never calls the scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from app.core.work import Job
+from app.engine.executor import Measurement
+from app.models.base import Prepared
+from app.models.decoding import DecodeResult
+from app.models.kinds import Generator, OneShotModel
+from app.sched.budget import BudgetBook, GenerationSample, PriceKey, Quote
+
+Handler = OneShotModel[Any] | Generator
+
+
+def price_size(prepared: Prepared) -> int:
+    """The numeric size of the bucket a price is kept under (see `Pricer.key`)."""
+    return prepared.kv_bound[0] if prepared.kv_bound else prepared.bucket.size
+
+
+class Pricer:
+    def __init__(self, book: BudgetBook, device_key: str, capacity: Callable[[], int]) -> None:
+        self.book = book
+        self._device_key = device_key  # in every price key: read once
+        self._capacity = capacity
+
+    def key(self, model: str, handler: Handler, prepared: Prepared) -> PriceKey:
+        """Where the book keeps the price: the bucket, or a generation's prompt bucket
+        (its line's tokens are the request's own), on these weights on this device."""
+        bucket = f"p{prepared.kv_bound[0]}" if prepared.kv_bound else prepared.bucket.label
+        return PriceKey(model, bucket, self._device_key, handler.dtype, handler.fingerprint)
+
+    def quote(self, handler: Handler, key: PriceKey, prepared: Prepared) -> Quote:
+        if prepared.kv_bound is not None and isinstance(handler, Generator):
+            prompt, tokens = prepared.kv_bound
+            return self.book.quote_generation(key, prompt, tokens, handler.geometry(prompt))
+        prior = handler.prior_bytes(prepared.bucket) if isinstance(handler, OneShotModel) else 0
+        return self.book.quote(key, prepared.bucket.size, prior)
+
+    def admission(self, quote: Quote) -> tuple[int, bool]:
+        """The bytes and exclusivity a quote is admitted with. An exclusive price is a
+        guess: it runs alone whatever it says, unless proven too big for the device. A
+        price that penalties raised above the device, for a bucket never proven too big
+        (its floor fits), also runs alone rather than being refused for good."""
+        capacity = self._capacity()
+        if quote.exclusive or (quote.nbytes > capacity >= quote.floor):
+            return max(min(quote.nbytes, capacity), quote.floor), True
+        return quote.nbytes, False
+
+    # -- groups ----------------------------------------------------------------------
+    def group(self, jobs: Sequence[Job]) -> tuple[Prepared, PriceKey] | None:
+        """Several one-shot jobs of one model as one forward: the merged input and its
+        key (the leader's, with the group's own bucket), or None if they cannot merge."""
+        leader = jobs[0]
+        handler = leader.handler
+        if len(jobs) == 1:
+            return leader.prepared, leader.key
+        if not isinstance(handler, OneShotModel):
+            return None
+        merged = handler.merge([job.prepared for job in jobs])
+        if merged is None:
+            return None
+        key = leader.key
+        if merged.bucket.label != key.bucket:  # built directly: replace() costs more
+            key = PriceKey(
+                leader.model, merged.bucket.label, key.device, key.dtype, key.fingerprint
+            )
+        return merged, key
+
+    def group_admission(self, jobs: Sequence[Job]) -> tuple[int, bool] | None:
+        """What a would-be group is admitted with, or None if it cannot be one."""
+        grouped = self.group(jobs)
+        if grouped is None:
+            return None
+        merged, key = grouped
+        return self.admission(self.quote(jobs[0].handler, key, merged))
+
+    # -- learning --------------------------------------------------------------------
+    def record(self, key: PriceKey, prepared: Prepared, measurement: Measurement) -> None:
+        if measurement.alone:
+            self.book.record(key, prepared.bucket.size, measurement.peak_bytes, measurement.run_s)
+        else:
+            self.book.record_run_time(key, prepared.bucket.size, measurement.run_s)
+
+    def record_generation(
+        self, key: PriceKey, prepared: Prepared, outcome: DecodeResult, measurement: Measurement
+    ) -> None:
+        """Every finished generation teaches its model's line, however it ended: its KV
+        bytes per token (its own cache, measured even beside others) and, when it ran
+        alone, the fixed part of its peak. One priced as a plain bucket (a simulated
+        model holding its bucket's bytes throughout) teaches that bucket."""
+        if prepared.kv_bound is None:
+            self.record(key, prepared, measurement)
+            return
+        sample = GenerationSample(
+            outcome.kv_tokens,
+            outcome.kv_bytes,
+            measurement.peak_bytes,
+            measurement.run_s,
+            measurement.alone,
+        )
+        self.book.record_generation(key, price_size(prepared), sample)
+
+    def penalize(self, key: PriceKey, prepared: Prepared, *, alone: bool, pool: int) -> None:
+        """An out-of-memory run: its price goes up (see BudgetBook.penalize)."""
+        self.book.penalize(
+            key,
+            price_size(prepared),
+            alone=alone,
+            pool=pool,
+            generation=prepared.kv_bound is not None,
+        )

@@ -1,0 +1,33 @@
+"""Validated requests: what the routes hand the core. Each is built by app.api.schemas
+after every check that needs no model (bounds, lengths, formats) has passed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from app.models.decoding import Prompt, SamplingParams
+
+
+@dataclass(frozen=True)
+class ValidEmbeddingRequest:
+    model: str
+    texts: list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True)
+class ValidImageRequest:
+    model: str
+    images: list[bytes]
+    top_k: int = 5
+
+
+@dataclass(frozen=True)
+class ValidGenerationRequest:
+    model: str
+    prompt: Prompt
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False

@@ -1,0 +1,124 @@
+"""Running admitted work on the executor: a group of one-shot jobs as one forward, or a
+generation stream, and handing each member its result. Knows nothing of the queue: the
+scheduler launches a run, watches its device work end, and releases its permit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.core.failures import FailureMapper
+from app.core.pricing import Pricer
+from app.core.work import Job, JobResult
+from app.engine.executor import Executor, Measurement
+from app.models.base import Prepared
+from app.models.kinds import Generator, OneShotModel
+from app.sched.budget import PriceKey
+from app.sched.tickets import Permit
+
+log = logging.getLogger("vramgate.jobs")
+
+
+@dataclass(eq=False)
+class Running:
+    """A group on the device, as the scheduler and the watchdog see it."""
+
+    permit: Permit
+    jobs: list[Job]
+    started_at: float
+    work: asyncio.Future[tuple[Any, Measurement]]  # resolves when the device is done
+    merged: Prepared  # what ran: the group's merged input, or the stream's own
+    key: PriceKey  # where its measurement is recorded
+    released: bool = False  # its permit is back in the gate
+    overdue: bool = False  # the watchdog gave up on it
+
+    def progress_at(self) -> float:
+        """When it last showed life: its start, or a stream's latest text."""
+        stream = self.jobs[0].stream
+        return max(self.started_at, stream.progress_at if stream is not None else 0.0)
+
+
+def split_rows(output: Any, jobs: list[Job]) -> list[Any]:
+    """A group's output (an array or a list, one row per input) back to its members."""
+    counts = [job.prepared.count for job in jobs]
+    if isinstance(output, np.ndarray):
+        return list(np.split(output, np.cumsum(counts)[:-1]))
+    ends = np.cumsum(counts).tolist()
+    return [output[end - count : end] for end, count in zip(ends, counts, strict=True)]
+
+
+class GroupRunner:
+    def __init__(
+        self,
+        executor: Executor,
+        pricer: Pricer,
+        failures: FailureMapper,
+        wait_s: Callable[[], float],
+        clock: Callable[[], float],
+    ) -> None:
+        """`wait_s`: the queue's estimated wait, the retry hint of an out-of-memory run."""
+        self._executor = executor
+        self._pricer = pricer
+        self._failures = failures
+        self._wait_s = wait_s
+        self._clock = clock
+
+    def launch(self, permit: Permit, jobs: list[Job]) -> Running:
+        """Start an admitted group's device work now; `settle` hands out its results."""
+        leader = jobs[0]
+        handler = leader.handler
+        if leader.stream is not None:
+            assert isinstance(handler, Generator)
+            work = self._executor.submit_device(
+                handler.generate, leader.prepared, leader.stream, stream=True
+            )
+            return Running(permit, jobs, self._clock(), work, leader.prepared, leader.key)
+        assert isinstance(handler, OneShotModel)
+        merged, key = self._pricer.group(jobs) or (leader.prepared, leader.key)
+        work = self._executor.submit_device(handler.forward, merged)
+        return Running(permit, jobs, self._clock(), work, merged, key)
+
+    async def settle(self, run: Running) -> None:
+        """Wait for the run's device work, record what it measured, and give every member
+        its result (or the error that ended it)."""
+        leader = run.jobs[0]
+        try:
+            raw, measurement = await asyncio.shield(run.work)
+            output = raw if leader.stream is not None else await self._postprocess(leader, raw)
+        except Exception as exc:
+            error = self._failures(exc, run.key, run.merged, run.permit, self._wait_s())
+            for job in run.jobs:
+                if not job.result.done():
+                    job.result.set_exception(error)
+            self._close_stream(leader)
+            return
+        if leader.stream is not None:
+            if not run.overdue:  # a late run's time and peak say nothing about its bucket
+                self._pricer.record_generation(run.key, run.merged, output, measurement)
+            rows = [output]
+        else:
+            if not run.overdue:
+                self._pricer.record(run.key, run.merged, measurement)
+            rows = split_rows(output, run.jobs)
+        bucket, price, size = run.merged.bucket.label, run.permit.nbytes, len(run.jobs)
+        for job, row in zip(run.jobs, rows, strict=True):
+            if not job.result.done():
+                job.result.set_result(JobResult(row, measurement, bucket, price, size))
+        self._close_stream(leader)
+
+    async def _postprocess(self, leader: Job, raw: Any) -> Any:
+        handler = leader.handler
+        assert isinstance(handler, OneShotModel)
+        if handler.postprocess_on_loop:
+            return handler.postprocess(raw)
+        return await self._executor.run_cpu(handler.postprocess, raw)
+
+    @staticmethod
+    def _close_stream(job: Job) -> None:
+        if job.stream is not None:
+            job.stream.close()

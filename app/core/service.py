@@ -1,0 +1,394 @@
+"""InferenceService: the front door, and what the core is built from.
+
+A route hands it a validated request; it checks what needs a model (its state, its
+kind, `dimensions`) before anything is queued, prices the work, hands it to the
+scheduler, and gives back a typed result with its cost: an `InferenceResult`, or an
+`AdmittedGeneration` to stream from. Every refusal is counted and logged here, once.
+Every method runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from app.core.failures import FailureMapper
+from app.core.health import Health
+from app.core.lifecycle import ModelLifecycle
+from app.core.memory import MemoryView
+from app.core.pricing import Handler, Pricer
+from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest, ValidImageRequest
+from app.core.scheduler import Limits, Scheduler
+from app.core.snapshot import CoreSnapshot
+from app.core.state import ServerState
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, InferenceResult, Job, JobResult, cost_of, log_request
+from app.engine.device import Device
+from app.engine.executor import Executor
+from app.engine.registry import ModelRegistry
+from app.errors import (
+    EXIT_FATAL_DEVICE,
+    DeviceFailed,
+    ExceedsDevice,
+    InvalidRequest,
+    OutOfMemory,
+    Paused,
+    ShuttingDown,
+    VramgateError,
+)
+from app.history import History
+from app.metrics import Metrics
+from app.models.base import ModelHandler
+from app.models.decoding import SamplingParams, TokenStream
+from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel
+from app.sched.budget import BudgetBook
+from app.settings import Settings
+
+log = logging.getLogger("vramgate.service")
+
+HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
+SAVE_EVERY_S = 5.0
+INLINE_PREPROCESS_CHARS = 4096
+PROBE_TOKENS = 8  # a warm-up or probe generation's length
+DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
+H = TypeVar("H", bound=ModelHandler)
+
+
+class InferenceService:
+    def __init__(
+        self,
+        settings: Settings,
+        device: Device,
+        registry: ModelRegistry,
+        book: BudgetBook,
+        executor: Executor,
+        metrics: Metrics,
+        *,
+        on_fatal: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.device = device
+        self.registry = registry
+        self.book = book
+        self.executor = executor
+        self.metrics = metrics
+        self._on_fatal = on_fatal
+        self.clock = clock
+        reserve = settings.reserve if settings.reserve is not None else device.default_reserve
+        self.state = ServerState()
+        self.memory = MemoryView(device, int(reserve), clock)
+        self.pricer = Pricer(book, device.key, self.memory.capacity_bytes)
+        failures = FailureMapper(device, metrics, self.pricer, self.memory, self._fatal)
+        self.scheduler = Scheduler(
+            pool=self.memory.pool_bytes,
+            capacity=self.memory.capacity_bytes,
+            pricer=self.pricer,
+            executor=executor,
+            failures=failures,
+            limits=Limits.of(settings),
+            clock=clock,
+        )
+        self.health = Health(self.state, self.scheduler, settings, clock, self._fatal)
+        self.in_flight: Counter[str] = Counter()  # requests per model, admission to reply
+        self.lifecycle = ModelLifecycle(
+            registry,
+            self.scheduler,
+            executor,
+            self.memory,
+            self.state,
+            warm_up=self._warm_up,
+            in_flight=self.in_flight,
+            run_timeout=settings.run_timeout,
+            clock=clock,
+        )
+        self.history = History()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- what it looks like ------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.health.ready
+
+    def view(self) -> CoreSnapshot:
+        """One picture of the core now (see app.core.snapshot)."""
+        gate = self.scheduler.gate
+        return CoreSnapshot(
+            phase=self.state.phase,
+            paused=self.state.paused,
+            ready=self.health.ready,
+            memory=self.memory.snapshot(),
+            reserve=self.memory.reserve,
+            weights=self.memory.baseline,
+            pool=self.memory.pool_bytes(),
+            capacity=self.memory.capacity_bytes(),
+            admitted=gate.held_bytes,
+            slots=gate.slots,
+            stream_slots=gate.stream_slots,
+            depth=gate.depth,
+            max_queue=gate.max_queue,
+            oldest_wait_s=gate.oldest_wait_s(),
+            running=gate.running,
+            running_streams=gate.running_streams,
+            estimated_wait_s=gate.estimated_wait_s(),
+        )
+
+    def memory_line(self) -> str:
+        """A compact device snapshot for log lines."""
+        self.memory.snapshot(fresh=True)
+        return self.view().line()
+
+    # -- start and stop ----------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        self._tasks.append(asyncio.create_task(self._start_models(), name="models"))
+
+    async def _start_models(self) -> None:
+        await self.lifecycle.start()
+        self.health.alive()
+        if self.state.serving:
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name="probe"))
+
+    def begin_stop(self, drain_s: float = DRAIN_S) -> None:
+        """The moment a stop is asked for: refuse new work, fail the waiting (503), and
+        give running jobs `drain_s`; streams still running then are stopped."""
+        if self.state.stop_deadline is not None:
+            return
+        if self.state.phase != "failed":
+            self.state.phase = "stopping"
+        self.state.stop_deadline = self.clock() + drain_s
+        self.scheduler.drop_waiting(ShuttingDown("the server is shutting down", retry_after=5))
+        asyncio.get_running_loop().call_later(drain_s, self.scheduler.cancel_streams)
+
+    async def stop(self, drain_s: float = DRAIN_S) -> None:
+        """Stop accepting, fail the waiting, let running jobs finish within `drain_s`."""
+        self.begin_stop(drain_s)
+        assert self.state.stop_deadline is not None
+        deadline = self.state.stop_deadline
+        while self.scheduler.gate.running and self.clock() < deadline:
+            await asyncio.sleep(0.05)
+        self.scheduler.cancel_streams()
+        await self.scheduler.stop(max(1.0, deadline - self.clock()))
+        await self.lifecycle.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.book.save()
+        self.executor.shutdown(wait=False)
+
+    async def _housekeeping(self) -> None:
+        last_save = last_sample = self.clock()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            if self.clock() - last_sample >= 1.0:
+                last_sample = self.clock()
+                self.history.add_sample(self.view().sample())
+            self.health.watchdog()
+            self.scheduler.expire()
+            self.scheduler.pump()
+            if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:
+                self.book.save()
+                last_save = self.clock()
+
+    async def _probe_loop(self) -> None:
+        """The readiness check's tiny real inference on a loaded model, so a wedged
+        worker shows. With every model unloaded (the user's choice) nothing can wedge."""
+        while True:
+            await asyncio.sleep(self.settings.health_interval)
+            loaded = [n for n, e in self.registry.entries.items() if e.state == "ready"]
+            if not loaded:
+                self.health.alive()
+                continue
+            with contextlib.suppress(VramgateError):
+                await self._exercise(loaded[0], self.registry.get(loaded[0]), probe_only=True)
+
+    def _fatal(self, exc: BaseException, code: int = EXIT_FATAL_DEVICE) -> None:
+        if self.state.phase == "failed":
+            return
+        self.state.phase = "failed"
+        self.state.exit_code = code
+        what = "fatal device error" if code == EXIT_FATAL_DEVICE else "wedged inference"
+        log.critical("%s, the server will exit: %s", what, exc)
+        error = DeviceFailed("the device failed; retry shortly", retry_after=10)
+        self.scheduler.drop_waiting(error)
+        self._on_fatal()
+
+    # -- warm-up and the probe: real requests through the normal path -------------------
+    async def _warm_up(self, model: str, handler: ModelHandler) -> None:
+        await self._exercise(model, handler, probe_only=False)
+
+    async def _exercise(self, model: str, handler: ModelHandler, *, probe_only: bool) -> None:
+        """A model's warm-up requests (each too big for this device skipped), or its
+        probe: one tiny request."""
+        if isinstance(handler, OneShotModel):
+            capability = Embedder if isinstance(handler, Embedder) else ImageModel
+            inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
+            for batch in inputs:
+                with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
+                    served = await self._serving(model, capability, probe=True)
+                    await self._one_shot(model, served, batch, None, probe=True)
+            return
+        assert isinstance(handler, Generator)
+        prompts = [handler.probe_prompt()] if probe_only else handler.warmup_prompts()
+        params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
+        for prompt in prompts:
+            with contextlib.suppress(OutOfMemory, ExceedsDevice):
+                request = ValidGenerationRequest(model, prompt, params)
+                generation = await self.generate(request, None, probe=True)
+                try:
+                    async for _ in generation.deltas():
+                        pass
+                    await generation.outcome()
+                finally:
+                    generation.close()
+
+    # -- the front door ----------------------------------------------------------------
+    async def embed(
+        self, request: ValidEmbeddingRequest, watch: ClientWatch | None = None
+    ) -> InferenceResult:
+        handler = await self._serving(request.model, Embedder, probe=False)
+        if request.dimensions is not None and request.dimensions != handler.dimensions:
+            error = InvalidRequest(
+                f"model {request.model!r} makes {handler.dimensions}-dimensional vectors; "
+                f"dimensions={request.dimensions} is not supported",
+                param="dimensions",
+            )
+            self._refused(request.model, error)
+            raise error
+        return await self._one_shot(request.model, handler, request.texts, watch)
+
+    async def predict(
+        self, request: ValidImageRequest, watch: ClientWatch | None = None
+    ) -> InferenceResult:
+        handler = await self._serving(request.model, ImageModel, probe=False)
+        return await self._one_shot(request.model, handler, request.images, watch)
+
+    async def generate(
+        self, request: ValidGenerationRequest, watch: ClientWatch | None, *, probe: bool = False
+    ) -> AdmittedGeneration:
+        """Price and admit a generation; returns once it holds its permit and runs.
+        Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
+        model = request.model
+        handler = await self._serving(model, Generator, probe=probe)
+        cap = self.settings.default_max_tokens
+        prepared = await self.executor.run_cpu(
+            handler.prepare_generation, request.prompt, request.params, cap
+        )
+        stream = TokenStream(asyncio.get_running_loop())
+        job = self._job(model, handler, prepared, stream)
+        self.in_flight[model] += 1
+        try:
+            await self.scheduler.start(job, watch, probe=probe)
+        except BaseException as exc:
+            self.in_flight[model] -= 1
+            if isinstance(exc, VramgateError):
+                self._refused(model, exc)
+                log_request(job, None, exc.code)
+            raise
+        started = self.clock()
+        job.result.add_done_callback(lambda done: self._generation_done(job, done, started))
+        return AdmittedGeneration(job, stream)
+
+    def _generation_done(self, job: Job, done: asyncio.Future[JobResult], started: float) -> None:
+        self.in_flight[job.model] -= 1
+        if done.cancelled():
+            return
+        error = done.exception()
+        if isinstance(error, VramgateError):
+            self._refused(job.model, error)
+            log_request(job, None, error.code)
+            return
+        if error is not None:
+            return
+        self._served(job, done.result(), started)
+
+    async def _one_shot(
+        self,
+        model: str,
+        handler: OneShotModel[Any],
+        inputs: list[Any],
+        watch: ClientWatch | None,
+        *,
+        probe: bool = False,
+    ) -> InferenceResult:
+        self.in_flight[model] += 1
+        try:
+            return await self._run_one_shot(model, handler, inputs, watch, probe)
+        finally:
+            self.in_flight[model] -= 1
+
+    async def _run_one_shot(
+        self,
+        model: str,
+        handler: OneShotModel[Any],
+        inputs: list[Any],
+        watch: ClientWatch | None,
+        probe: bool,
+    ) -> InferenceResult:
+        if sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS and all(
+            isinstance(item, str) for item in inputs
+        ):  # tokenised on the loop: a thread hop costs more than the work
+            prepared = handler.preprocess(inputs)
+        else:  # large inputs and every image on the CPU pool, so the loop stays responsive
+            prepared = await self.executor.run_cpu(handler.preprocess, inputs)
+        started = self.clock()
+        job = self._job(model, handler, prepared, None)
+        outcome, result = "error", None
+        try:
+            await self.scheduler.run(job, watch, probe=probe)
+            result = job.result.result()
+            outcome = "ok"
+        except VramgateError as exc:
+            outcome = exc.code
+            self._refused(model, exc)
+            raise
+        finally:
+            if outcome != "ok":
+                log_request(job, result, outcome)
+        self._served(job, result, started)
+        return InferenceResult(result.output, prepared.tokens, cost_of(result, job))
+
+    def _job(self, model: str, handler: Handler, prepared: Any, stream: TokenStream | None) -> Job:
+        key = self.pricer.key(model, handler, prepared)
+        quote = self.pricer.quote(handler, key, prepared)
+        future = asyncio.get_running_loop().create_future()
+        return Job(model, handler, prepared, key, quote, future, stream=stream)
+
+    async def _serving(self, model: str, capability: type[H], *, probe: bool) -> H:
+        """The handler, if the server takes work now and the model can do what
+        `capability` is; a request for a model that is away waits for it (up to
+        `queue_timeout`). A refusal is counted and raised."""
+        try:
+            if not probe and self.lifecycle.away(model):
+                deadline = self.clock() + self.settings.queue_timeout
+                await self.lifecycle.wait_loaded(model, deadline)
+            if self.state.ending:
+                raise ShuttingDown("the server is shutting down", retry_after=5)
+            if self.state.paused and not probe:
+                raise Paused(
+                    "the server is paused; new requests are refused until resumed",
+                    retry_after=30,
+                )
+            self.lifecycle.ensure_loaded(model)
+            return self.registry.serving(model, capability)
+        except VramgateError as exc:
+            self._refused(model, exc)
+            raise
+
+    def _served(self, job: Job, result: JobResult, started: float) -> None:
+        self.health.alive()
+        waited, run_s = job.waited_s, result.measurement.run_s
+        self.metrics.observe_success(job.model, waited, run_s, self.clock() - started)
+        log_request(job, result, "ok")
+
+    def _refused(self, model: str, exc: VramgateError) -> None:
+        label = model if model in self.registry.entries else "unknown"  # bounded labels
+        self.metrics.observe_failure(label, exc.metric_label)
+        self.history.add_rejection(label, exc.code, exc.message)

@@ -1,0 +1,144 @@
+"""Work and what it gives back: a queued `Job`, a run's `JobResult`, a request's `Cost`,
+a one-shot `InferenceResult`, and an `AdmittedGeneration` to stream from."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from app.engine.executor import Measurement
+from app.models.base import Prepared
+from app.models.decoding import DecodeResult, TokenStream
+from app.models.kinds import Generator, OneShotModel
+from app.sched.budget import PriceKey, Quote
+
+log = logging.getLogger("vramgate.service")
+
+
+@dataclass(frozen=True)
+class JobResult:
+    output: Any  # embedding rows (np.ndarray), per-image outputs, or a DecodeResult
+    measurement: Measurement
+    bucket: str  # the group's bucket
+    price_bytes: int  # what the group was admitted with
+    batch: int  # requests in the group
+
+
+@dataclass(eq=False)
+class Job:
+    """A priced request: a one-shot model's input, or a generation with its `stream`."""
+
+    model: str
+    handler: OneShotModel[Any] | Generator
+    prepared: Prepared
+    key: PriceKey
+    quote: Quote
+    result: asyncio.Future[JobResult]
+    stream: TokenStream | None = None  # a generation: its text flows here while it runs
+    waited_s: float = 0.0  # from queueing to admission, once admitted
+
+    @property
+    def label(self) -> str:
+        """The bucket as callers see it (a generation's: prompt and token bound)."""
+        return self.prepared.bucket.label
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a request cost; sent back in headers and `usage`."""
+
+    bucket: str
+    price_bytes: int
+    price_source: str
+    queue_s: float
+    run_s: float
+    peak_bytes: int
+    batch: int = 1  # requests that ran together in one forward, this one included
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Vramgate-Bucket": self.bucket,
+            "X-Vramgate-Price-Bytes": str(self.price_bytes),
+            "X-Vramgate-Price-Source": self.price_source,
+            "X-Vramgate-Queue-Ms": f"{self.queue_s * 1000:.1f}",
+            "X-Vramgate-Run-Ms": f"{self.run_s * 1000:.1f}",
+            "X-Vramgate-Batch": str(self.batch),
+        }
+
+
+def cost_of(result: JobResult, job: Job) -> Cost:
+    measurement = result.measurement
+    return Cost(
+        result.bucket,
+        result.price_bytes,
+        job.quote.source,
+        job.waited_s,
+        measurement.run_s,
+        measurement.peak_bytes,
+        result.batch,
+    )
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """A one-shot request's answer: embedding rows (np.ndarray) or per-image outputs."""
+
+    output: Any
+    tokens: int
+    cost: Cost
+
+
+class AdmittedGeneration:
+    """A generation that holds its permit and runs: its text as it is decoded, then its
+    outcome and cost. Whoever holds one must `close()` it: one closed early stops before
+    its next step, and its permit comes back when the device is done with it."""
+
+    def __init__(self, job: Job, stream: TokenStream) -> None:
+        self.job = job
+        self.stream = stream
+
+    def admission_headers(self) -> dict[str, str]:
+        """What is known when the stream starts: the bucket, the price and the wait."""
+        quote = self.job.quote
+        return {
+            "X-Vramgate-Bucket": self.job.label,
+            "X-Vramgate-Price-Bytes": str(quote.nbytes),
+            "X-Vramgate-Price-Source": quote.source,
+            "X-Vramgate-Queue-Ms": f"{self.job.waited_s * 1000:.1f}",
+        }
+
+    async def deltas(self) -> AsyncIterator[str]:
+        while (delta := await self.stream.deltas.get()) is not None:
+            yield delta
+
+    async def outcome(self) -> tuple[DecodeResult, Cost]:
+        """After `deltas` ran out: the outcome, or the error that ended the generation."""
+        result = await self.job.result
+        return result.output, cost_of(result, self.job)
+
+    def close(self) -> None:
+        if not self.job.result.done():
+            self.stream.cancel()
+
+
+def log_request(job: Job, result: JobResult | None, outcome: str) -> None:
+    """One line per request. A request that ran in a batch shows the batch's bucket,
+    price and size; its peak is the batch's, measured when it ran alone."""
+    measurement = result.measurement if result else None
+    peak = measurement.peak_bytes if measurement and measurement.alone else None
+    log.info(
+        "request model=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f run_ms=%.1f "
+        "peak=%s outcome=%s",
+        job.model,
+        result.bucket if result else job.label,
+        result.price_bytes if result else job.quote.nbytes,
+        " exclusive" if job.quote.exclusive else "",
+        result.batch if result else 1,
+        job.waited_s * 1000,
+        measurement.run_s * 1000 if measurement else 0.0,
+        peak if peak is not None else "-",
+        outcome,
+    )

@@ -1,0 +1,125 @@
+"""The capability contracts: one per thing a model can do, checked by type.
+
+- `Embedder`: texts → vectors (`/v1/embeddings`).
+- `ImageModel`: encoded images → class scores or images (`/v1/models/{name}/predict`).
+- `Generator`: a prompt or chat → text, token by token (`/v1/chat/completions`,
+  `/v1/completions`).
+
+A one-shot model (embedder or image model) is split at the resource boundary:
+`preprocess` runs on the CPU pool (tokenise or decode, bucket), `forward` on the
+inference pool and is the only stage that holds device memory, `postprocess` on the CPU
+pool again (or on the loop, when it is cheap). A handler inherits every contract it
+fulfils (the simulated model fulfils all three); the registry checks at load that each
+handler fulfils at least one, and the service asks for the one a route needs.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+from app.models.base import Bucket, ModelHandler, Prepared
+from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
+from app.sched.budget import Geometry
+
+In = TypeVar("In")
+
+
+class OneShotModel(ModelHandler, Generic[In]):
+    """Inputs of type `In` in, one output row per input out, in one forward."""
+
+    postprocess_on_loop = True  # False: postprocess runs on the CPU pool (heavy encoding)
+
+    @abstractmethod
+    def preprocess(self, inputs: list[In]) -> Prepared: ...
+
+    @abstractmethod
+    def forward(self, prepared: Prepared) -> Any: ...
+
+    @abstractmethod
+    def postprocess(self, raw: Any) -> Any:
+        """One row per input, in the caller's order (an array, or a list)."""
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        """Several requests as one forward (continuous batching), or None if they cannot
+        share one (too many inputs together). The rows of the result follow `parts`."""
+        return parts[0] if len(parts) == 1 else None
+
+    @property
+    def batchable(self) -> bool:
+        return self.spec.max_batch > 1
+
+    def prior_bytes(self, bucket: Bucket) -> int:
+        """A declared or estimated cost before anything was measured (0: unknown)."""
+        return 0
+
+    @abstractmethod
+    def warmup_inputs(self) -> list[list[In]]:
+        """Requests run once after loading so the common buckets have learned prices."""
+
+    @abstractmethod
+    def probe_input(self) -> list[In]:
+        """The tiny real inference of the readiness check."""
+
+
+class Embedder(OneShotModel[str]):
+    """Texts to float32 vectors, `dimensions` wide: `postprocess` gives a float32 array,
+    one row per input, in the caller's order."""
+
+    def warmup_inputs(self) -> list[list[str]]:
+        return [["warm up"]]
+
+    def probe_input(self) -> list[str]:
+        return ["ok"]
+
+
+class ImageModel(OneShotModel[bytes]):
+    """Encoded images (PNG, JPEG, ...) to class scores (an array) or images (PNG bytes)."""
+
+    labels: Sequence[str] = ()  # the class names of a classifier's scores, in order
+
+    @abstractmethod
+    def warmup_image(self) -> bytes:
+        """An encoded image this model takes: its warm-up and its probe."""
+
+    def warmup_inputs(self) -> list[list[bytes]]:
+        return [[self.warmup_image()]]
+
+    def probe_input(self) -> list[bytes]:
+        return [self.warmup_image()]
+
+
+class Generator(ModelHandler):
+    """A prompt or a chat to text, decoded step by step into a TokenStream."""
+
+    @abstractmethod
+    def prepare_generation(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    ) -> Prepared:
+        """Tokenise a prompt or chat and bucket it (see app.models.decoding). CPU pool."""
+
+    @abstractmethod
+    def geometry(self, prompt_tokens: int) -> Geometry:
+        """A generation's cost from the model's config, before any measurement: KV bytes
+        per token and the prefill's activations for a prompt of `prompt_tokens`."""
+
+    @abstractmethod
+    def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
+        """Generate on the inference pool, emitting text to `stream` as it is decoded and
+        stopping before the next step once `stream.cancelled` is set."""
+
+    def warmup_prompts(self) -> list[str]:
+        return ["Say hello."]
+
+    def probe_prompt(self) -> str:
+        return "ok"
+
+
+# What a model lacks, said when a route asks it for a capability it does not have.
+LACKING: dict[type[ModelHandler], str] = {
+    Embedder: "it has no embeddings",
+    ImageModel: "it does not take images",
+    Generator: "it does not generate text",
+}
+CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)
