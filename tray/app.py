@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from app import client_auth
-from app.cli import port_free
 from app.errors import EXIT_PORT_IN_USE
+from app.ports import port_free
 from app.settings import Settings, client_token, load_settings
 from tray import single_instance
 from tray.icon import render
