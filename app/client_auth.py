@@ -6,7 +6,19 @@ from __future__ import annotations
 
 import urllib.request
 
-from app.settings import Settings, client_token
+from app.settings import Settings
+
+
+def client_token(settings: Settings) -> str | None:
+    """The token a local client (the tray, `vramgate status`) sends: the configured one,
+    or the server's generated one read from DATA_DIR/token when it is `auto`."""
+    if settings.token is None:
+        return None
+    token = settings.token.get_secret_value()
+    if token != "auto":
+        return token
+    path = settings.resolved_data_dir / "token"
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
 
 
 class BearerToken(urllib.request.BaseHandler):

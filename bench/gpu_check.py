@@ -61,7 +61,7 @@ def device_facts(service: Any) -> dict[str, Any]:
 
 def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, int]]) -> dict:
     """Each bucket's peak with the model alone on the device, outside the server."""
-    from app.engine.device import make_device
+    from app.engine.choose import make_device
     from app.models.embedding import EmbeddingHandler
     from app.settings import ModelSpec, load_settings
 
@@ -85,7 +85,7 @@ def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, in
 
 def isolated_generation_peak(model_dir: Path, device_spec: str, prompt: str, tokens: int) -> int:
     """One generation of `tokens` tokens with the model alone on the device."""
-    from app.engine.device import make_device
+    from app.engine.choose import make_device
     from app.models.causal_lm import CausalLMHandler
     from app.models.decoding import SamplingParams, TokenStream
     from app.settings import ModelSpec, load_settings
@@ -215,7 +215,7 @@ def device_side_assert(device_spec: str) -> dict[str, Any]:
     code = (
         "import torch, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from app.engine.device import CudaDevice\n"
+        "from app.engine.cuda import CudaDevice\n"
         "device = CudaDevice(0)\n"
         "x = torch.zeros(4, device='cuda')\n"
         "try:\n"

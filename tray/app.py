@@ -18,7 +18,7 @@ from typing import Any
 from app import client_auth
 from app.errors import EXIT_PORT_IN_USE
 from app.ports import port_free
-from app.settings import Settings, client_token, load_settings
+from app.settings import Settings, load_settings
 from tray import single_instance
 from tray.icon import render
 from tray.menu import Item, TrayActions, build_menu
@@ -164,7 +164,7 @@ def run_tray(config_file: Path | None = None) -> int:
         shutdown_url=url + "/admin/shutdown",
     )
     try:
-        token = functools.partial(client_token, settings)
+        token = functools.partial(client_auth.client_token, settings)
         return Tray(url, supervisor, settings.resolved_log_dir, token).run()
     finally:
         lock.release()

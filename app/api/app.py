@@ -17,11 +17,12 @@ from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
 from app.core.service import InferenceService
-from app.engine.device import Device, make_device
+from app.engine.choose import make_device
+from app.engine.device import Device
 from app.engine.executor import Executor
-from app.engine.registry import ModelRegistry
 from app.logconfig import set_snapshot_provider
 from app.metrics import Metrics
+from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
 from app.settings import Settings
 

@@ -22,9 +22,9 @@ from app.core.memory import MemoryView
 from app.core.scheduler import Scheduler
 from app.core.state import ServerState
 from app.engine.executor import Executor
-from app.engine.registry import ModelRegistry
 from app.errors import ModelLoading, VramgateError
 from app.models.base import ModelHandler
+from app.models.registry import ModelRegistry
 
 log = logging.getLogger("vramgate.lifecycle")
 

@@ -30,7 +30,6 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult, Job, JobResult, cost_of, log_request
 from app.engine.device import Device
 from app.engine.executor import Executor
-from app.engine.registry import ModelRegistry
 from app.errors import (
     EXIT_FATAL_DEVICE,
     DeviceFailed,
@@ -46,6 +45,7 @@ from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.decoding import SamplingParams, TokenStream
 from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel
+from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
 from app.settings import Settings
 

@@ -1,7 +1,7 @@
 """Devices: how much memory there is, how much is ours, and our peak during a job.
 
-`CudaDevice` asks the driver (NVML) for totals and torch.cuda for our own use;
-`CpuDevice` answers the same questions from system RAM; `SimulatedDevice` has a fixed
+`CudaDevice` (app.engine.cuda) asks the driver (NVML) for totals and torch.cuda for our
+own use; `CpuDevice` answers the same questions from system RAM; `SimulatedDevice` has a fixed
 capacity with exact accounting and raises torch's own OutOfMemoryError when
 over-committed, so the whole server can be exercised without a GPU.
 """
@@ -22,9 +22,6 @@ from typing import Any
 
 import psutil
 import torch
-
-from app.errors import DeviceUnavailable
-from app.settings import Settings
 
 log = logging.getLogger("vramgate.device")
 
@@ -149,115 +146,6 @@ class Device(ABC):
             "name": self.name,
             "torch_device": str(self.torch_device),
             "warnings": list(self.warnings),
-        }
-
-
-class CudaDevice(Device):
-    """An NVIDIA GPU: totals from the driver (NVML), our own use from torch.cuda.
-
-    `nvml` and `cuda` are the pynvml module and torch.cuda; they are parameters so the
-    arithmetic can be tested on machines without a GPU.
-    """
-
-    kind = "cuda"
-    default_reserve = 512 * MiB
-    default_slots = 4
-
-    def __init__(
-        self,
-        index: int = 0,
-        *,
-        nvml: Any = None,
-        cuda: Any = None,
-        visible: str | None = None,
-    ) -> None:
-        """`visible` is CUDA_VISIBLE_DEVICES as the process started (None: unset)."""
-        nvml = nvml if nvml is not None else _pynvml()
-        self._cuda = cuda if cuda is not None else torch.cuda
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError_LibraryNotFound as exc:
-            raise RuntimeError("no NVIDIA driver found (NVML library missing)") from exc
-        if not self._cuda.is_available():
-            raise RuntimeError("this torch build or machine has no CUDA")
-        if not 0 <= index < self._cuda.device_count():
-            raise DeviceUnavailable(
-                f"cuda:{index} does not exist: this machine has "
-                f"{self._cuda.device_count()} CUDA device(s) visible"
-            )
-        self._nvml = nvml
-        self._handle = nvml_handle_for(nvml, self._cuda, index, visible)
-        self.index = index
-        self.torch_device = torch.device("cuda", index)
-        self.name = self._cuda.get_device_name(index)
-        self._pid = os.getpid()
-        self._streams = threading.local()  # each inference thread's own CUDA stream
-
-    def _ours_from_driver(self) -> int | None:
-        try:
-            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-        except self._nvml.NVMLError:
-            return None
-        for proc in procs:
-            if proc.pid == self._pid and proc.usedGpuMemory is not None:
-                return int(proc.usedGpuMemory)
-        return None
-
-    def snapshot(self) -> MemorySnapshot:
-        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        reserved = self._cuda.memory_reserved(self.index)
-        allocated = self._cuda.memory_allocated(self.index)
-        ours = self._ours_from_driver() or reserved
-        used = int(info.total) - int(info.free)
-        return MemorySnapshot(
-            total=int(info.total),
-            free=int(info.free),
-            used_by_others=max(0, used - ours),
-            ours=ours,
-            ours_allocated=allocated,
-            free_for_us=int(info.free) + max(0, reserved - allocated),
-        )
-
-    def allocated(self) -> int:
-        return int(self._cuda.memory_allocated(self.index))
-
-    def begin_peak(self) -> None:
-        self._cuda.reset_peak_memory_stats(self.index)
-
-    def peak(self) -> int:
-        return int(self._cuda.max_memory_allocated(self.index))
-
-    def empty_cache(self) -> None:
-        self._cuda.empty_cache()
-
-    def job_stream(self) -> contextlib.AbstractContextManager[Any]:
-        stream = getattr(self._streams, "stream", None)
-        if stream is None:
-            stream = self._streams.stream = self._cuda.Stream(device=self.index)
-        return self._cuda.stream(stream)
-
-    def synchronize(self) -> None:
-        """Wait for this thread's job only: a device-wide synchronize would also wait for
-        every other job on the device and inflate this one's run time."""
-        self._cuda.current_stream(self.index).synchronize()
-
-    def settle(self) -> None:
-        """A load's copies of the weights run on the loader's stream, and a copy from
-        pageable memory may still be in flight when it returns; the inference threads'
-        own streams do not wait for it, so a load ends with the whole device settled."""
-        self._cuda.synchronize(self.index)
-
-    def native_bf16(self) -> bool:
-        """bfloat16 is native from compute capability 8.0 (Ampere);
-        torch.cuda.is_bf16_supported() also says yes where it is emulated."""
-        return tuple(self._cuda.get_device_capability(self.index)) >= (8, 0)
-
-    def describe(self) -> dict[str, Any]:
-        driver = self._nvml.nvmlSystemGetDriverVersion()
-        return {
-            **super().describe(),
-            "driver": driver.decode() if isinstance(driver, bytes) else driver,
-            "cuda": torch.version.cuda,
         }
 
 
@@ -430,112 +318,3 @@ class SimulatedDevice(Device):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "high_water": self.high_water, "ooms": self.oom_count}
-
-
-def _pynvml() -> Any:
-    import pynvml  # the module shipped by nvidia-ml-py
-
-    return pynvml
-
-
-def nvml_handle_for(nvml: Any, cuda: Any, index: int, visible: str | None) -> Any:
-    """The NVML handle of torch's `cuda:index`. NVML numbers GPUs by PCI bus; CUDA orders
-    them fastest first and after CUDA_VISIBLE_DEVICES (indices or UUIDs), so the CUDA
-    index is matched through the device's UUID or PCI bus id, never used as NVML's."""
-    props = cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    if uuid is not None:
-        text = str(uuid)
-        with contextlib.suppress(nvml.NVMLError):
-            return nvml.nvmlDeviceGetHandleByUUID(
-                text if text.startswith("GPU-") else f"GPU-{text}"
-            )
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
-        with contextlib.suppress(nvml.NVMLError):
-            return nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{device:02X}.0")
-    return _handle_from_visible(nvml, index, visible)
-
-
-def _handle_from_visible(nvml: Any, index: int, visible: str | None) -> Any:
-    """Without UUID or bus id from torch: CUDA_VISIBLE_DEVICES names the GPU (a UUID, or
-    an NVML index when the order is the bus's), else the only GPU, else a guess."""
-    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
-    if index < len(entries):
-        entry = entries[index]
-        if entry.startswith(("GPU-", "MIG-")):
-            return nvml.nvmlDeviceGetHandleByUUID(entry)
-        if entry.isdigit():
-            index = int(entry)
-    if nvml.nvmlDeviceGetCount() == 1:
-        return nvml.nvmlDeviceGetHandleByIndex(0)
-    log.warning("cannot match cuda:%d to its NVML device; assuming NVML index %d", index, index)
-    return nvml.nvmlDeviceGetHandleByIndex(index)
-
-
-def nvidia_gpus(nvml: Any) -> list[str]:
-    """The names of the NVIDIA GPUs the driver reports ([] when none, or no driver)."""
-    try:
-        nvml.nvmlInit()
-        names = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
-    except Exception:  # any NVML failure (no driver, driver not loaded...) means none
-        return []
-
-
-CPU_ONLY_TORCH = (
-    "an NVIDIA GPU ({gpus}) is present but this PyTorch is a CPU-only build, so vramgate "
-    "serves on the CPU: install PyTorch's CUDA build from PyTorch's own package index (the "
-    "README's set-up section says how) and restart"
-)
-
-
-def make_device(
-    settings: Settings, *, nvml: Any = None, cuda: Any = None, visible: str | None = None
-) -> Device:
-    """The device the settings ask for; `auto` takes CUDA when a driver and GPU exist,
-    and otherwise the CPU, saying why. `cuda:N` that cannot be had is DeviceUnavailable.
-    `nvml`, `cuda` and `visible` (CUDA_VISIBLE_DEVICES) are parameters for tests."""
-    spec = settings.device
-    capacity = settings.simulated_capacity()
-    if capacity is not None:
-        return SimulatedDevice(capacity)
-    if spec == "cpu":
-        return CpuDevice()
-    nvml = nvml if nvml is not None else _safe_pynvml()
-    if visible is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # CUDA's own variable, read as CUDA does
-    if spec.startswith("cuda"):
-        index = int(spec.partition(":")[2] or 0)
-        try:
-            return CudaDevice(index, nvml=nvml, cuda=cuda, visible=visible)
-        except DeviceUnavailable:
-            raise
-        except Exception as exc:  # NVML errors, no CUDA in this torch, no driver
-            raise DeviceUnavailable(f"device {spec!r} cannot be used: {exc}") from exc
-    try:
-        return CudaDevice(0, nvml=nvml, cuda=cuda, visible=visible)
-    except Exception as exc:  # every NVML error too (NVMLError_DriverNotLoaded...)
-        gpus = nvidia_gpus(nvml) if nvml is not None else []
-        if gpus:  # a GPU the user surely meant us to use: say what stands in the way
-            if torch.version.cuda is None:
-                warning = CPU_ONLY_TORCH.format(gpus=", ".join(gpus))
-            else:
-                warning = (
-                    f"the NVIDIA GPU ({', '.join(gpus)}) cannot be used ({exc}); serving on the CPU"
-                )
-            log.warning("%s", warning)
-            return CpuDevice(warnings=(warning,))
-        log.info("no usable CUDA device (%s: %s); serving on the CPU", type(exc).__name__, exc)
-        return CpuDevice()
-
-
-def _safe_pynvml() -> Any:
-    try:
-        return _pynvml()
-    except ImportError:
-        return None

@@ -28,21 +28,20 @@ import json
 import logging
 import math
 import os
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from app.sched.entry import (
+    DEFAULT_RUN_S,
+    OOM_PENALTY,
+    PriceEntry,
+)
+
 log = logging.getLogger("vramgate.budget")
 
-WINDOW = 64
 EXTRAPOLATION_MARGIN = 1.5
-OOM_PENALTY = 1.5
-# A clean run after an out-of-memory divides the penalty by this: eight clean runs undo
-# one OOM, so a price raised by a passing spike (another program, fragmentation) heals.
-PENALTY_DECAY = OOM_PENALTY ** (1 / 8)
 MAX_PENALTY = 8.0
-DEFAULT_RUN_S = 0.05
 # Generations: a measured part of the line is priced with MEASURED_MARGIN, a part that is
 # still the geometry's estimate with GEOMETRY_MARGIN.
 MEASURED_MARGIN = 1.1
@@ -92,12 +91,6 @@ def line_source(rate: int | None, fixed: int | None) -> Source:
     return "learned" if fixed is not None else "learned_rate"
 
 
-def p95(values: list[int]) -> int:
-    """Nearest-rank 95th percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
-
-
 @dataclass(frozen=True)
 class GenerationSample:
     """What one finished generation measured."""
@@ -109,62 +102,10 @@ class GenerationSample:
     clean: bool  # it ran alone: the peak is all its own
 
 
-@dataclass
-class _Entry:
-    """A one-shot bucket (`peaks` are whole peaks), or a generation's prompt bucket
-    (`peaks` are the fixed part of clean runs, `per_token` its KV bytes per token)."""
-
-    size: int
-    peaks: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    run_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    per_token: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    generation: bool = False
-    penalty: float = 1.0
-    floor: int = 0  # the bucket once failed alone with this much memory
-    ooms: int = 0
-    # price() and expected_s() are asked on every request and change only when a sample
-    # or a penalty comes in: remembered until changed() says otherwise
-    _price: int | None = None
-    _expected_s: float | None = None
-
-    def changed(self) -> None:
-        self._price = self._expected_s = None
-
-    def price(self) -> int | None:
-        """A one-shot bucket's price (a generation's depends on its tokens: `line`)."""
-        if not self.peaks or self.generation:
-            return None
-        if self._price is None:
-            self._price = max(math.ceil(p95(list(self.peaks)) * self.penalty), self.floor)
-        return self._price
-
-    def fixed(self) -> int | None:
-        """A generation bucket's measured fixed part (P95 of its clean runs)."""
-        return p95(list(self.peaks)) if self.peaks else None
-
-    def rate(self) -> int | None:
-        """A generation bucket's measured KV bytes per token (P95)."""
-        return p95(list(self.per_token)) if self.per_token else None
-
-    def clean_run(self) -> None:
-        """A clean run disproves a floor and wears an out-of-memory penalty down."""
-        self.floor = 0
-        decayed = self.penalty / PENALTY_DECAY
-        self.penalty = decayed if decayed > 1.0 + 1e-9 else 1.0
-
-    def expected_s(self) -> float:
-        if not self.run_s:
-            return DEFAULT_RUN_S
-        if self._expected_s is None:
-            ordered = sorted(self.run_s)
-            self._expected_s = ordered[len(ordered) // 2]
-        return self._expected_s
-
-
 class BudgetBook:
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
-        self._entries: dict[PriceKey, _Entry] = {}
+        self._entries: dict[PriceKey, PriceEntry] = {}
         self.dirty = False
         if path is not None:
             self._load(path)
@@ -347,10 +288,10 @@ class BudgetBook:
             log.warning("learned prices in %s unreadable (%s); moved to %s", path, exc, bad)
 
     # -- internals ---------------------------------------------------------------------
-    def _entry(self, key: PriceKey, size: int, generation: bool = False) -> _Entry:
+    def _entry(self, key: PriceKey, size: int, generation: bool = False) -> PriceEntry:
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(size=size, generation=generation)
+            entry = self._entries[key] = PriceEntry(size=size, generation=generation)
         return entry
 
     def _family_rate(self, key: PriceKey) -> int | None:

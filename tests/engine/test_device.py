@@ -8,7 +8,8 @@ import threading
 import pytest
 import torch
 
-from app.engine.device import CpuDevice, SimulatedDevice, make_device
+from app.engine.choose import make_device
+from app.engine.device import CpuDevice, SimulatedDevice
 from app.errors import DeviceUnavailable
 from app.settings import load_settings
 
@@ -211,7 +212,7 @@ class FakeCudaStats:
 
 
 def test_fake_driver_cuda_snapshot_counts_cached_memory_as_ours_to_use():
-    from app.engine.device import CudaDevice
+    from app.engine.cuda import CudaDevice
 
     gib = 2**30
     stats = FakeCudaStats(allocated=2 * gib, reserved=3 * gib)
@@ -226,7 +227,7 @@ def test_fake_driver_cuda_snapshot_counts_cached_memory_as_ours_to_use():
 
 
 def test_fake_driver_without_per_process_figures_falls_back_to_reserved():
-    from app.engine.device import CudaDevice
+    from app.engine.cuda import CudaDevice
 
     stats = FakeCudaStats(allocated=100, reserved=300)
     device = CudaDevice(0, nvml=FakeNvml(total=1000, free=500, ours=None), cuda=stats)
@@ -234,14 +235,14 @@ def test_fake_driver_without_per_process_figures_falls_back_to_reserved():
 
 
 def test_fake_driver_missing_means_no_nvidia_driver():
-    from app.engine.device import CudaDevice
+    from app.engine.cuda import CudaDevice
 
     with pytest.raises(RuntimeError, match="no NVIDIA driver"):
         CudaDevice(0, nvml=FakeNvml(0, 0, None, present=False), cuda=FakeCudaStats(0, 0))
 
 
 def fake_cuda_device(index: int = 0, visible: str | None = None, **props):
-    from app.engine.device import CudaDevice
+    from app.engine.cuda import CudaDevice
 
     stats = FakeCudaStats(100, 300)
     for name, value in props.items():

@@ -8,13 +8,12 @@ import math
 from app.sched.budget import (
     GEOMETRY_MARGIN,
     MEASURED_MARGIN,
-    WINDOW,
     BudgetBook,
     GenerationSample,
     Geometry,
     PriceKey,
-    p95,
 )
+from app.sched.entry import WINDOW, p95
 
 MiB = 2**20
 

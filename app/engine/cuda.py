@@ -1,0 +1,124 @@
+"""An NVIDIA GPU as the device: totals from the driver (NVML), our own use from
+torch.cuda, each inference thread on a CUDA stream of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any
+
+import torch
+
+from app.engine.device import Device, MemorySnapshot, MiB
+from app.engine.nvml import _pynvml, nvml_handle_for
+from app.errors import DeviceUnavailable
+
+
+class CudaDevice(Device):
+    """An NVIDIA GPU: totals from the driver (NVML), our own use from torch.cuda.
+
+    `nvml` and `cuda` are the pynvml module and torch.cuda; they are parameters so the
+    arithmetic can be tested on machines without a GPU.
+    """
+
+    kind = "cuda"
+    default_reserve = 512 * MiB
+    default_slots = 4
+
+    def __init__(
+        self,
+        index: int = 0,
+        *,
+        nvml: Any = None,
+        cuda: Any = None,
+        visible: str | None = None,
+    ) -> None:
+        """`visible` is CUDA_VISIBLE_DEVICES as the process started (None: unset)."""
+        nvml = nvml if nvml is not None else _pynvml()
+        self._cuda = cuda if cuda is not None else torch.cuda
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound as exc:
+            raise RuntimeError("no NVIDIA driver found (NVML library missing)") from exc
+        if not self._cuda.is_available():
+            raise RuntimeError("this torch build or machine has no CUDA")
+        if not 0 <= index < self._cuda.device_count():
+            raise DeviceUnavailable(
+                f"cuda:{index} does not exist: this machine has "
+                f"{self._cuda.device_count()} CUDA device(s) visible"
+            )
+        self._nvml = nvml
+        self._handle = nvml_handle_for(nvml, self._cuda, index, visible)
+        self.index = index
+        self.torch_device = torch.device("cuda", index)
+        self.name = self._cuda.get_device_name(index)
+        self._pid = os.getpid()
+        self._streams = threading.local()  # each inference thread's own CUDA stream
+
+    def _ours_from_driver(self) -> int | None:
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except self._nvml.NVMLError:
+            return None
+        for proc in procs:
+            if proc.pid == self._pid and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+        return None
+
+    def snapshot(self) -> MemorySnapshot:
+        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        reserved = self._cuda.memory_reserved(self.index)
+        allocated = self._cuda.memory_allocated(self.index)
+        ours = self._ours_from_driver() or reserved
+        used = int(info.total) - int(info.free)
+        return MemorySnapshot(
+            total=int(info.total),
+            free=int(info.free),
+            used_by_others=max(0, used - ours),
+            ours=ours,
+            ours_allocated=allocated,
+            free_for_us=int(info.free) + max(0, reserved - allocated),
+        )
+
+    def allocated(self) -> int:
+        return int(self._cuda.memory_allocated(self.index))
+
+    def begin_peak(self) -> None:
+        self._cuda.reset_peak_memory_stats(self.index)
+
+    def peak(self) -> int:
+        return int(self._cuda.max_memory_allocated(self.index))
+
+    def empty_cache(self) -> None:
+        self._cuda.empty_cache()
+
+    def job_stream(self) -> contextlib.AbstractContextManager[Any]:
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = self._cuda.Stream(device=self.index)
+        return self._cuda.stream(stream)
+
+    def synchronize(self) -> None:
+        """Wait for this thread's job only: a device-wide synchronize would also wait for
+        every other job on the device and inflate this one's run time."""
+        self._cuda.current_stream(self.index).synchronize()
+
+    def settle(self) -> None:
+        """A load's copies of the weights run on the loader's stream, and a copy from
+        pageable memory may still be in flight when it returns; the inference threads'
+        own streams do not wait for it, so a load ends with the whole device settled."""
+        self._cuda.synchronize(self.index)
+
+    def native_bf16(self) -> bool:
+        """bfloat16 is native from compute capability 8.0 (Ampere);
+        torch.cuda.is_bf16_supported() also says yes where it is emulated."""
+        return tuple(self._cuda.get_device_capability(self.index)) >= (8, 0)
+
+    def describe(self) -> dict[str, Any]:
+        driver = self._nvml.nvmlSystemGetDriverVersion()
+        return {
+            **super().describe(),
+            "driver": driver.decode() if isinstance(driver, bytes) else driver,
+            "cuda": torch.version.cuda,
+        }
