@@ -1,11 +1,8 @@
-"""MemoryGate and its pure planning function, with a fake clock."""
+"""MemoryGate, with a fake clock."""
 
 from __future__ import annotations
 
-import pytest
-
 from app.sched.gate import Admit, MemoryGate, Reject, Ticket, Wait
-from app.sched.plan import plan_admissions
 
 MiB = 2**20
 
@@ -46,83 +43,6 @@ def t(
         bypassed=bypassed,
         expected_s=expected_s,
     )
-
-
-def plan(queue, *, free, slots=4, running=(), bypass=2, exclusive_running=False):
-    """`running`: (bytes, expected end) of jobs on the device; now is 0."""
-    return plan_admissions(
-        queue,
-        free_bytes=free,
-        free_slots=slots,
-        running=list(running),
-        now=0.0,
-        exclusive_running=exclusive_running,
-        max_head_bypass=bypass,
-    )
-
-
-# (queue as (bytes, expected seconds), free bytes, free slots, running, bypass) -> indices
-LONG = [(50, 10.0)]  # one job holding 50 bytes that is expected to end at t=10
-PLAN_TABLE = [
-    pytest.param([(10, 1), (20, 1)], 100, 4, [], 2, [0, 1], id="all fit in order"),
-    pytest.param([(60, 1), (60, 1)], 100, 4, [], 2, [0], id="second waits for bytes"),
-    pytest.param([(10, 1)] * 3, 100, 2, [], 2, [0, 1], id="slots bound the count"),
-    pytest.param(
-        [(90, 1), (10, 1)], 50, 4, LONG, 2, [1], id="a short job overtakes a blocked head"
-    ),
-    pytest.param(
-        [(90, 1), (20, 20)],
-        50,
-        4,
-        LONG,
-        2,
-        [],
-        id="a job that would delay the head may not overtake",
-    ),
-    pytest.param(
-        [(60, 1), (10, 20)],
-        50,
-        4,
-        LONG,
-        2,
-        [1],
-        id="a long job may overtake into bytes spare beside the head",
-    ),
-    pytest.param(
-        [(90, 1), (10, 1), (10, 1), (10, 1)],
-        50,
-        4,
-        LONG,
-        2,
-        [1, 2],
-        id="overtaking stops at the bypass cap",
-    ),
-    pytest.param([], 100, 4, [], 2, [], id="empty queue"),
-    pytest.param([(10, 1)], 100, 0, LONG, 2, [], id="no free slot"),
-    pytest.param([(10, 1)], -5, 4, LONG, 2, [], id="pool shrank below what is held"),
-]
-
-
-@pytest.mark.parametrize(("queue", "free", "slots", "running", "bypass", "expected"), PLAN_TABLE)
-def test_plan_admissions_table(queue, free, slots, running, bypass, expected):
-    tickets = [t(n, expected_s=s) for n, s in queue]
-    assert plan(tickets, free=free, slots=slots, running=running, bypass=bypass) == expected
-
-
-def test_plan_head_at_bypass_cap_blocks_everyone():
-    assert plan([t(90, bypassed=2), t(10)], free=50, running=LONG) == []
-
-
-def test_plan_exclusive_runs_only_on_idle_device_and_alone():
-    queue = [t(30, exclusive=True), t(10)]
-    assert plan(queue, free=100) == [0]
-    # While something runs, the exclusive head waits; a job ending before it may pass.
-    assert plan(queue, free=100, running=[(20, 5.0)]) == [1]
-    assert plan([t(10)], free=100, exclusive_running=True) == []
-
-
-def test_plan_exclusive_behind_the_head_is_not_overtaking():
-    assert plan([t(90), t(10, exclusive=True)], free=50) == []
 
 
 def test_submit_admits_when_bytes_and_slot_free():
@@ -283,35 +203,6 @@ def test_a_batch_wait_does_not_hold_jobs_that_cannot_batch():
 # -- stream slots: streams that last minutes do not take the slots of one-shot jobs ------
 def stream(nbytes: int) -> Ticket:
     return Ticket(nbytes=nbytes, deadline=1e9, expected_s=1.0, stream=True)
-
-
-@pytest.mark.parametrize(
-    ("queue", "free_slots", "free_streams", "admitted"),
-    [
-        # no job slot free: the stream behind the waiting job starts
-        ([t(10), stream(10)], 0, 1, [1]),
-        # no stream slot free: the job behind the waiting stream starts, the stream waits
-        ([stream(10), t(10)], 1, 0, [1]),
-        # both kinds free: queue order, each kind from its own slots
-        ([stream(10), t(10), stream(10), t(10)], 1, 1, [0, 1]),
-        # a slot-blocked stream is no head: a job behind it needs no reservation
-        ([stream(10), t(90)], 1, 0, [1]),
-        # without stream slots of their own, streams take job slots
-        ([stream(10), t(10)], 1, None, [0]),
-    ],
-)
-def test_streams_and_jobs_take_slots_of_their_own_kind(queue, free_slots, free_streams, admitted):
-    planned = plan_admissions(
-        queue,
-        free_bytes=100,
-        free_slots=free_slots,
-        running=[],
-        now=0.0,
-        exclusive_running=False,
-        max_head_bypass=2,
-        free_stream_slots=free_streams,
-    )
-    assert planned == admitted
 
 
 def test_four_streams_leave_the_job_slots_to_one_shot_jobs():
