@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.sched.gate import Admit, MemoryGate, Reject, Ticket, Wait
+from tests.sched.test_plan import stream, t
 
 MiB = 2**20
 
@@ -26,23 +27,6 @@ def make_gate(pool: int = 100, slots: int = 4, max_queue: int = 8, bypass: int =
         max_head_bypass=bypass,
     )
     return gate, clock
-
-
-def t(
-    nbytes: int,
-    *,
-    exclusive: bool = False,
-    deadline: float = 1e9,
-    bypassed: int = 0,
-    expected_s: float = 1.0,
-) -> Ticket:
-    return Ticket(
-        nbytes=nbytes,
-        deadline=deadline,
-        exclusive=exclusive,
-        bypassed=bypassed,
-        expected_s=expected_s,
-    )
 
 
 def test_submit_admits_when_bytes_and_slot_free():
@@ -201,10 +185,6 @@ def test_a_batch_wait_does_not_hold_jobs_that_cannot_batch():
 
 
 # -- stream slots: streams that last minutes do not take the slots of one-shot jobs ------
-def stream(nbytes: int) -> Ticket:
-    return Ticket(nbytes=nbytes, deadline=1e9, expected_s=1.0, stream=True)
-
-
 def test_four_streams_leave_the_job_slots_to_one_shot_jobs():
     clock = FakeClock()
     gate = MemoryGate(
