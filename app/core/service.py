@@ -228,6 +228,7 @@ class InferenceService:
         """A model's warm-up requests (each too big for this device skipped), or its
         probe: one tiny request."""
         if isinstance(handler, OneShotModel):
+            capability: type[OneShotModel[Any]]
             capability = Embedder if isinstance(handler, Embedder) else ImageModel
             inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
             for batch in inputs:

@@ -257,7 +257,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
     def warmup_image(self) -> bytes:
         return encode_png(np.zeros((16, 16, 3), dtype=np.uint8))
 
-    def warmup_inputs(self) -> list[list[str]]:
+    def warmup_inputs(self) -> list[list[Any]]:  # texts: it warms up as an embedder
         return [[" ".join(["w"] * b.size)] for b in self._buckets if b.warm]
 
     def prior_bytes(self, bucket: Bucket) -> int:
