@@ -5,13 +5,15 @@ converts a GGUF once to a folder so later loads are fast).
 The dtype follows the device (bfloat16 where the GPU computes it natively, compute
 capability 8.0 and later, else float16; float32 on the CPU); chats
 use the model's own chat template. Generation is our own step loop with a KV cache under
-`torch.inference_mode()`, so a cancelled stream stops before its next forward step and
-every step is counted (`forward_calls`).
+`torch.inference_mode()`, every stream of the model in one batch that rows join and leave
+at each step (app.models.step_batch), so a cancelled stream stops before its next step
+and every step is counted (`forward_calls`).
 
 Bucket: (prompt tokens, prompt + max_tokens), each rounded up (app.models.decoding). The
 price is a line (app.sched.budget): KV bytes per token × the token bound + the prefill's
 activations; before measurements, both come from the config (`geometry`), and every
-finished generation reports its own KV cache's bytes (`cache_bytes`).
+finished generation reports its own KV cache's bytes (its tokens × one token's bytes, read
+off the batch's tensors).
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ from app.errors import InvalidRequest
 from app.models.base import Prepared, weight_file_bytes
 from app.models.decoding import (
     DecodeResult,
-    GenerationInput,
     Prompt,
     SamplingParams,
-    StopScanner,
     TokenStream,
     generation_prepared,
 )
 from app.models.kinds import Generator
+from app.models.step_batch import StepBatcher, plain_dynamic
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
 
@@ -75,26 +76,6 @@ def auto_dtype(device: Device, requested: str) -> str:
     return "bfloat16" if device.native_bf16() else "float16"
 
 
-def cache_bytes(cache: Any) -> int:
-    """The bytes of a KV cache's own tensors: a transformers Cache (its `layers`' keys
-    and values, or the older `key_cache`/`value_cache` lists) or legacy tuples."""
-    seen: set[int] = set()
-
-    def visit(item: Any, depth: int) -> int:
-        if isinstance(item, torch.Tensor):
-            if id(item) in seen:
-                return 0
-            seen.add(id(item))
-            return item.numel() * item.element_size()
-        if isinstance(item, list | tuple):
-            return sum(visit(part, depth) for part in item)
-        if depth < 3 and hasattr(item, "__dict__"):
-            return sum(visit(value, depth + 1) for value in vars(item).values())
-        return 0
-
-    return visit(cache, 0)
-
-
 class CausalLMHandler(Generator):
     kind = "generation"
 
@@ -113,6 +94,7 @@ class CausalLMHandler(Generator):
         self._kv_bytes_per_token = 0
         self._act_bytes_per_token = 0
         self._vocab = 0
+        self._batcher: StepBatcher | None = None
 
     def expected_weights_bytes(self, device: Device) -> int:
         folder, extra = source_of(self.path)
@@ -135,8 +117,28 @@ class CausalLMHandler(Generator):
         self._keep_last_logits = "logits_to_keep" in params
         # transformers renamed the KV cache argument (and output) from past_key_values.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
-
         self._estimate_sizes(config)
+        self._batcher = StepBatcher(
+            self._model,
+            self._decode,
+            self._eos,
+            self._device,
+            cache_arg=self._cache_arg,
+            keep_last_logits=self._keep_last_logits,
+            joinable=self._joinable(),
+            job_stream=device.job_stream,
+            on_forward=self._count_forward,
+            name=self.name,
+        )
+
+    def _joinable(self) -> bool:
+        """Whether this model's KV cache lets rows join and leave a running batch."""
+        with torch.inference_mode():
+            out = self._model(input_ids=torch.tensor([[0]], device=self._device), use_cache=True)
+        return plain_dynamic(getattr(out, self._cache_arg, None))
+
+    def _count_forward(self) -> None:
+        self.forward_calls += 1  # the batch thread alone writes it; read for /status
 
     @staticmethod
     def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -165,6 +167,9 @@ class CausalLMHandler(Generator):
         return self._model
 
     def unload(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
+            self._batcher = None
         self._model = None
         self._tokenizer = None
         gc.collect()
@@ -188,53 +193,14 @@ class CausalLMHandler(Generator):
         return generation_prepared(self.name, ids, params, self.context, default_max_tokens)
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        task: GenerationInput = prepared.payload
-        params = task.params
-        sampler = torch.Generator()
-        if params.seed is not None:
-            sampler.manual_seed(params.seed)
-        else:
-            sampler.seed()
-        scanner = StopScanner(params.stop)
-        produced: list[int] = []
-        steps, finish = 0, "length"
-        step_ids = torch.tensor([task.prompt_ids], device=self._device)
-        extra: dict[str, Any] = {"logits_to_keep": 1} if self._keep_last_logits else {}
+        """Run in the model's batch (on the caller's stream thread, which waits)."""
+        assert self._batcher is not None, "load() first"
+        return self._batcher.generate(prepared.payload, stream)
 
-        cache: Any = None
-        with torch.inference_mode():
-            for _ in range(task.max_tokens):
-                if stream.cancelled.is_set():
-                    finish = "cancelled"
-                    break
-                out = self._model(input_ids=step_ids, use_cache=True, **extra)
-                steps += 1
-                self.forward_calls += 1  # one inference thread per job; read for /status
-                extra[self._cache_arg] = getattr(out, self._cache_arg)
-
-                cache = extra[self._cache_arg]
-                token = sample(out.logits[0, -1], params, sampler)
-                if token in self._eos:
-                    finish = "stop"
-                    break
-                produced.append(token)
-                stream.emit(scanner.push(self._decode(produced)))
-                if scanner.stopped:
-                    finish = "stop"
-                    break
-                step_ids = torch.tensor([[token]], device=self._device)
-        if not scanner.stopped:
-            stream.emit(scanner.push(self._decode(produced), final=True))
-        held = len(task.prompt_ids) + max(0, steps - 1) if steps else 0  # the last token
-        return DecodeResult(  # sampled is never fed back
-            scanner.text,
-            len(task.prompt_ids),
-            len(produced),
-            finish,
-            steps,
-            kv_tokens=held,
-            kv_bytes=cache_bytes(cache) if cache is not None else 0,
-        )
+    @property
+    def batch_rows(self) -> int:
+        """Streams in the running batch now."""
+        return self._batcher.rows if self._batcher is not None else 0
 
     def _decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
@@ -249,18 +215,9 @@ class CausalLMHandler(Generator):
         return Geometry(self._kv_bytes_per_token, fixed)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "path": str(self.path), "context": self.context}
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Greedy at temperature 0; otherwise temperature, then nucleus (top_p) sampling."""
-    logits = logits.float().cpu()
-    if params.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        ordered, index = torch.sort(probs, descending=True)
-        keep = torch.cumsum(ordered, dim=-1) - ordered < params.top_p
-        keep[0] = True
-        probs = torch.zeros_like(probs).scatter(0, index[keep], ordered[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
+        return {
+            **super().describe(),
+            "path": str(self.path),
+            "context": self.context,
+            "batch_rows": self.batch_rows,
+        }

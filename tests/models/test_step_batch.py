@@ -1,0 +1,173 @@
+"""Step-level batching on a real (small, randomly initialised) Llama, saved and loaded with
+transformers' own code; the handler runs on the CPU device, without HTTP or a server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from app.engine.device import CpuDevice
+from app.models.causal_lm import CausalLMHandler
+from app.models.decoding import DecodeResult, SamplingParams, TokenStream
+from app.settings import ModelSpec
+from tests.random_models import save_random_llama
+
+PROMPTS = [f"prompt number {i}: the quick brown fox jumps over {i} lazy dogs" for i in range(16)]
+
+
+@pytest.fixture(scope="module")
+def handler(tmp_path_factory) -> Iterator[CausalLMHandler]:
+    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), context=1024)
+    spec = ModelSpec(name="tiny", kind="generation", path=folder, dtype="float32")
+    handler = CausalLMHandler(spec)
+    handler.load(CpuDevice())
+    yield handler
+    handler.unload()
+
+
+class Streams:
+    """Generations run as the executor runs them: each on a thread of its own, waiting."""
+
+    def __init__(self, handler: CausalLMHandler) -> None:
+        self.handler = handler
+        self.loop = asyncio.new_event_loop()  # never run: deltas queue up unread
+        self.results: dict[str, DecodeResult] = {}
+        self.threads: dict[str, threading.Thread] = {}
+        self.streams: dict[str, TokenStream] = {}
+
+    def start(self, name: str, prompt: str, tokens: int, **params: object) -> None:
+        fields: dict[str, object] = {"max_tokens": tokens, "temperature": 0.0, **params}
+        sampling = SamplingParams(**fields)  # type: ignore[arg-type]
+        prepared = self.handler.prepare_generation(prompt, sampling, tokens)
+        stream = self.streams[name] = TokenStream(self.loop)
+
+        def run() -> None:
+            self.results[name] = self.handler.generate(prepared, stream)
+
+        thread = self.threads[name] = threading.Thread(target=run)
+        thread.start()
+
+    def wait(self, *names: str) -> dict[str, DecodeResult]:
+        for name in names or list(self.threads):
+            self.threads[name].join(timeout=120)
+            assert not self.threads[name].is_alive(), f"{name} never ended"
+        return self.results
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+def alone(handler: CausalLMHandler, prompt: str, tokens: int, **params: object) -> DecodeResult:
+    streams = Streams(handler)
+    try:
+        streams.start("one", prompt, tokens, **params)
+        return streams.wait()["one"]
+    finally:
+        streams.close()
+
+
+def until(condition, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def test_eight_streams_share_one_forward_per_step(handler):
+    streams = Streams(handler)
+    before = handler.forward_calls
+    for i in range(8):
+        streams.start(f"s{i}", PROMPTS[i], 24)
+    results = streams.wait()
+    streams.close()
+    steps = handler.forward_calls - before
+    assert all(r.completion_tokens == 24 and r.finish_reason == "length" for r in results.values())
+    # alone, each would take 24 forwards (192 in all); in one batch, about 24 plus the
+    # prefills of the streams that arrived while others ran
+    assert steps <= 24 + 8, steps
+    assert max(r.steps for r in results.values()) <= 24 + 1
+
+
+def test_a_stream_that_arrives_mid_way_joins_and_ends_before_the_first(handler):
+    streams = Streams(handler)
+    before = handler.forward_calls
+    streams.start("long", PROMPTS[0], 400)
+    until(lambda: handler.forward_calls - before >= 20, "the long stream runs")
+    streams.start("short", PROMPTS[1], 8)
+    streams.wait("short")
+    assert streams.threads["long"].is_alive(), "the short stream waited for the long one"
+    streams.streams["long"].cancel()
+    results = streams.wait()
+    streams.close()
+    assert results["short"].completion_tokens == 8
+    assert results["long"].finish_reason == "cancelled"
+
+
+def test_a_cancelled_row_leaves_at_the_next_step_and_the_others_go_on(handler):
+    lone = {name: alone(handler, PROMPTS[i], 160) for i, name in ((2, "a"), (4, "c"))}
+    streams = Streams(handler)
+    for name, i in (("a", 2), ("b", 3), ("c", 4)):
+        streams.start(name, PROMPTS[i], 160)
+    until(lambda: handler.batch_rows == 3, "three rows in the batch")
+    streams.streams["b"].cancel()
+    until(lambda: handler.batch_rows == 2, "the cancelled row left")
+    results = streams.wait()
+    streams.close()
+    assert results["b"].finish_reason == "cancelled" and results["b"].completion_tokens < 160
+    # the row's KV bytes are what it held: its tokens × one token's bytes
+    per_token = results["a"].kv_bytes // results["a"].kv_tokens
+    assert results["b"].kv_bytes == per_token * results["b"].kv_tokens
+    for name in ("a", "c"):
+        assert results[name].completion_tokens == 160
+        assert results[name].text == lone[name].text, name
+
+
+def test_seeded_sampling_gives_the_same_text_alone_and_in_a_batch(handler):
+    params = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    by_itself = alone(handler, PROMPTS[5], 32, **params)
+    streams = Streams(handler)
+    for i in range(6):
+        streams.start(f"s{i}", PROMPTS[5 + i], 32, **params)
+    results = streams.wait()
+    streams.close()
+    assert results["s0"].text == by_itself.text
+
+
+def test_greedy_texts_alone_and_eight_at_once_agree(handler, capsys):
+    """The figure the README states: greedy answers of 16 prompts, each alone, then in
+    batches of 8 at once."""
+    lone = [alone(handler, prompt, 32).text for prompt in PROMPTS]
+    batched: list[str] = []
+    for start in (0, 8):
+        streams = Streams(handler)
+        for i in range(start, start + 8):
+            streams.start(f"s{i}", PROMPTS[i], 32)
+        results = streams.wait()
+        streams.close()
+        batched += [results[f"s{i}"].text for i in range(start, start + 8)]
+    same = sum(a == b for a, b in zip(lone, batched, strict=True))
+    with capsys.disabled():
+        print(f"\ngreedy agreement, alone vs 8 at once: {same}/{len(PROMPTS)}")
+    assert same >= len(PROMPTS) - 2  # rare near-ties may flip (kernels differ by batch)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_the_batch_steps(handler, monkeypatch):
+    from app.models import step_batch
+
+    monkeypatch.setattr(step_batch, "PREFILL_CHUNK", 16)
+    long_prompt = " ".join(PROMPTS)  # several chunks of 16 tokens
+    lone = alone(handler, long_prompt, 8)
+    streams = Streams(handler)
+    streams.start("running", PROMPTS[0], 200)
+    until(lambda: handler.batch_rows == 1, "the first stream runs")
+    streams.start("long", long_prompt, 8)
+    results = streams.wait("long")
+    streams.streams["running"].cancel()
+    streams.wait()
+    streams.close()
+    assert results["long"].text == lone.text
+    assert results["long"].steps > 8  # its prefill took several forwards
