@@ -34,6 +34,7 @@ else:  # pragma: no cover
 APP_NAME = "vramgate"
 ENV_PREFIX = "VRAMGATE_"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DEFAULT_MAX_STREAMS = 32  # rows of a generation batch wait on threads that do no work
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(10)}
 
@@ -205,8 +206,8 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=256,
-        description="generation streams on the device at once, beside max_concurrent "
-        "one-shot jobs, so long chats never hold every slot (0: as many as max_concurrent)",
+        description="generation streams on the device at once (the rows of a model's "
+        "batch), beside max_concurrent one-shot jobs; bytes bind them too (0: 32)",
     )
     max_head_bypass: int = Field(
         16,

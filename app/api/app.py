@@ -24,7 +24,7 @@ from app.logconfig import set_snapshot_provider
 from app.metrics import Metrics
 from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
-from app.settings import Settings
+from app.settings import DEFAULT_MAX_STREAMS, Settings
 
 log = logging.getLogger("vramgate.app")
 PRICES_FILE = "prices.json"
@@ -35,7 +35,7 @@ def build_service(
 ) -> InferenceService:
     device = device or make_device(settings)
     slots = settings.max_concurrent or device.default_slots
-    streams = settings.max_streams or slots
+    streams = settings.max_streams or DEFAULT_MAX_STREAMS
     executor = Executor(device, slots=slots, stream_slots=streams, cpu_threads=settings.cpu_threads)
     book = BudgetBook(settings.resolved_data_dir / PRICES_FILE)
     bounds = (settings.max_image_side, settings.max_image_pixels)
