@@ -37,7 +37,8 @@ from app.models.decoding import (
     generation_prepared,
 )
 from app.models.kinds import Generator
-from app.models.step_batch import StepBatcher, plain_dynamic
+from app.models.kv_cache import plain_dynamic
+from app.models.step_batch import StepBatcher
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
 

@@ -33,6 +33,7 @@ from app.models.decoding import (
     StopScanner,
     TokenStream,
 )
+from app.models.kv_cache import copied_prefixes, find_donor, stack, suffix_inputs
 
 log = logging.getLogger("vramgate.generation")
 
@@ -71,31 +72,6 @@ class Row:
     result: DecodeResult | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
-
-
-def plain_dynamic(cache: Any) -> bool:
-    """Whether rows can be joined and split in `cache`: every layer a plain DynamicLayer
-    (keys and values [batch, heads, tokens, head_dim], grown by concatenation)."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:
-        return False
-    layers = getattr(cache, "layers", None) or []
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-def stack(first: torch.Tensor, second: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    """`second`'s rows under `first`'s, both left-padded along `dim` to `length`."""
-    return torch.cat([pad_left(first, length, dim), pad_left(second, length, dim)])
 
 
 class StepBatcher:
@@ -220,11 +196,23 @@ class StepBatcher:
             self._prefill_chunk(rows[0])
             return
         ids = [row.task.prompt_ids for row in rows]
-        length = max(len(p) for p in ids)
-        input_ids = torch.tensor([[0] * (length - len(p)) + p for p in ids])
-        mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in ids])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._run(input_ids, mask, positions, None)
+        running = [row.task.prompt_ids for row in self._rows]
+        donors = [find_donor(prompt, running) for prompt in ids]
+        copied = None
+        if any(count for _, count in donors):
+            assert self._mask is not None
+            copied = copied_prefixes(self._cache, self._mask, donors)
+        if copied is not None:  # only what follows each row's copied prefix is computed
+            prefix, prefix_mask = copied
+            input_ids, mask, positions = suffix_inputs(ids, [count for _, count in donors])
+            mask = torch.cat([prefix_mask, mask], dim=1)
+            out = self._run(input_ids, mask, positions, prefix)
+        else:
+            length = max(len(p) for p in ids)
+            input_ids = torch.tensor([[0] * (length - len(p)) + p for p in ids])
+            mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in ids])
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = self._run(input_ids, mask, positions, None)
         cache = getattr(out, self._cache_arg)
         with self._cond:
             for row in rows:

@@ -171,3 +171,37 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_the_batch_steps(handler, mon
     streams.close()
     assert results["long"].text == lone.text
     assert results["long"].steps > 8  # its prefill took several forwards
+
+
+def test_a_joining_row_copies_a_running_rows_prompt_prefix_and_answers_as_alone(
+    handler, monkeypatch
+):
+    from app.models import kv_cache, step_batch
+
+    copies: list[list[tuple[int, int]]] = []
+    real = kv_cache.copied_prefixes
+
+    def spy(cache, mask, donors):  # the real function, its calls recorded
+        copies.append(list(donors))
+        return real(cache, mask, donors)
+
+    monkeypatch.setattr(step_batch, "copied_prefixes", spy)
+    system = "you are a helpful assistant who answers briefly and well; " * 4
+    running = system + "what is the weather like today?"
+    asked = [system + "tell me about foxes.", running]  # a shared prefix; the same prompt
+    lone = [alone(handler, prompt, 24).text for prompt in asked]
+    copies.clear()
+    streams = Streams(handler)
+    streams.start("running", running, 400)
+    until(lambda: handler.batch_rows == 1, "the first stream runs")
+    for i, prompt in enumerate(asked):
+        streams.start(f"asked{i}", prompt, 24)
+        streams.wait(f"asked{i}")
+    streams.streams["running"].cancel()
+    results = streams.wait()
+    streams.close()
+    assert [results[f"asked{i}"].text for i in range(2)] == lone
+    shared = [count for call in copies for _, count in call]
+    prompt_tokens = len(handler.encode(running))
+    assert shared and min(shared) >= kv_cache.MIN_SHARED
+    assert max(shared) == prompt_tokens - 1  # the same prompt: all but its last token
