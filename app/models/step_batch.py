@@ -153,8 +153,11 @@ class StepBatcher:
                         break
                     joiners = self._take_joiners()
                 try:
-                    if joiners:
-                        self._prefill(joiners)
+                    spent = 0  # prefills before the next step: at most one chunk's worth
+                    while joiners:
+                        spent += self._prefill(joiners)
+                        with self._cond:
+                            joiners = self._take_joiners() if spent < PREFILL_CHUNK else []
                     if self._rows:
                         self._step()
                 except Exception as exc:  # the forward failed: every row in it fails
@@ -189,12 +192,12 @@ class StepBatcher:
             row.stream.emit("")  # alive: its prefill comes now
         return taken
 
-    def _prefill(self, rows: list[Row]) -> None:
+    def _prefill(self, rows: list[Row]) -> int:
+        """Prefill `rows` (one forward); returns the tokens it computed."""
         if len(rows) == 1 and (
             rows[0].cache is not None or len(rows[0].task.prompt_ids) > PREFILL_CHUNK
         ):
-            self._prefill_chunk(rows[0])
-            return
+            return self._prefill_chunk(rows[0])
         ids = [row.task.prompt_ids for row in rows]
         running = [row.task.prompt_ids for row in self._rows]
         donors = [find_donor(prompt, running) for prompt in ids]
@@ -221,8 +224,9 @@ class StepBatcher:
             row.position = len(row.task.prompt_ids)
             row.steps += 1
         self._admit(rows, cache, mask, out.logits[:, -1])
+        return int(input_ids.numel())
 
-    def _prefill_chunk(self, row: Row) -> None:
+    def _prefill_chunk(self, row: Row) -> int:
         """One chunk of a long prompt, in the row's own cache."""
         prompt = row.task.prompt_ids
         chunk = prompt[row.position : row.position + PREFILL_CHUNK]
@@ -235,11 +239,12 @@ class StepBatcher:
         row.position, row.steps = end, row.steps + 1
         row.stream.emit("")
         if end < len(prompt):
-            return
+            return len(chunk)
         with self._cond:
             self._pending.remove(row)
         cache, row.cache = row.cache, None
         self._admit([row], cache, mask, out.logits[:, -1])
+        return len(chunk)
 
     def _step(self) -> None:
         """One decode step of every row in the batch."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -34,7 +35,7 @@ def tiny(server_factory, llama_folder):
 
 
 def chat(content: str, **extra) -> dict:
-    return {"model": "tiny", "messages": [{"role": "user", "content": content}], **extra}
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}]} | extra
 
 
 def test_openai_client_streams_a_chat_with_usage_at_the_end(tiny):
@@ -270,3 +271,60 @@ def test_disconnect_during_a_non_streamed_chat_stops_generation(tiny):
     time.sleep(0.5)
     assert handler.forward_calls - before == steps, "generation kept running"
     assert steps < 900, f"{steps} steps for a client that left after 0.1 s"
+
+
+def test_a_stream_that_leaves_frees_its_row_and_bytes_and_the_other_goes_on(tiny):
+    handler = tiny.service.registry.get("tiny")
+    body = chat("Tell me a very long story.", max_tokens=1000, temperature=0)
+    url = tiny.url + "/v1/chat/completions"
+    alone = httpx.post(url, json=body, timeout=120).json()["choices"][0]["message"]["content"]
+    result: dict[str, str] = {}
+
+    def run_a() -> None:
+        answer = httpx.post(url, json=body, timeout=120).json()
+        result["a"] = answer["choices"][0]["message"]["content"]
+
+    a = threading.Thread(target=run_a)
+    a.start()
+    wait_until(lambda: handler.batch_rows == 1, 30, "A runs")
+    price_a = tiny.status()["pool"]["admitted_bytes"]
+    b_body = chat("Something else entirely.", max_tokens=1000, temperature=0, stream=True)
+    with httpx.Client(timeout=30) as client, client.stream("POST", url, json=b_body) as r:
+        assert r.status_code == 200
+        events = (line for line in r.iter_lines() if line)
+        for _ in range(5):
+            assert next(events).startswith("data: ")
+        assert handler.batch_rows == 2
+        assert tiny.status()["pool"]["admitted_bytes"] > price_a
+    # B's client is gone: its row leaves at the next step, its bytes come back
+    wait_until(lambda: tiny.status()["pool"]["admitted_bytes"] == price_a, 30, "B's bytes back")
+    assert handler.batch_rows == 1 and a.is_alive(), "A ended before B left: make A longer"
+    a.join(timeout=120)
+    assert result["a"] == alone  # A's text is what it is alone
+
+
+def test_simulated_streams_beyond_the_pool_wait_and_are_all_served(server_factory):
+    # Each stream's bucket costs 300 MiB; the 1 GiB pool holds three at once.
+    model = ModelSpec(
+        name="sim",
+        kind="simulated",
+        buckets=(SimulatedBucket(size=64, bytes=300 * MiB, run_ms=5),),
+    )
+    live = server_factory(device="simulated:1GiB", models=(model,), max_queue=64)
+
+    async def one(client: httpx.AsyncClient) -> tuple[int, float, str]:
+        body = chat("one two three", model="sim", max_tokens=40, stream=True)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines() if line]
+            return r.status_code, float(r.headers.get("X-Vramgate-Queue-Ms", "0")), lines[-1]
+
+    async def all_streams():
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            return await asyncio.gather(*(one(client) for _ in range(12)))
+
+    results = asyncio.run(all_streams())
+    assert [status for status, _, _ in results] == [200] * 12
+    assert all(last == "data: [DONE]" for _, _, last in results)
+    assert sum(1 for _, waited, _ in results if waited > 0) >= 9  # nine waited for room
+    device = live.service.device
+    assert device.high_water <= 1024 * MiB and device.oom_count == 0
