@@ -175,6 +175,7 @@ class StepBatcher:
         for row in list(self._pending):
             if row.stream.cancelled.is_set():
                 self._pending.remove(row)
+                row.cache = None  # a long prompt's partial prefill
                 self._end(row, finish="cancelled")
                 continue
             remaining = len(row.task.prompt_ids) - row.position
