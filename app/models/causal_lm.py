@@ -196,7 +196,8 @@ class CausalLMHandler(Generator):
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         """Run in the model's batch (on the caller's stream thread, which waits)."""
         assert self._batcher is not None, "load() first"
-        return self._batcher.generate(prepared.payload, stream)
+        bound = prepared.kv_bound[1] if prepared.kv_bound else 0
+        return self._batcher.generate(prepared.payload, stream, bound)
 
     @property
     def batch_rows(self) -> int:

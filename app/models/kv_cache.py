@@ -1,5 +1,12 @@
-"""KV cache tensors of a generation batch: whether rows can be joined and split, joining
-them (left-padded to one length), and prompt prefixes already in the batch.
+"""KV cache tensors of generation batches: whether rows can be joined and split, a batch
+of rows (joining, leaving, its footprint), and prompt prefixes already in a batch.
+
+Footprint: a batch is one tensor per layer, every row padded to the batch's length, while
+each stream was admitted for its own tokens (prompt + max_tokens). A group joins a batch
+only if, until every row has reached its bound, rows × length stays within what the rows
+were admitted for (their tokens × MEASURED_MARGIN, the margin every measured price
+carries); otherwise it starts a batch of its own, stepped beside the first. So padding
+never takes memory the gate did not admit.
 
 Prefixes: a joining row whose prompt begins like a running
 row's (the same system prompt and chat template, the same question asked again) copies
@@ -15,6 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from app.sched.budget import MEASURED_MARGIN
 
 MIN_SHARED = 16  # fewer shared tokens are not worth the copy
 
@@ -65,27 +74,41 @@ def find_donor(prompt: Sequence[int], running: Sequence[Sequence[int]]) -> tuple
     return (best, shared) if shared >= MIN_SHARED else (-1, 0)
 
 
-def copied_prefixes(
-    cache: Any, mask: torch.Tensor, donors: Sequence[tuple[int, int]]
-) -> tuple[Any, torch.Tensor] | None:
-    """A cache for the joining rows holding, for each, its donor's first `count` real
-    tokens (left-padded to the longest count), and its mask; None where this version of
-    transformers cannot build a cache from tensors."""
+Source = tuple[Any, torch.Tensor, int, int]  # a batch's cache and mask, a row, tokens
+
+
+def copied_prefixes(sources: Sequence[Source | None]) -> tuple[Any, torch.Tensor] | None:
+    """A cache for the joining rows holding, for each, its donor row's first `count` real
+    tokens (left-padded to the longest count; None: nothing copied), and its mask; None
+    where this version of transformers cannot build a cache from tensors."""
     try:
         from transformers import DynamicCache
     except ImportError:
         return None
-    longest = max(count for _, count in donors)
-    columns = []
-    for row, count in donors:  # where each donor's real tokens sit in the batch
-        real = mask[row].nonzero().flatten()[:count] if count else mask.new_zeros(0)
-        columns.append((row, real))
+    counts = [source[3] if source else 0 for source in sources]
+    longest = max(counts)
+    template = next(source[0] for source in sources if source)
+    picks = []
+    for source in sources:  # where each donor's real tokens sit in its batch
+        if source is None:
+            picks.append(None)
+            continue
+        cache, mask, row, count = source
+        picks.append((cache, row, mask[row].nonzero().flatten()[:count]))
     layers = []
-    for layer in cache.layers:
-        keys = [_gather(layer.keys, row, real, longest) for row, real in columns]
-        values = [_gather(layer.values, row, real, longest) for row, real in columns]
+    for index, layer in enumerate(template.layers):
+        shape = layer.keys.shape
+        keys, values = [], []
+        for pick in picks:
+            if pick is None:
+                keys.append(layer.keys.new_zeros((shape[1], longest, shape[3])))
+                values.append(layer.values.new_zeros((shape[1], longest, layer.values.shape[3])))
+                continue
+            cache, row, real = pick
+            keys.append(_gather(cache.layers[index].keys, row, real, longest))
+            values.append(_gather(cache.layers[index].values, row, real, longest))
         layers.append((torch.stack(keys), torch.stack(values)))
-    prefix_mask = torch.tensor([[0] * (longest - count) + [1] * count for _, count in donors])
+    prefix_mask = torch.tensor([[0] * (longest - count) + [1] * count for count in counts])
     try:
         built = DynamicCache(ddp_cache_data=layers)
     except TypeError:
@@ -114,3 +137,58 @@ def suffix_inputs(
     starts = torch.tensor(shared).unsqueeze(1)
     positions = (starts + mask.cumsum(-1) - 1).clamp(min=0)
     return ids, mask, positions
+
+
+def fits(rows: Sequence[tuple[int, int]], length: int) -> bool:
+    """Whether rows of (tokens held now, tokens admitted) in one batch `length` long stay
+    within what they were admitted for until each has reached its bound."""
+    end = max(length + budget - held for held, budget in rows)
+    return len(rows) * end <= MEASURED_MARGIN * sum(budget for _, budget in rows)
+
+
+class Batch:
+    """Rows stepped together: one cache (every layer [rows, heads, length, head_dim]) and
+    a mask [rows, length], 1 for a row's real tokens, 0 for padding."""
+
+    def __init__(self, rows: list[Any], cache: Any, mask: torch.Tensor) -> None:
+        self.rows = rows  # app.models.step_batch.Row
+        self.cache = cache
+        self.mask = mask.to(torch.long)
+
+    @property
+    def length(self) -> int:
+        return int(self.mask.shape[1])
+
+    def takes(self, rows: Sequence[Any], length: int) -> bool:
+        """Whether `rows`, prefilled `length` long, may join without over-committing."""
+        both = [(r.position, r.budget) for r in [*self.rows, *rows]]
+        return fits(both, max(self.length, length))
+
+    def join(self, rows: list[Any], cache: Any, mask: torch.Tensor) -> None:
+        """`rows` (just prefilled in `cache`) under these, both left-padded to one length."""
+        length = max(self.length, mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = stack(mine.keys, theirs.keys, length, 2)
+            mine.values = stack(mine.values, theirs.values, length, 2)
+        self.mask = stack(self.mask, mask.to(torch.long), length, 1)
+        self.rows.extend(rows)
+
+    def keep(self, keep: list[int]) -> None:
+        """Only the rows at `keep` stay; columns that are padding for all of them go."""
+        index = torch.tensor(keep)
+        mask = self.mask[index]
+        first = int(mask.any(dim=0).nonzero()[0])
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index.to(layer.keys.device), :, first:]
+            layer.values = layer.values[index.to(layer.values.device), :, first:]
+        self.mask = mask[:, first:]
+        self.rows = [self.rows[i] for i in keep]
+
+    def token_bytes(self) -> int:
+        """One token's KV bytes in one row, read off the batch's own tensors."""
+        total = 0
+        for layer in getattr(self.cache, "layers", None) or []:
+            for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
+                    total += tensor[0, :, 0].numel() * tensor.element_size()
+        return total

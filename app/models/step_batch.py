@@ -11,7 +11,8 @@ no row uses are cut. Each row samples with its own parameters and seeded generat
 text does not depend on who shares its batch (up to kernel rounding: see the README).
 Admission stays the gate's: a row exists only once its KV bytes were admitted, and there
 are at most `max_streams`. A cache that is not plain dynamic (sliding-window layers) runs
-its rows one after another.
+its rows one after another. Rows whose padding the batch could not hold within what they
+were admitted for step in a batch of their own (app.models.kv_cache).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from app.models.decoding import (
     StopScanner,
     TokenStream,
 )
-from app.models.kv_cache import copied_prefixes, find_donor, stack, suffix_inputs
+from app.models.kv_cache import Batch, Source, copied_prefixes, find_donor, fits, suffix_inputs
 
 log = logging.getLogger("vramgate.generation")
 
@@ -72,6 +73,12 @@ class Row:
     result: DecodeResult | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
+
+    @property
+    def budget(self) -> int:
+        """What its admission covers: its bucket's bound, at least prompt + max_tokens."""
+        return max(self.bound, len(self.task.prompt_ids) + self.task.max_tokens)
 
 
 class StepBatcher:
@@ -102,23 +109,21 @@ class StepBatcher:
         self._pending: deque[Row] = deque()  # handed in, not yet prefilled (guarded)
         self._closed = False
         self.joinable = joinable  # False: rows run one after another
-        # the batch: owned by the batch thread alone
-        self._rows: list[Row] = []
-        self._cache: Any = None
-        self._mask: torch.Tensor | None = None  # [rows, cache tokens]: 1 real, 0 padding
+        self._batches: list[Batch] = []  # owned by the batch thread alone
         self._thread = threading.Thread(target=self._loop, name=f"vramgate-batch-{name}")
         self._thread.daemon = True
         self._thread.start()
 
     # -- the callers' side ---------------------------------------------------------------
-    def generate(self, task: GenerationInput, stream: TokenStream) -> DecodeResult:
-        """Run one stream in the batch; returns when it ended (on the caller's thread)."""
+    def generate(self, task: GenerationInput, stream: TokenStream, bound: int = 0) -> DecodeResult:
+        """Run one stream in a batch; returns when it ended (on the caller's thread).
+        `bound`: the tokens its admission covered (its bucket's token bound)."""
         sampler = torch.Generator()
         if task.params.seed is not None:
             sampler.manual_seed(task.params.seed)
         else:
             sampler.seed()
-        row = Row(task, stream, sampler, StopScanner(task.params.stop))
+        row = Row(task, stream, sampler, StopScanner(task.params.stop), bound=bound)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the model is unloaded")
@@ -131,8 +136,12 @@ class StepBatcher:
         return row.result
 
     @property
-    def rows(self) -> int:  # streams in the running batch (read for tests and /status)
-        return len(self._rows)
+    def rows(self) -> int:  # streams in the running batches (read for tests and /status)
+        return sum(len(batch.rows) for batch in self._batches)
+
+    @property
+    def batches(self) -> int:
+        return len(self._batches)
 
     def close(self) -> None:
         with self._cond:
@@ -145,9 +154,9 @@ class StepBatcher:
         with self._job_stream():
             while True:
                 with self._cond:
-                    while not self._pending and not self._rows and not self._closed:
+                    while not self._pending and not self._batches and not self._closed:
                         self._cond.wait()
-                    if self._closed and not self._rows:
+                    if self._closed and not self._batches:
                         failed = list(self._pending)
                         self._pending.clear()
                         break
@@ -158,17 +167,18 @@ class StepBatcher:
                         spent += self._prefill(joiners)
                         with self._cond:
                             joiners = self._take_joiners() if spent < PREFILL_CHUNK else []
-                    if self._rows:
-                        self._step()
+                    for batch in list(self._batches):
+                        self._step(batch)
                 except Exception as exc:  # the forward failed: every row in it fails
-                    self._fail([*joiners, *self._rows], exc)
+                    running = [row for batch in self._batches for row in batch.rows]
+                    self._fail([*joiners, *running], exc)
         for row in failed:
             self._end(row, error=RuntimeError("the model is unloaded"))
 
     def _take_joiners(self) -> list[Row]:
         """Rows to prefill now (under the lock): short prompts together, up to
         PREFILL_TOKENS padded tokens, or the first long one alone (one chunk a step)."""
-        if not self.joinable and self._rows:
+        if not self.joinable and self._batches:
             return []  # one row at a time
         taken: list[Row] = []
         longest = 0
@@ -183,10 +193,12 @@ class StepBatcher:
                 if not taken:
                     taken.append(row)  # prefilled alone, in chunks
                 break
-            longest = max(longest, remaining)
-            if taken and (len(taken) + 1) * longest > PREFILL_TOKENS:
+            length = max(longest, remaining)
+            group = [(len(r.task.prompt_ids), r.budget) for r in [*taken, row]]
+            if taken and ((len(taken) + 1) * length > PREFILL_TOKENS or not fits(group, length)):
                 break
             taken.append(row)
+            longest = length
             if not self.joinable:
                 break
         for row in taken:
@@ -200,32 +212,53 @@ class StepBatcher:
         ):
             return self._prefill_chunk(rows[0])
         ids = [row.task.prompt_ids for row in rows]
-        running = [row.task.prompt_ids for row in self._rows]
-        donors = [find_donor(prompt, running) for prompt in ids]
-        copied = None
-        if any(count for _, count in donors):
-            assert self._mask is not None
-            copied = copied_prefixes(self._cache, self._mask, donors)
-        if copied is not None:  # only what follows each row's copied prefix is computed
-            prefix, prefix_mask = copied
-            input_ids, mask, positions = suffix_inputs(ids, [count for _, count in donors])
-            mask = torch.cat([prefix_mask, mask], dim=1)
-            out = self._run(input_ids, mask, positions, prefix)
-        else:
-            length = max(len(p) for p in ids)
-            input_ids = torch.tensor([[0] * (length - len(p)) + p for p in ids])
-            mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in ids])
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self._run(input_ids, mask, positions, None)
-        cache = getattr(out, self._cache_arg)
+        inputs = self._copied_inputs(rows) or self._plain_inputs(ids)
+        input_ids, mask, positions, prefix = inputs
+        out = self._run(input_ids, mask, positions, prefix)
         with self._cond:
             for row in rows:
                 self._pending.remove(row)
         for row in rows:
             row.position = len(row.task.prompt_ids)
             row.steps += 1
-        self._admit(rows, cache, mask, out.logits[:, -1])
+        self._admit(rows, getattr(out, self._cache_arg), mask, out.logits[:, -1])
         return int(input_ids.numel())
+
+    @staticmethod
+    def _plain_inputs(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        length = max(len(p) for p in ids)
+        input_ids = torch.tensor([[0] * (length - len(p)) + p for p in ids])
+        mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in ids])
+        return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), None
+
+    def _copied_inputs(
+        self, rows: list[Row]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
+        """Inputs that copy each row's prompt prefix from a running row where one shares
+        it; None when none does, or when the copy would pad the group past its bounds."""
+        sources: list[Source | None] = []
+        for row in rows:
+            best: Source | None = None
+            for batch in self._batches:
+                running = [r.task.prompt_ids for r in batch.rows]
+                index, count = find_donor(row.task.prompt_ids, running)
+                if count > (best[3] if best else 0):
+                    best = (batch.cache, batch.mask, index, count)
+            sources.append(best)
+        if not any(sources):
+            return None
+        copied = copied_prefixes(sources)
+        if copied is None:
+            return None
+        prefix, prefix_mask = copied
+        counts = [source[3] if source else 0 for source in sources]
+        ids = [row.task.prompt_ids for row in rows]
+        input_ids, mask, positions = suffix_inputs(ids, counts)
+        mask = torch.cat([prefix_mask, mask], dim=1)
+        held = [(len(p), row.budget) for p, row in zip(ids, rows, strict=True)]
+        if not fits(held, mask.shape[1]):
+            return None
+        return input_ids, mask, positions, prefix
 
     def _prefill_chunk(self, row: Row) -> int:
         """One chunk of a long prompt, in the row's own cache."""
@@ -247,25 +280,24 @@ class StepBatcher:
         self._admit([row], cache, mask, out.logits[:, -1])
         return len(chunk)
 
-    def _step(self) -> None:
-        """One decode step of every row in the batch."""
-        for row in self._rows:
+    def _step(self, batch: Batch) -> None:
+        """One decode step of every row in `batch`."""
+        for row in batch.rows:
             if row.stream.cancelled.is_set():
                 row.finish = "cancelled"
-        self._drop_finished()
-        if not self._rows:
+        if not self._drop_finished(batch):
             return
-        assert self._mask is not None
-        input_ids = torch.tensor([[row.next_token] for row in self._rows])
-        mask = torch.cat([self._mask, self._mask.new_ones((len(self._rows), 1))], dim=1)
-        positions = torch.tensor([[row.position] for row in self._rows])
-        out = self._run(input_ids, mask, positions, self._cache)
-        self._cache, self._mask = getattr(out, self._cache_arg), mask
-        for index, row in enumerate(self._rows):
+        rows = batch.rows
+        input_ids = torch.tensor([[row.next_token] for row in rows])
+        mask = torch.cat([batch.mask, batch.mask.new_ones((len(rows), 1))], dim=1)
+        positions = torch.tensor([[row.position] for row in rows])
+        out = self._run(input_ids, mask, positions, batch.cache)
+        batch.cache, batch.mask = getattr(out, self._cache_arg), mask
+        for index, row in enumerate(rows):
             row.position += 1
             row.steps += 1
             self._advance(row, sample(out.logits[index, -1], row.task.params, row.sampler))
-        self._drop_finished()
+        self._drop_finished(batch)
 
     def _run(
         self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -287,25 +319,18 @@ class StepBatcher:
 
     # -- rows joining, advancing and leaving ---------------------------------------------
     def _admit(self, rows: list[Row], cache: Any, mask: torch.Tensor, logits: torch.Tensor) -> None:
-        """Freshly prefilled rows: sample their first tokens, join the batch."""
+        """Freshly prefilled rows: sample their first tokens, join a batch that can take
+        them, or step as a batch of their own."""
         for index, row in enumerate(rows):
             self._advance(row, sample(logits[index], row.task.params, row.sampler))
-        if self._rows:
-            self._join(cache, mask)
+        length = int(mask.shape[1])
+        batch = next((b for b in self._batches if b.takes(rows, length)), None)
+        if batch is None:
+            batch = Batch(list(rows), cache, mask)
+            self._batches.append(batch)
         else:
-            self._cache, self._mask = cache, mask.to(torch.long)
-        self._rows.extend(rows)
-        self._drop_finished()
-
-    def _join(self, cache: Any, mask: torch.Tensor) -> None:
-        """Concatenate `cache` (rows just prefilled) under the batch's, both left-padded
-        to the longer of the two."""
-        assert self._mask is not None
-        length = max(self._mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):
-            mine.keys = stack(mine.keys, theirs.keys, length, 2)
-            mine.values = stack(mine.values, theirs.values, length, 2)
-        self._mask = stack(self._mask, mask.to(torch.long), length, 1)
+            batch.join(rows, cache, mask)
+        self._drop_finished(batch)
 
     def _advance(self, row: Row, token: int) -> None:
         """A row's new token: end of sequence, a stop string, or text to send."""
@@ -321,39 +346,20 @@ class StepBatcher:
         else:
             row.next_token = token
 
-    def _drop_finished(self) -> None:
-        """Rows that ended leave the batch; columns only they used are cut."""
-        keep = [i for i, row in enumerate(self._rows) if row.finish is None]
-        if len(keep) == len(self._rows):
-            return
-        per_token = self._bytes_per_token()
-        for row in self._rows:
+    def _drop_finished(self, batch: Batch) -> bool:
+        """Rows that ended leave `batch`; False when none is left (the batch is gone)."""
+        keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
+        if len(keep) == len(batch.rows):
+            return True
+        per_token = batch.token_bytes()
+        for row in batch.rows:
             if row.finish is not None:
                 self._end(row, finish=row.finish, kv_bytes=per_token * row.position)
-        self._rows = [self._rows[i] for i in keep]
-        if not self._rows:
-            self._cache = self._mask = None
-            return
-        assert self._mask is not None
-        index = torch.tensor(keep)
-        self._mask = self._mask[index]
-        first = int(self._mask.any(dim=0).nonzero()[0])  # columns before: padding only
-        for layer in self._cache.layers:
-            layer.keys = layer.keys[index.to(layer.keys.device), :, first:]
-            layer.values = layer.values[index.to(layer.values.device), :, first:]
-        self._mask = self._mask[:, first:]
-
-    def _bytes_per_token(self) -> int:
-        """One token's KV bytes in one row, read off the batch's own tensors."""
-        layers = getattr(self._cache, "layers", None) or []
-        total = 0
-        for layer in layers:
-            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-            if isinstance(keys, torch.Tensor) and keys.dim() == 4:
-                total += keys[0, :, 0].numel() * keys.element_size()
-            if isinstance(values, torch.Tensor) and values.dim() == 4:
-                total += values[0, :, 0].numel() * values.element_size()
-        return total
+        if not keep:
+            self._batches.remove(batch)
+            return False
+        batch.keep(keep)
+        return True
 
     def _end(
         self,
@@ -379,11 +385,10 @@ class StepBatcher:
         row.done.set()
 
     def _fail(self, rows: list[Row], exc: BaseException) -> None:
-        """A failed forward: its rows (and the whole batch's state) are given up."""
+        """A failed forward: its rows (and every batch's state) are given up."""
         log.warning("a batched generation step failed: %s: %s", type(exc).__name__, exc)
-        self._cache = self._mask = None
+        self._batches = []
         failed = {id(row): row for row in rows}
-        self._rows = []
         with self._cond:
             for row in failed.values():
                 with contextlib.suppress(ValueError):

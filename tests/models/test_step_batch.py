@@ -178,12 +178,12 @@ def test_a_joining_row_copies_a_running_rows_prompt_prefix_and_answers_as_alone(
 ):
     from app.models import kv_cache, step_batch
 
-    copies: list[list[tuple[int, int]]] = []
+    copies: list[list[int]] = []
     real = kv_cache.copied_prefixes
 
-    def spy(cache, mask, donors):  # the real function, its calls recorded
-        copies.append(list(donors))
-        return real(cache, mask, donors)
+    def spy(sources):  # the real function, its calls recorded
+        copies.append([source[3] if source else 0 for source in sources])
+        return real(sources)
 
     monkeypatch.setattr(step_batch, "copied_prefixes", spy)
     system = "you are a helpful assistant who answers briefly and well; " * 4
@@ -201,7 +201,29 @@ def test_a_joining_row_copies_a_running_rows_prompt_prefix_and_answers_as_alone(
     results = streams.wait()
     streams.close()
     assert [results[f"asked{i}"].text for i in range(2)] == lone
-    shared = [count for call in copies for _, count in call]
+    shared = [count for call in copies for count in call if count]
     prompt_tokens = len(handler.encode(running))
     assert shared and min(shared) >= kv_cache.MIN_SHARED
     assert max(shared) == prompt_tokens - 1  # the same prompt: all but its last token
+
+
+def test_a_short_stream_beside_a_long_one_steps_in_a_batch_of_its_own(handler):
+    """Padded into the long stream's batch, the short one would hold the long one's
+    length of KV, far past what it was admitted for: it gets a batch of its own."""
+    lone = alone(handler, PROMPTS[7], 8).text
+    streams = Streams(handler)
+    streams.start("long", PROMPTS[6], 900)
+    until(lambda: handler.forward_calls and handler.batch_rows == 1, "the long stream runs")
+    before = handler.forward_calls
+    until(lambda: handler.forward_calls - before >= 200, "the long stream is 200 tokens in")
+    batcher = handler._batcher
+    assert batcher is not None
+    streams.start("short", PROMPTS[7], 8)
+    until(lambda: batcher.batches == 2 or not streams.threads["short"].is_alive(), "joined")
+    seen = batcher.batches
+    results = streams.wait("short")
+    streams.streams["long"].cancel()
+    streams.wait()
+    streams.close()
+    assert seen == 2
+    assert results["short"].text == lone

@@ -1,0 +1,32 @@
+"""The batch footprint rule, with tables: rows × length must stay within what the rows
+were admitted for (their tokens × the measured margin) until each reaches its bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.models.kv_cache import MIN_SHARED, common_prefix, find_donor, fits
+
+
+@pytest.mark.parametrize(
+    ("rows", "length", "expected"),
+    [
+        pytest.param([(50, 128)] * 8, 50, True, id="eight alike, joined together"),
+        pytest.param([(51, 128)] + [(50, 128)] * 7, 51, True, id="one step apart"),
+        pytest.param([(500, 1024), (20, 64)], 500, False, id="a short one beside a long one"),
+        pytest.param([(24, 64), (20, 64)], 24, True, id="four tokens apart, one bucket"),
+        pytest.param([(30, 64), (20, 64)], 30, False, id="ten tokens apart: past the margin"),
+        pytest.param([(60, 64), (10, 64)], 60, False, id="fifty tokens apart"),
+    ],
+)
+def test_fits_table(rows, length, expected):
+    assert fits(rows, length) is expected
+
+
+def test_a_donor_shares_at_least_min_shared_tokens_and_leaves_one_of_its_own():
+    system = list(range(100, 100 + MIN_SHARED))
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert find_donor([*system, 7], [[1, 2], [*system, 7, 8]]) == (1, MIN_SHARED)
+    assert find_donor([*system[:-1], 0], [system]) == (-1, 0)  # one short of MIN_SHARED
+    same = [*system, 5, 6]
+    assert find_donor(same, [same]) == (0, len(same) - 1)  # its last token is its own
