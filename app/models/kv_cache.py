@@ -88,7 +88,7 @@ def copied_prefixes(sources: Sequence[Source | None]) -> tuple[Any, torch.Tensor
     counts = [source[3] if source else 0 for source in sources]
     longest = max(counts)
     template = next(source[0] for source in sources if source)
-    picks = []
+    picks: list[tuple[Any, int, torch.Tensor] | None] = []
     for source in sources:  # where each donor's real tokens sit in its batch
         if source is None:
             picks.append(None)
@@ -139,11 +139,11 @@ def suffix_inputs(
     return ids, mask, positions
 
 
-def fits(rows: Sequence[tuple[int, int]], length: int) -> bool:
-    """Whether rows of (tokens held now, tokens admitted) in one batch `length` long stay
-    within what they were admitted for until each has reached its bound."""
-    end = max(length + budget - held for held, budget in rows)
-    return len(rows) * end <= MEASURED_MARGIN * sum(budget for _, budget in rows)
+def fits(rows: Sequence[tuple[int, int, int]], length: int) -> bool:
+    """Whether rows of (tokens held now, the most they will hold, tokens admitted) in one
+    batch `length` long stay within what they were admitted for until each has ended."""
+    end = max(length + most - held for held, most, _ in rows)
+    return len(rows) * end <= MEASURED_MARGIN * sum(admitted for _, _, admitted in rows)
 
 
 class Batch:
@@ -161,7 +161,7 @@ class Batch:
 
     def takes(self, rows: Sequence[Any], length: int) -> bool:
         """Whether `rows`, prefilled `length` long, may join without over-committing."""
-        both = [(r.position, r.budget) for r in [*self.rows, *rows]]
+        both = [(r.position, r.most, r.admitted) for r in [*self.rows, *rows]]
         return fits(both, max(self.length, length))
 
     def join(self, rows: list[Any], cache: Any, mask: torch.Tensor) -> None:

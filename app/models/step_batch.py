@@ -76,9 +76,12 @@ class Row:
     bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
 
     @property
-    def budget(self) -> int:
-        """What its admission covers: its bucket's bound, at least prompt + max_tokens."""
-        return max(self.bound, len(self.task.prompt_ids) + self.task.max_tokens)
+    def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
+        return len(self.task.prompt_ids) + self.task.max_tokens
+
+    @property
+    def admitted(self) -> int:  # the tokens its admission covered (at least `most`)
+        return max(self.bound, self.most)
 
 
 class StepBatcher:
@@ -176,8 +179,7 @@ class StepBatcher:
             self._end(row, error=RuntimeError("the model is unloaded"))
 
     def _take_joiners(self) -> list[Row]:
-        """Rows to prefill now (under the lock): short prompts together, up to
-        PREFILL_TOKENS padded tokens, or the first long one alone (one chunk a step)."""
+        """Rows to prefill now (under the lock): short prompts together, or a long one."""
         if not self.joinable and self._batches:
             return []  # one row at a time
         taken: list[Row] = []
@@ -194,7 +196,7 @@ class StepBatcher:
                     taken.append(row)  # prefilled alone, in chunks
                 break
             length = max(longest, remaining)
-            group = [(len(r.task.prompt_ids), r.budget) for r in [*taken, row]]
+            group = [(len(r.task.prompt_ids), r.most, r.admitted) for r in [*taken, row]]
             if taken and ((len(taken) + 1) * length > PREFILL_TOKENS or not fits(group, length)):
                 break
             taken.append(row)
@@ -255,7 +257,7 @@ class StepBatcher:
         ids = [row.task.prompt_ids for row in rows]
         input_ids, mask, positions = suffix_inputs(ids, counts)
         mask = torch.cat([prefix_mask, mask], dim=1)
-        held = [(len(p), row.budget) for p, row in zip(ids, rows, strict=True)]
+        held = [(len(p), row.most, row.admitted) for p, row in zip(ids, rows, strict=True)]
         if not fits(held, mask.shape[1]):
             return None
         return input_ids, mask, positions, prefix

@@ -1,5 +1,5 @@
 """The batch footprint rule, with tables: rows × length must stay within what the rows
-were admitted for (their tokens × the measured margin) until each reaches its bound."""
+were admitted for (their tokens × the measured margin) until each has ended."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ import pytest
 from app.models.kv_cache import MIN_SHARED, common_prefix, find_donor, fits
 
 
+# rows: (tokens held now, the most they will hold, tokens admitted); the margin is 1.1
 @pytest.mark.parametrize(
     ("rows", "length", "expected"),
     [
-        pytest.param([(50, 128)] * 8, 50, True, id="eight alike, joined together"),
-        pytest.param([(51, 128)] + [(50, 128)] * 7, 51, True, id="one step apart"),
-        pytest.param([(500, 1024), (20, 64)], 500, False, id="a short one beside a long one"),
-        pytest.param([(24, 64), (20, 64)], 24, True, id="four tokens apart, one bucket"),
-        pytest.param([(30, 64), (20, 64)], 30, False, id="ten tokens apart: past the margin"),
-        pytest.param([(60, 64), (10, 64)], 60, False, id="fifty tokens apart"),
+        pytest.param([(50, 114, 128)] * 8, 50, True, id="eight alike, joined together"),
+        pytest.param([(51, 114, 128)] + [(50, 114, 128)] * 7, 51, True, id="one step apart"),
+        pytest.param([(70, 114, 128), (50, 114, 128)], 70, True, id="20 steps apart"),
+        pytest.param([(80, 114, 128), (50, 114, 128)], 80, False, id="30 steps apart"),
+        pytest.param(
+            [(500, 1000, 1024), (20, 60, 64)], 500, False, id="a short one beside a long one"
+        ),
+        pytest.param([(64, 64, 64), (20, 64, 64)], 64, False, id="a full bucket: no slack"),
     ],
 )
 def test_fits_table(rows, length, expected):
