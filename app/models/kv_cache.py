@@ -80,7 +80,9 @@ Source = tuple[Any, torch.Tensor, int, int]  # a batch's cache and mask, a row, 
 def copied_prefixes(sources: Sequence[Source | None]) -> tuple[Any, torch.Tensor] | None:
     """A cache for the joining rows holding, for each, its donor row's first `count` real
     tokens (left-padded to the longest count; None: nothing copied), and its mask; None
-    where this version of transformers cannot build a cache from tensors."""
+    where this version of transformers cannot build a cache from tensors. One indexed read
+    per layer and donor batch: a gather per row and layer cost ~30 ms for 6 rows of a
+    30-layer model on the CPU."""
     try:
         from transformers import DynamicCache
     except ImportError:
@@ -88,41 +90,37 @@ def copied_prefixes(sources: Sequence[Source | None]) -> tuple[Any, torch.Tensor
     counts = [source[3] if source else 0 for source in sources]
     longest = max(counts)
     template = next(source[0] for source in sources if source)
-    picks: list[tuple[Any, int, torch.Tensor] | None] = []
-    for source in sources:  # where each donor's real tokens sit in its batch
+    groups: dict[int, tuple[Any, list[int], list[int], list[list[int]]]] = {}
+    for joiner, source in enumerate(sources):  # by donor batch: rows and their columns
         if source is None:
-            picks.append(None)
             continue
         cache, mask, row, count = source
-        picks.append((cache, row, mask[row].nonzero().flatten()[:count]))
+        real = mask[row].nonzero().flatten()[:count].tolist()
+        group = groups.setdefault(id(cache), (cache, [], [], []))
+        group[1].append(joiner)
+        group[2].append(row)
+        group[3].append([0] * (longest - count) + real)  # padding reads column 0
+    valid = torch.tensor([[0] * (longest - c) + [1] * c for c in counts])
     layers = []
     for index, layer in enumerate(template.layers):
-        shape = layer.keys.shape
-        keys, values = [], []
-        for pick in picks:
-            if pick is None:
-                keys.append(layer.keys.new_zeros((shape[1], longest, shape[3])))
-                values.append(layer.values.new_zeros((shape[1], longest, layer.values.shape[3])))
-                continue
-            cache, row, real = pick
-            keys.append(_gather(cache.layers[index].keys, row, real, longest))
-            values.append(_gather(cache.layers[index].values, row, real, longest))
-        layers.append((torch.stack(keys), torch.stack(values)))
-    prefix_mask = torch.tensor([[0] * (longest - count) + [1] * count for count in counts])
+        heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+        keys = layer.keys.new_zeros((len(sources), heads, longest, dim))
+        values = layer.values.new_zeros((len(sources), heads, longest, layer.values.shape[3]))
+        for cache, joiners, rows, columns in groups.values():
+            source_layer = cache.layers[index]
+            device = source_layer.keys.device
+            row_index = torch.tensor(rows, device=device)[:, None]
+            col_index = torch.tensor(columns, device=device)
+            keep = valid[joiners].to(device)[:, None, :, None]
+            # [rows, longest, heads, dim] -> [rows, heads, longest, dim], padding zeroed
+            keys[joiners] = source_layer.keys[row_index, :, col_index].transpose(1, 2) * keep
+            values[joiners] = source_layer.values[row_index, :, col_index].transpose(1, 2) * keep
+        layers.append((keys, values))
     try:
         built = DynamicCache(ddp_cache_data=layers)
     except TypeError:
         return None
-    return built, prefix_mask
-
-
-def _gather(tensor: torch.Tensor, row: int, real: torch.Tensor, length: int) -> torch.Tensor:
-    """`row`'s keys or values at the columns `real`, left-padded to `length` tokens."""
-    heads, dim = tensor.shape[1], tensor.shape[3]
-    out = tensor.new_zeros((heads, length, dim))
-    if real.numel():
-        out[:, length - real.numel() :] = tensor[row, :, real.to(tensor.device)]
-    return out
+    return built, valid
 
 
 def suffix_inputs(
