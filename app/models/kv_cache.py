@@ -127,7 +127,8 @@ def suffix_inputs(
     prompts: Sequence[Sequence[int]], shared: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Input ids, mask and position ids of each row's own tokens after its copied
-    prefix, left-padded to one length, positions counting on from the prefix."""
+    prefix (`shared` tokens; 0: the whole prompt), left-padded to one length, positions
+    counting on from the prefix."""
     suffixes = [list(p[count:]) for p, count in zip(prompts, shared, strict=True)]
     length = max(len(s) for s in suffixes)
     ids = torch.tensor([[0] * (length - len(s)) + s for s in suffixes])

@@ -214,7 +214,7 @@ class StepBatcher:
         ):
             return self._prefill_chunk(rows[0])
         ids = [row.task.prompt_ids for row in rows]
-        inputs = self._copied_inputs(rows) or self._plain_inputs(ids)
+        inputs = self._copied_inputs(rows) or (*suffix_inputs(ids, [0] * len(ids)), None)
         input_ids, mask, positions, prefix = inputs
         out = self._run(input_ids, mask, positions, prefix)
         with self._cond:
@@ -225,13 +225,6 @@ class StepBatcher:
             row.steps += 1
         self._admit(rows, getattr(out, self._cache_arg), mask, out.logits[:, -1])
         return int(input_ids.numel())
-
-    @staticmethod
-    def _plain_inputs(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-        length = max(len(p) for p in ids)
-        input_ids = torch.tensor([[0] * (length - len(p)) + p for p in ids])
-        mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in ids])
-        return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), None
 
     def _copied_inputs(
         self, rows: list[Row]
