@@ -133,7 +133,9 @@ class CausalLMHandler(Generator):
         )
 
     def _joinable(self) -> bool:
-        """Whether this model's KV cache lets rows join and leave a running batch."""
+        """Whether this model's KV cache lets rows join and leave a running batch. Its
+        one-token forward also primes the model (lazy allocations land in the weights
+        baseline), so this handler needs no separate `prime`."""
         with torch.inference_mode():
             out = self._model(input_ids=torch.tensor([[0]], device=self._device), use_cache=True)
         return plain_dynamic(getattr(out, self._cache_arg, None))
@@ -206,10 +208,6 @@ class CausalLMHandler(Generator):
 
     def _decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
-
-    def prime(self) -> None:
-        with torch.inference_mode():
-            self._model(input_ids=torch.tensor([[0]], device=self._device))
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         logits = (1 if self._keep_last_logits else prompt_tokens) * self._vocab * 4
