@@ -191,3 +191,14 @@ class Batch:
                 if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
                     total += tensor[0, :, 0].numel() * tensor.element_size()
         return total
+
+
+def best_source(prompt: Sequence[int], batches: Sequence[Batch]) -> Source | None:
+    """Where `prompt`'s longest shared prefix (at least MIN_SHARED tokens) is held: the
+    batch's cache and mask, the row, the tokens to copy; None where no running row has it."""
+    best: Source | None = None
+    for batch in batches:
+        index, count = find_donor(prompt, [row.task.prompt_ids for row in batch.rows])
+        if count > (best[3] if best else 0):
+            best = (batch.cache, batch.mask, index, count)
+    return best

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,33 +28,23 @@ from typing import Any
 
 import torch
 
-from app.models.decoding import (
-    DecodeResult,
-    GenerationInput,
-    SamplingParams,
-    StopScanner,
-    TokenStream,
+from app.models.decoding import DecodeResult, GenerationInput, StopScanner, TokenStream
+from app.models.forward_cost import ForwardCost
+from app.models.kv_cache import (
+    MIN_SHARED,
+    Batch,
+    best_source,
+    common_prefix,
+    copied_prefixes,
+    fits,
+    suffix_inputs,
 )
-from app.models.kv_cache import Batch, Source, copied_prefixes, find_donor, fits, suffix_inputs
+from app.models.sampling import sample
 
 log = logging.getLogger("vramgate.generation")
 
 PREFILL_CHUNK = 256  # a long prompt is prefilled this many tokens per step
 PREFILL_TOKENS = 512  # short prompts prefilled together: at most this many (padded) tokens
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Greedy at temperature 0; otherwise temperature, then nucleus (top_p) sampling."""
-    logits = logits.float().cpu()
-    if params.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        ordered, index = torch.sort(probs, descending=True)
-        keep = torch.cumsum(ordered, dim=-1) - ordered < params.top_p
-        keep[0] = True
-        probs = torch.zeros_like(probs).scatter(0, index[keep], ordered[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 @dataclass(eq=False)
@@ -98,8 +89,10 @@ class StepBatcher:
         job_stream: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         on_forward: Callable[[], None] = lambda: None,
         name: str = "model",
+        cost: ForwardCost | None = None,
     ) -> None:
-        """`forward` is the model; `decode` token ids to text; `on_forward` counts steps."""
+        """`forward` is the model; `decode` token ids to text; `on_forward` counts steps;
+        `cost` learns what a forward costs from the forwards run here."""
         self._forward = forward
         self._decode = decode
         self._eos = eos
@@ -108,6 +101,7 @@ class StepBatcher:
         self._extra: dict[str, Any] = {"logits_to_keep": 1} if keep_last_logits else {}
         self._job_stream = job_stream
         self._on_forward = on_forward
+        self.cost = cost or ForwardCost()
         self._cond = threading.Condition()
         self._pending: deque[Row] = deque()  # handed in, not yet prefilled (guarded)
         self._closed = False
@@ -195,6 +189,8 @@ class StepBatcher:
                 if not taken:
                     taken.append(row)  # prefilled alone, in chunks
                 break
+            if taken and self._later(row, taken):
+                continue  # it copies the prefix it shares with one of `taken` next forward
             length = max(longest, remaining)
             group = [(len(r.task.prompt_ids), r.most, r.admitted) for r in [*taken, row]]
             if taken and ((len(taken) + 1) * length > PREFILL_TOKENS or not fits(group, length)):
@@ -206,6 +202,19 @@ class StepBatcher:
         for row in taken:
             row.stream.emit("")  # alive: its prefill comes now
         return taken
+
+    def _later(self, row: Row, taken: list[Row]) -> bool:
+        """Whether `row` should wait one forward and copy the prompt prefix it shares with
+        a row prefilled now, instead of computing it again beside it: when no running row
+        offers as much and the device's measured cost says the tokens saved outweigh a
+        forward (on a CPU, a shared system prompt; on a GPU, rarely)."""
+        prompt = row.task.prompt_ids
+        shared = max(common_prefix(prompt, other.task.prompt_ids) for other in taken)
+        shared = min(shared, len(prompt) - 1)
+        if shared < MIN_SHARED:
+            return False
+        source = best_source(prompt, self._batches)
+        return (source[3] if source else 0) < shared and self.cost.worth_splitting(shared)
 
     def _prefill(self, rows: list[Row]) -> int:
         """Prefill `rows` (one forward); returns the tokens it computed."""
@@ -231,15 +240,7 @@ class StepBatcher:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
         """Inputs that copy each row's prompt prefix from a running row where one shares
         it; None when none does, or when the copy would pad the group past its bounds."""
-        sources: list[Source | None] = []
-        for row in rows:
-            best: Source | None = None
-            for batch in self._batches:
-                running = [r.task.prompt_ids for r in batch.rows]
-                index, count = find_donor(row.task.prompt_ids, running)
-                if count > (best[3] if best else 0):
-                    best = (batch.cache, batch.mask, index, count)
-            sources.append(best)
+        sources = [best_source(row.task.prompt_ids, self._batches) for row in rows]
         if not any(sources):
             return None
         copied = copied_prefixes(sources)
@@ -301,6 +302,7 @@ class StepBatcher:
         if cache is not None:
             kwargs[self._cache_arg] = cache
         device = self._device
+        started = time.perf_counter()
         with torch.inference_mode():
             out = self._forward(
                 input_ids=input_ids.to(device),
@@ -309,6 +311,9 @@ class StepBatcher:
                 use_cache=True,
                 **kwargs,
             )
+        if device.type == "cuda":  # its time is known once its work ran
+            torch.cuda.current_stream(device).synchronize()
+        self.cost.record(int(input_ids.numel()), time.perf_counter() - started)
         self._on_forward()
         return out
 

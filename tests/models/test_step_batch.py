@@ -9,10 +9,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from app.engine.device import CpuDevice
 from app.models.causal_lm import CausalLMHandler
 from app.models.decoding import DecodeResult, SamplingParams, TokenStream
+from app.models.forward_cost import ForwardCost
+from app.models.step_batch import StepBatcher
 from app.settings import ModelSpec
 from tests.random_models import save_random_llama
 
@@ -228,3 +231,74 @@ def test_a_short_stream_beside_a_long_one_steps_in_a_batch_of_its_own(handler):
     streams.close()
     assert seen == 2
     assert results["short"].text == lone
+
+
+class PricedForwards(ForwardCost):
+    """A device whose forwards cost `fixed` + `per_token` × tokens seconds, whatever the
+    forwards run here measure (the fit itself is tested in test_forward_cost.py)."""
+
+    def __init__(self, fixed: float, per_token: float) -> None:
+        super().__init__()
+        self.line = (fixed, per_token)
+
+    def fit(self) -> tuple[float, float]:
+        return self.line
+
+
+@pytest.mark.parametrize(
+    ("device", "split"),
+    [(PricedForwards(0.035, 0.0015), True), (PricedForwards(0.010, 0.00001), False)],
+    ids=["cpu-like-costs", "gpu-like-costs"],
+)
+def test_chats_sharing_a_system_prompt_that_arrive_together(handler, device, split):
+    """Two chats with one system prompt are pending together while an unrelated row's
+    prefill runs. Where a forward costs less than the shared tokens, the first is
+    prefilled alone and the second copies its prefix a forward later; where it does not,
+    both are prefilled in one forward. Either way each answers as it does alone."""
+    system = "you are a helpful assistant who answers briefly and well; " * 4
+    asked = {"a": system + "tell me about foxes.", "b": system + "and about owls?"}
+    lone = {name: alone(handler, prompt, 12).text for name, prompt in asked.items()}
+    release = threading.Event()
+    calls: list[tuple[tuple[int, ...], bool]] = []
+
+    def forward(**inputs):  # the real model; its first forward waits for the others
+        if not calls:
+            release.wait(60)
+        calls.append((tuple(inputs["input_ids"].shape), handler._cache_arg in inputs))
+        return handler._model(**inputs)
+
+    batcher = StepBatcher(
+        forward,
+        handler._decode,
+        handler._eos,
+        torch.device("cpu"),
+        cache_arg=handler._cache_arg,
+        keep_last_logits=handler._keep_last_logits,
+        cost=device,
+    )
+    loop = asyncio.new_event_loop()
+    results: dict[str, DecodeResult] = {}
+
+    def run(name: str, prompt: str) -> None:
+        task = handler.prepare_generation(prompt, SamplingParams(temperature=0.0), 12).payload
+        results[name] = batcher.generate(task, TokenStream(loop))
+
+    threads = [threading.Thread(target=run, args=("unrelated", PROMPTS[9]))]
+    threads[0].start()
+    until(lambda: batcher._pending and not release.is_set() and calls == [], "first prefill")
+    for name, prompt in asked.items():
+        threads.append(threading.Thread(target=run, args=(name, prompt)))
+        threads[-1].start()
+        until(lambda: len(batcher._pending) == len(threads), f"{name} pending")
+    release.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    batcher.close()
+    loop.close()
+    assert {name: results[name].text for name in asked} == lone
+    a, b = (len(handler.encode(prompt)) for prompt in asked.values())
+    if split:
+        assert calls[1] == ((1, a), False)  # the first chat alone, its whole prompt
+        assert calls[2][0][0] == 1 and calls[2][0][1] < b - 16 and calls[2][1]  # b's suffix
+    else:
+        assert calls[1] == ((2, max(a, b)), False)  # both whole, in one forward
