@@ -38,6 +38,7 @@ from app.models.decoding import (
 )
 from app.models.kinds import Generator
 from app.models.kv_cache import plain_dynamic
+from app.models.packing import packing_works
 from app.models.step_batch import StepBatcher
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
@@ -119,6 +120,9 @@ class CausalLMHandler(Generator):
         # transformers renamed the KV cache argument (and output) from past_key_values.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._estimate_sizes(config)
+        joinable = self._joinable()
+        packable = joinable and self._keep_last_logits
+        packable = packable and packing_works(self._model, self._device, self._model.dtype)
         self._batcher = StepBatcher(
             self._model,
             self._decode,
@@ -126,10 +130,12 @@ class CausalLMHandler(Generator):
             self._device,
             cache_arg=self._cache_arg,
             keep_last_logits=self._keep_last_logits,
-            joinable=self._joinable(),
+            joinable=joinable,
             job_stream=device.job_stream,
             on_forward=self._count_forward,
             name=self.name,
+            packable=packable,
+            dtype=self._model.dtype,
         )
 
     def _joinable(self) -> bool:
@@ -220,4 +226,5 @@ class CausalLMHandler(Generator):
             "path": str(self.path),
             "context": self.context,
             "batch_rows": self.batch_rows,
+            "packed_prefill": bool(self._batcher and self._batcher.packable),
         }

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from app.models.rows import Row
 from app.sched.budget import MEASURED_MARGIN
 
 MIN_SHARED = 16  # fewer shared tokens are not worth the copy
@@ -149,8 +150,8 @@ class Batch:
     """Rows stepped together: one cache (every layer [rows, heads, length, head_dim]) and
     a mask [rows, length], 1 for a row's real tokens, 0 for padding."""
 
-    def __init__(self, rows: list[Any], cache: Any, mask: torch.Tensor) -> None:
-        self.rows = rows  # app.models.step_batch.Row
+    def __init__(self, rows: list[Row], cache: Any, mask: torch.Tensor) -> None:
+        self.rows = rows
         self.cache = cache
         self.mask = mask.to(torch.long)
 
@@ -158,12 +159,12 @@ class Batch:
     def length(self) -> int:
         return int(self.mask.shape[1])
 
-    def takes(self, rows: Sequence[Any], length: int) -> bool:
+    def takes(self, rows: Sequence[Row], length: int) -> bool:
         """Whether `rows`, prefilled `length` long, may join without over-committing."""
         both = [(r.position, r.most, r.admitted) for r in [*self.rows, *rows]]
         return fits(both, max(self.length, length))
 
-    def join(self, rows: list[Any], cache: Any, mask: torch.Tensor) -> None:
+    def join(self, rows: list[Row], cache: Any, mask: torch.Tensor) -> None:
         """`rows` (just prefilled in `cache`) under these, both left-padded to one length."""
         length = max(self.length, mask.shape[1])
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
@@ -202,3 +203,26 @@ def best_source(prompt: Sequence[int], batches: Sequence[Batch]) -> Source | Non
         if count > (best[3] if best else 0):
             best = (batch.cache, batch.mask, index, count)
     return best
+
+
+def copied_inputs(
+    rows: Sequence[Row], batches: Sequence[Batch]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
+    """Prefill inputs for `rows` that copy each one's prompt
+    prefix from a running row of `batches` where one shares it; None when none does, or
+    when the copy would pad the group past its bounds."""
+    sources = [best_source(row.task.prompt_ids, batches) for row in rows]
+    if not any(sources):
+        return None
+    copied = copied_prefixes(sources)
+    if copied is None:
+        return None
+    prefix, prefix_mask = copied
+    counts = [source[3] if source else 0 for source in sources]
+    ids = [row.task.prompt_ids for row in rows]
+    input_ids, mask, positions = suffix_inputs(ids, counts)
+    mask = torch.cat([prefix_mask, mask], dim=1)
+    held = [(len(p), row.most, row.admitted) for p, row in zip(ids, rows, strict=True)]
+    if not fits(held, mask.shape[1]):
+        return None
+    return input_ids, mask, positions, prefix

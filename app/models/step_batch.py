@@ -5,10 +5,13 @@ One thread per model owns the batch; a stream's caller (an executor stream threa
 its row in and waits. New rows are prefilled (short prompts together, a long one alone in
 chunks, so running rows wait at most one chunk) and join at the next step boundary: KV
 caches left-padded to one length and concatenated, a mask hiding the padding, position ids
-counting each row's own tokens (TGI's `CausalLMBatch.concatenate`). A row that ends (end of
-sequence, stop string, `max_tokens`, client gone) leaves at the next boundary and columns
-no row uses are cut. Each row samples with its own parameters and seeded generator, so its
-text does not depend on who shares its batch (up to kernel rounding: see the README).
+counting each row's own tokens (TGI's `CausalLMBatch.concatenate`). An idle batcher lets a
+burst finish arriving first; rows sharing a prompt prefix are prefilled packed, the prefix
+once (app.models.packing), or copy it from a running row (app.models.kv_cache). A row
+that ends (end of sequence, stop string, `max_tokens`, client gone) leaves at the next
+boundary and columns no row uses are cut. Each row samples with its own parameters and
+seeded generator, so its text does not depend on who shares its batch (up to kernel
+rounding: see the README).
 Admission stays the gate's: a row exists only once its KV bytes were admitted, and there
 are at most `max_streams`. A cache that is not plain dynamic (sliding-window layers) runs
 its rows one after another. Rows whose padding the batch could not hold within what they
@@ -23,56 +26,31 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from app.models.decoding import DecodeResult, GenerationInput, StopScanner, TokenStream
+from app.models.decoding import DecodeResult, GenerationInput, TokenStream
 from app.models.forward_cost import ForwardCost
 from app.models.kv_cache import (
     MIN_SHARED,
     Batch,
     best_source,
     common_prefix,
-    copied_prefixes,
+    copied_inputs,
     fits,
     suffix_inputs,
 )
+from app.models.packing import packed_inputs, shared_prefix, unpacked
+from app.models.rows import Row
 from app.models.sampling import sample
 
 log = logging.getLogger("vramgate.generation")
 
 PREFILL_CHUNK = 256  # a long prompt is prefilled this many tokens per step
 PREFILL_TOKENS = 512  # short prompts prefilled together: at most this many (padded) tokens
-
-
-@dataclass(eq=False)
-class Row:
-    """One stream in the batch."""
-
-    task: GenerationInput
-    stream: TokenStream
-    sampler: torch.Generator
-    scanner: StopScanner
-    produced: list[int] = field(default_factory=list)
-    steps: int = 0  # forwards that computed this row (prefill chunks included)
-    position: int = 0  # tokens in its cache: the prompt and the tokens fed back
-    next_token: int = 0  # sampled, to be fed at the next step
-    cache: Any = None  # its own cache while a long prompt is prefilled in chunks
-    finish: str | None = None
-    result: DecodeResult | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
-
-    @property
-    def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
-        return len(self.task.prompt_ids) + self.task.max_tokens
-
-    @property
-    def admitted(self) -> int:  # the tokens its admission covered (at least `most`)
-        return max(self.bound, self.most)
+GATHER_QUIET_S = 0.002  # idle: a burst has ended when nothing arrived for this long
+GATHER_MOST_S = 0.010  # ... or after this long
 
 
 class StepBatcher:
@@ -90,9 +68,12 @@ class StepBatcher:
         on_forward: Callable[[], None] = lambda: None,
         name: str = "model",
         cost: ForwardCost | None = None,
+        packable: bool = False,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         """`forward` is the model; `decode` token ids to text; `on_forward` counts steps;
-        `cost` learns what a forward costs from the forwards run here."""
+        `cost` learns what a forward costs from the forwards run here; `packable`: the
+        model honours packed prefills' masks (app.models.packing), `dtype` its floats."""
         self._forward = forward
         self._decode = decode
         self._eos = eos
@@ -102,6 +83,8 @@ class StepBatcher:
         self._job_stream = job_stream
         self._on_forward = on_forward
         self.cost = cost or ForwardCost()
+        self.packable = packable and joinable and keep_last_logits
+        self._dtype = dtype
         self._cond = threading.Condition()
         self._pending: deque[Row] = deque()  # handed in, not yet prefilled (guarded)
         self._closed = False
@@ -115,12 +98,7 @@ class StepBatcher:
     def generate(self, task: GenerationInput, stream: TokenStream, bound: int = 0) -> DecodeResult:
         """Run one stream in a batch; returns when it ended (on the caller's thread).
         `bound`: the tokens its admission covered (its bucket's token bound)."""
-        sampler = torch.Generator()
-        if task.params.seed is not None:
-            sampler.manual_seed(task.params.seed)
-        else:
-            sampler.seed()
-        row = Row(task, stream, sampler, StopScanner(task.params.stop), bound=bound)
+        row = Row.start(task, stream, bound)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the model is unloaded")
@@ -157,6 +135,8 @@ class StepBatcher:
                         failed = list(self._pending)
                         self._pending.clear()
                         break
+                    if not self._batches and self.joinable:
+                        self._gather()
                     joiners = self._take_joiners()
                 try:
                     spent = 0  # prefills before the next step: at most one chunk's worth
@@ -170,7 +150,20 @@ class StepBatcher:
                     running = [row for batch in self._batches for row in batch.rows]
                     self._fail([*joiners, *running], exc)
         for row in failed:
-            self._end(row, error=RuntimeError("the model is unloaded"))
+            row.end(self._decode, error=RuntimeError("the model is unloaded"))
+
+    def _gather(self) -> None:
+        """Idle, with a row just handed in (under the lock): wait while more keep arriving
+        (GATHER_QUIET_S apart, GATHER_MOST_S in all), so that a burst of requests is
+        prefilled as one group rather than its first alone and the rest a forward later."""
+        deadline = time.monotonic() + GATHER_MOST_S
+        while not self._closed:
+            count, left = len(self._pending), deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(min(GATHER_QUIET_S, left))
+            if len(self._pending) == count:
+                return
 
     def _take_joiners(self) -> list[Row]:
         """Rows to prefill now (under the lock): short prompts together, or a long one."""
@@ -182,7 +175,7 @@ class StepBatcher:
             if row.stream.cancelled.is_set():
                 self._pending.remove(row)
                 row.cache = None  # a long prompt's partial prefill
-                self._end(row, finish="cancelled")
+                row.end(self._decode, finish="cancelled")
                 continue
             remaining = len(row.task.prompt_ids) - row.position
             if remaining > PREFILL_CHUNK or row.cache is not None:
@@ -209,6 +202,11 @@ class StepBatcher:
         offers as much and the device's measured cost says the tokens saved outweigh a
         forward (on a CPU, a shared system prompt; on a GPU, rarely)."""
         prompt = row.task.prompt_ids
+        if self.packable:  # a packed group keeps the prefix all its rows share
+            group = [other.task.prompt_ids for other in taken]
+            return len(group) > 1 and shared_prefix(group) >= MIN_SHARED > shared_prefix(
+                [*group, prompt]
+            )
         shared = max(common_prefix(prompt, other.task.prompt_ids) for other in taken)
         shared = min(shared, len(prompt) - 1)
         if shared < MIN_SHARED:
@@ -223,38 +221,37 @@ class StepBatcher:
         ):
             return self._prefill_chunk(rows[0])
         ids = [row.task.prompt_ids for row in rows]
-        inputs = self._copied_inputs(rows) or (*suffix_inputs(ids, [0] * len(ids)), None)
-        input_ids, mask, positions, prefix = inputs
+        copied = copied_inputs(rows, self._batches)
+        if copied is None and self.packable and len(rows) > 1:
+            shared = shared_prefix(ids)
+            if shared >= MIN_SHARED:
+                return self._prefill_packed(rows, ids, shared)
+        input_ids, mask, positions, prefix = copied or (*suffix_inputs(ids, [0] * len(ids)), None)
         out = self._run(input_ids, mask, positions, prefix)
+        self._prefilled(rows)
+        self._admit(rows, getattr(out, self._cache_arg), mask, out.logits[:, -1])
+        return int(input_ids.numel())
+
+    def _prefill_packed(self, rows: list[Row], ids: list[list[int]], shared: int) -> int:
+        """Prefill `rows`, whose prompts begin with `shared` common tokens, as one packed
+        sequence (app.models.packing), then split its cache into one row per prompt."""
+        packed = packed_inputs(ids, shared, self._dtype)
+        out = self._run(packed.input_ids, packed.mask, packed.positions, None, packed.last)
+        self._prefilled(rows)
+        self._first_tokens(rows, out.logits[0])  # sent before the cache is split
+        split = unpacked(getattr(out, self._cache_arg), packed.columns)
+        if split is None:
+            raise RuntimeError("this version of transformers cannot split a packed cache")
+        self._admit(rows, split[0], split[1], None)
+        return int(packed.input_ids.numel())
+
+    def _prefilled(self, rows: list[Row]) -> None:
         with self._cond:
             for row in rows:
                 self._pending.remove(row)
         for row in rows:
             row.position = len(row.task.prompt_ids)
             row.steps += 1
-        self._admit(rows, getattr(out, self._cache_arg), mask, out.logits[:, -1])
-        return int(input_ids.numel())
-
-    def _copied_inputs(
-        self, rows: list[Row]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
-        """Inputs that copy each row's prompt prefix from a running row where one shares
-        it; None when none does, or when the copy would pad the group past its bounds."""
-        sources = [best_source(row.task.prompt_ids, self._batches) for row in rows]
-        if not any(sources):
-            return None
-        copied = copied_prefixes(sources)
-        if copied is None:
-            return None
-        prefix, prefix_mask = copied
-        counts = [source[3] if source else 0 for source in sources]
-        ids = [row.task.prompt_ids for row in rows]
-        input_ids, mask, positions = suffix_inputs(ids, counts)
-        mask = torch.cat([prefix_mask, mask], dim=1)
-        held = [(len(p), row.most, row.admitted) for p, row in zip(ids, rows, strict=True)]
-        if not fits(held, mask.shape[1]):
-            return None
-        return input_ids, mask, positions, prefix
 
     def _prefill_chunk(self, row: Row) -> int:
         """One chunk of a long prompt, in the row's own cache."""
@@ -296,9 +293,16 @@ class StepBatcher:
         self._drop_finished(batch)
 
     def _run(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        keep: torch.Tensor | None = None,  # the positions whose logits are wanted
     ) -> Any:
-        kwargs = dict(self._extra)
+        kwargs: dict[str, Any] = dict(self._extra)
+        if keep is not None:
+            kwargs["logits_to_keep"] = keep.to(self._device)
         if cache is not None:
             kwargs[self._cache_arg] = cache
         device = self._device
@@ -318,11 +322,13 @@ class StepBatcher:
         return out
 
     # -- rows joining, advancing and leaving ---------------------------------------------
-    def _admit(self, rows: list[Row], cache: Any, mask: torch.Tensor, logits: torch.Tensor) -> None:
-        """Freshly prefilled rows: sample their first tokens, join a batch that can take
-        them, or step as a batch of their own."""
-        for index, row in enumerate(rows):
-            self._advance(row, sample(logits[index], row.task.params, row.sampler))
+    def _admit(
+        self, rows: list[Row], cache: Any, mask: torch.Tensor, logits: torch.Tensor | None
+    ) -> None:
+        """Freshly prefilled rows: sample their first tokens (None: already sampled), join
+        a batch that can take them, or step as a batch of their own."""
+        if logits is not None:
+            self._first_tokens(rows, logits)
         length = int(mask.shape[1])
         batch = next((b for b in self._batches if b.takes(rows, length)), None)
         if batch is None:
@@ -331,6 +337,10 @@ class StepBatcher:
         else:
             batch.join(rows, cache, mask)
         self._drop_finished(batch)
+
+    def _first_tokens(self, rows: list[Row], logits: torch.Tensor) -> None:
+        for index, row in enumerate(rows):
+            self._advance(row, sample(logits[index], row.task.params, row.sampler))
 
     def _advance(self, row: Row, token: int) -> None:
         """A row's new token: end of sequence, a stop string, or text to send."""
@@ -354,35 +364,12 @@ class StepBatcher:
         per_token = batch.token_bytes()
         for row in batch.rows:
             if row.finish is not None:
-                self._end(row, finish=row.finish, kv_bytes=per_token * row.position)
+                row.end(self._decode, finish=row.finish, kv_bytes=per_token * row.position)
         if not keep:
             self._batches.remove(batch)
             return False
         batch.keep(keep)
         return True
-
-    def _end(
-        self,
-        row: Row,
-        *,
-        finish: str = "cancelled",
-        kv_bytes: int = 0,
-        error: BaseException | None = None,
-    ) -> None:
-        if error is None:
-            if not row.scanner.stopped:
-                row.stream.emit(row.scanner.push(self._decode(row.produced), final=True))
-            row.result = DecodeResult(
-                row.scanner.text,
-                len(row.task.prompt_ids),
-                len(row.produced),
-                finish,
-                row.steps,
-                kv_tokens=row.position,
-                kv_bytes=kv_bytes,
-            )
-        row.error = error
-        row.done.set()
 
     def _fail(self, rows: list[Row], exc: BaseException) -> None:
         """A failed forward: its rows (and every batch's state) are given up."""
@@ -395,4 +382,4 @@ class StepBatcher:
                     self._pending.remove(row)
         for row in failed.values():
             row.cache = None
-            self._end(row, error=exc)
+            row.end(self._decode, error=exc)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from app.engine.device import CpuDevice
+from app.models import packing
 from app.models.causal_lm import CausalLMHandler
 from app.models.decoding import DecodeResult, SamplingParams, TokenStream
 from app.models.forward_cost import ForwardCost
@@ -180,7 +181,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_the_batch_steps(handler, mon
 def test_a_joining_row_copies_a_running_rows_prompt_prefix_and_answers_as_alone(
     handler, monkeypatch
 ):
-    from app.models import kv_cache, step_batch
+    from app.models import kv_cache
 
     copies: list[list[int]] = []
     real = kv_cache.copied_prefixes
@@ -189,7 +190,7 @@ def test_a_joining_row_copies_a_running_rows_prompt_prefix_and_answers_as_alone(
         copies.append([source[3] if source else 0 for source in sources])
         return real(sources)
 
-    monkeypatch.setattr(step_batch, "copied_prefixes", spy)
+    monkeypatch.setattr(kv_cache, "copied_prefixes", spy)
     system = "you are a helpful assistant who answers briefly and well; " * 4
     running = system + "what is the weather like today?"
     asked = [system + "tell me about foxes.", running]  # a shared prefix; the same prompt
@@ -245,19 +246,12 @@ class PricedForwards(ForwardCost):
         return self.line
 
 
-@pytest.mark.parametrize(
-    ("device", "split"),
-    [(PricedForwards(0.035, 0.0015), True), (PricedForwards(0.010, 0.00001), False)],
-    ids=["cpu-like-costs", "gpu-like-costs"],
-)
-def test_chats_sharing_a_system_prompt_that_arrive_together(handler, device, split):
-    """Two chats with one system prompt are pending together while an unrelated row's
-    prefill runs. Where a forward costs less than the shared tokens, the first is
-    prefilled alone and the second copies its prefix a forward later; where it does not,
-    both are prefilled in one forward. Either way each answers as it does alone."""
-    system = "you are a helpful assistant who answers briefly and well; " * 4
-    asked = {"a": system + "tell me about foxes.", "b": system + "and about owls?"}
-    lone = {name: alone(handler, prompt, 12).text for name, prompt in asked.items()}
+def held_burst(
+    handler: CausalLMHandler, asked: dict[str, str], **options: object
+) -> tuple[dict[str, DecodeResult], list[tuple[tuple[int, ...], bool]]]:
+    """`asked` pending together while an unrelated row's prefill runs, in a batcher of
+    its own around the handler's model (built with `options`); the texts, and each
+    forward's input shape and whether it was given a cache."""
     release = threading.Event()
     calls: list[tuple[tuple[int, ...], bool]] = []
 
@@ -274,7 +268,7 @@ def test_chats_sharing_a_system_prompt_that_arrive_together(handler, device, spl
         torch.device("cpu"),
         cache_arg=handler._cache_arg,
         keep_last_logits=handler._keep_last_logits,
-        cost=device,
+        **options,  # type: ignore[arg-type]
     )
     loop = asyncio.new_event_loop()
     results: dict[str, DecodeResult] = {}
@@ -285,7 +279,7 @@ def test_chats_sharing_a_system_prompt_that_arrive_together(handler, device, spl
 
     threads = [threading.Thread(target=run, args=("unrelated", PROMPTS[9]))]
     threads[0].start()
-    until(lambda: batcher._pending and not release.is_set() and calls == [], "first prefill")
+    until(lambda: batcher._pending and calls == [], "the first prefill")
     for name, prompt in asked.items():
         threads.append(threading.Thread(target=run, args=(name, prompt)))
         threads[-1].start()
@@ -295,10 +289,60 @@ def test_chats_sharing_a_system_prompt_that_arrive_together(handler, device, spl
         thread.join(timeout=120)
     batcher.close()
     loop.close()
-    assert {name: results[name].text for name in asked} == lone
-    a, b = (len(handler.encode(prompt)) for prompt in asked.values())
+    return {name: results[name] for name in asked}, calls
+
+
+SYSTEM = "you are a helpful assistant who answers briefly and well; " * 4
+CHATS = {"a": SYSTEM + "tell me about foxes.", "b": SYSTEM + "and about owls?"}
+
+
+@pytest.mark.parametrize(
+    ("device", "split"),
+    [(PricedForwards(0.035, 0.0015), True), (PricedForwards(0.010, 0.00001), False)],
+    ids=["cpu-like-costs", "gpu-like-costs"],
+)
+def test_chats_sharing_a_system_prompt_that_arrive_together(handler, device, split):
+    """Two chats with one system prompt are pending together while an unrelated row's
+    prefill runs (packing off). Where a forward costs less than the shared tokens, the
+    first is prefilled alone and the second copies its prefix a forward later; where it
+    does not, both are prefilled in one forward. Either way each answers as it does alone."""
+    lone = {name: alone(handler, prompt, 12).text for name, prompt in CHATS.items()}
+    results, calls = held_burst(handler, CHATS, cost=device)
+    assert {name: result.text for name, result in results.items()} == lone
+    a, b = (len(handler.encode(prompt)) for prompt in CHATS.values())
     if split:
         assert calls[1] == ((1, a), False)  # the first chat alone, its whole prompt
         assert calls[2][0][0] == 1 and calls[2][0][1] < b - 16 and calls[2][1]  # b's suffix
     else:
         assert calls[1] == ((2, max(a, b)), False)  # both whole, in one forward
+
+
+def test_chats_sharing_a_system_prompt_are_packed_into_one_forward(handler):
+    """Packed: the system prompt once, then each chat's own tokens, in one forward of one
+    sequence, whatever the forward costs; each answers as it does alone."""
+    assert handler.describe()["packed_prefill"] is True  # the load-time check passed
+    system = SYSTEM[: len(SYSTEM) // 2]  # three prompts within one group's PREFILL_TOKENS
+    asked = ("tell me about foxes.", "and about owls?", "what do cats eat?")
+    chats = {name: system + question for name, question in zip("abc", asked, strict=True)}
+    lone = {name: alone(handler, prompt, 12).text for name, prompt in chats.items()}
+    results, calls = held_burst(handler, chats, cost=PricedForwards(0.010, 0.00001), packable=True)
+    assert {name: result.text for name, result in results.items()} == lone
+    prompts = [handler.encode(prompt) for prompt in chats.values()]
+    shared = packing.shared_prefix(prompts)
+    assert shared >= 16
+    tokens = shared + sum(len(p) - shared for p in prompts)
+    assert calls[1] == ((1, tokens), False)  # one sequence, the prefix counted once
+    assert all(result.steps == 12 for result in results.values())  # prefill + 11 steps
+
+
+def test_a_model_whose_attention_ignores_packed_masks_is_not_packed(handler):
+    """An attention that drops custom masks (as flash attention does) would mix the
+    packed rows: the load-time check sees their logits differ from each alone."""
+    model = handler._model
+
+    def ignores_masks(**inputs):
+        inputs.pop("attention_mask", None)
+        return model(**inputs)
+
+    assert packing.packing_works(model, torch.device("cpu"), torch.float32)
+    assert not packing.packing_works(ignores_masks, torch.device("cpu"), torch.float32)

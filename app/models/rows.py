@@ -1,0 +1,75 @@
+"""A stream's state while it is generated in a batch (app.models.step_batch)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from app.models.decoding import DecodeResult, GenerationInput, StopScanner, TokenStream
+
+
+@dataclass(eq=False)
+class Row:
+    """One stream in the batch."""
+
+    task: GenerationInput
+    stream: TokenStream
+    sampler: torch.Generator
+    scanner: StopScanner
+    produced: list[int] = field(default_factory=list)
+    steps: int = 0  # forwards that computed this row (prefill chunks included)
+    position: int = 0  # tokens in its cache: the prompt and the tokens fed back
+    next_token: int = 0  # sampled, to be fed at the next step
+    cache: Any = None  # its own cache while a long prompt is prefilled in chunks
+    finish: str | None = None
+    result: DecodeResult | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
+
+    @property
+    def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
+        return len(self.task.prompt_ids) + self.task.max_tokens
+
+    @property
+    def admitted(self) -> int:  # the tokens its admission covered (at least `most`)
+        return max(self.bound, self.most)
+
+    @classmethod
+    def start(cls, task: GenerationInput, stream: TokenStream, bound: int = 0) -> Row:
+        """A row with its own sampler: seeded where the request names a seed."""
+        sampler = torch.Generator()
+        if task.params.seed is not None:
+            sampler.manual_seed(task.params.seed)
+        else:
+            sampler.seed()
+        return cls(task, stream, sampler, StopScanner(task.params.stop), bound=bound)
+
+    def end(
+        self,
+        decode: Callable[[list[int]], str],
+        *,
+        finish: str = "cancelled",
+        kv_bytes: int = 0,
+        error: BaseException | None = None,
+    ) -> None:
+        """The stream ends: its last text is sent and its caller wakes with the result
+        (or `error`)."""
+        if error is None:
+            if not self.scanner.stopped:
+                self.stream.emit(self.scanner.push(decode(self.produced), final=True))
+            self.result = DecodeResult(
+                self.scanner.text,
+                len(self.task.prompt_ids),
+                len(self.produced),
+                finish,
+                self.steps,
+                kv_tokens=self.position,
+                kv_bytes=kv_bytes,
+            )
+        self.error = error
+        self.done.set()
