@@ -122,6 +122,7 @@ async def one_stream(port: int, tokens: int, i: int) -> tuple[float, int, float]
             "max_tokens": tokens,
             "temperature": 0,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
     ).encode()
     started = time.perf_counter()

@@ -244,8 +244,9 @@ class Reply:
         )
 
     async def _events(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
-        """Chunks as text is decoded; the last names the finish reason and carries usage;
-        then `[DONE]`. A failure after the stream started arrives as an error event."""
+        """Chunks as text is decoded; the last names the finish reason; with
+        `include_usage`, a choice-less chunk with the usage follows; then `[DONE]`. A
+        failure after the stream started arrives as an error event."""
         chunk = f"{self.kind}.chunk" if self.chat else self.kind
         try:
             if self.chat:
@@ -264,10 +265,8 @@ class Reply:
                 yield _sse(exc.body())
                 yield DONE
                 return
-            last = self._envelope(chunk, [self._delta({}, outcome.finish_reason)])
-            last["usage"] = usage(outcome, cost)
-            yield _sse(last)
-            if self.body.include_usage:
+            yield _sse(self._envelope(chunk, [self._delta({}, outcome.finish_reason)]))
+            if self.body.include_usage:  # OpenAI's shape: only the last, choice-less chunk
                 tail = self._envelope(chunk, [])
                 tail["usage"] = usage(outcome, cost)
                 yield _sse(tail)
@@ -276,13 +275,16 @@ class Reply:
             generation.close()
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
+        envelope = {
             "id": self.id,
             "object": obj,
             "created": self.created,
             "model": self.body.model,
             "choices": choices,
         }
+        if self.body.stream and self.body.include_usage:
+            envelope["usage"] = None  # every chunk but the last, as OpenAI sends them
+        return envelope
 
     def _choice(self, text: str, finish: str) -> dict[str, Any]:
         if self.chat:

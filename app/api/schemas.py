@@ -5,10 +5,11 @@ types, the only requests the core sees."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.api.fields import screen
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
 from app.models.decoding import Prompt, SamplingParams
@@ -17,38 +18,46 @@ from app.settings import MODEL_NAME_PATTERN, Settings
 # Outer bounds; the configured limits (Settings.max_inputs, max_input_chars) are tighter.
 MAX_INPUTS_HARD = 4096
 MAX_CHARS_HARD = 10_000_000
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class EmbeddingRequest(BaseModel):
-    """OpenAI's embeddings request. Token-id inputs are not supported."""
+    """OpenAI's embeddings request (app.api.fields: what each field does)."""
 
     model_config = ConfigDict(extra="forbid")
-    input: str | list[str] = Field(max_length=MAX_CHARS_HARD)
+    input: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(max_length=MAX_CHARS_HARD)
     model: str = Field(max_length=64, pattern=MODEL_NAME_PATTERN)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, le=65_536)
-    user: str | None = Field(default=None, max_length=256)
+
+    @model_validator(mode="before")
+    @classmethod
+    def screen_fields(cls, data: Any) -> Any:
+        return screen("embeddings", data)
 
 
 def validate_embedding_request(body: EmbeddingRequest, settings: Settings) -> ValidEmbeddingRequest:
-    texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    if not texts:
+    raw = body.input
+    one = isinstance(raw, str) or bool(raw and isinstance(raw[0], int))  # a text, or ids
+    inputs: list[str | list[int]] = [raw] if one else list(raw)  # type: ignore[list-item,arg-type]
+    if not inputs:
         raise InvalidRequest("input must not be empty", param="input")
-    if len(texts) > settings.max_inputs:
+    if len(inputs) > settings.max_inputs:
         raise InvalidRequest(
-            f"input has {len(texts)} items; at most {settings.max_inputs} are allowed",
+            f"input has {len(inputs)} items; at most {settings.max_inputs} are allowed",
             param="input",
         )
-    for index, text in enumerate(texts):
-        if not text.strip():
+    for index, item in enumerate(inputs):
+        if not (item.strip() if isinstance(item, str) else item):
             raise InvalidRequest(f"input[{index}] is empty", param="input")
-        if len(text) > settings.max_input_chars:
+        if len(item) > settings.max_input_chars:
+            unit = "characters" if isinstance(item, str) else "tokens"
             raise InvalidRequest(
-                f"input[{index}] has {len(text)} characters; at most "
+                f"input[{index}] has {len(item)} {unit}; at most "
                 f"{settings.max_input_chars} are allowed",
                 param="input",
             )
-    return ValidEmbeddingRequest(body.model, texts, body.encoding_format, body.dimensions)
+    return ValidEmbeddingRequest(body.model, inputs, body.encoding_format, body.dimensions)
 
 
 # -- text generation ------------------------------------------------------------------------
@@ -56,6 +65,7 @@ MAX_MESSAGES = 512
 MAX_TOKENS_HARD = 1_048_576
 MAX_STOP = 4
 MAX_STOP_CHARS = 64
+MAX_LOGIT_BIAS = 1024
 SEED_MAX = 2**63 - 1
 
 
@@ -96,8 +106,12 @@ class _GenerationFields(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    user: str | None = Field(default=None, max_length=256)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+    top_k: int = Field(default=0, ge=-1, le=1_000_000)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
 
     def sampling(self) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -113,6 +127,12 @@ class _GenerationFields(BaseModel):
             top_p=self.top_p,
             stop=tuple(stops),
             seed=self.seed,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=_logit_bias(self.logit_bias),
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
         )
 
     @property
@@ -120,9 +140,27 @@ class _GenerationFields(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: token ids (as JSON object keys) to -100..100."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or not -100 <= value <= 100:
+            raise InvalidRequest(
+                f"logit_bias maps token ids to numbers from -100 to 100; got {key!r}: {value!r}",
+                param="logit_bias",
+            )
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
+
+
 class ChatRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_HARD)
+
+    @model_validator(mode="before")
+    @classmethod
+    def screen_fields(cls, data: Any) -> Any:
+        return screen("chat", data)
 
     def as_prompt(self, settings: Settings) -> Prompt:
         messages = [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -138,7 +176,11 @@ class ChatRequest(_GenerationFields):
 
 class CompletionRequest(_GenerationFields):
     prompt: str | list[str] = Field(max_length=MAX_CHARS_HARD)
-    echo: Literal[False] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def screen_fields(cls, data: Any) -> Any:
+        return screen("completions", data)
 
     def as_prompt(self, settings: Settings) -> Prompt:
         if isinstance(self.prompt, list):

@@ -12,7 +12,7 @@ from app.models.decoding import Prompt, SamplingParams
 @dataclass(frozen=True)
 class ValidEmbeddingRequest:
     model: str
-    texts: list[str]
+    inputs: list[str | list[int]]  # texts, or token ids of the model's own tokenizer
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
 

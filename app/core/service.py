@@ -263,7 +263,7 @@ class InferenceService:
             )
             self._refused(request.model, error)
             raise error
-        return await self._one_shot(request.model, handler, request.texts, watch)
+        return await self._one_shot(request.model, handler, request.inputs, watch)
 
     async def predict(
         self, request: ValidImageRequest, watch: ClientWatch | None = None

@@ -198,6 +198,13 @@ class CausalLMHandler(Generator):
     def prepare_generation(
         self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
     ) -> Prepared:
+        outside = [i for i, _ in params.logit_bias if i >= self._vocab]
+        if outside:
+            raise InvalidRequest(
+                f"logit_bias names token {outside[0]}, outside model {self.name!r}'s "
+                f"vocabulary of {self._vocab}",
+                param="logit_bias",
+            )
         ids = self.encode(prompt)
         return generation_prepared(self.name, ids, params, self.context, default_max_tokens)
 

@@ -31,6 +31,12 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    frequency_penalty: float = 0.0  # OpenAI's: minus count × this, on generated tokens
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token was generated
+    repetition_penalty: float = 1.0  # vLLM's/HF's: prompt and generated tokens' logits ÷ this
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from app.engine.device import Device
+from app.errors import InvalidRequest
 from app.models.base import Bucket, Prepared, next_pow2, weight_file_bytes
-from app.models.kinds import Embedder
+from app.models.kinds import Embedder, TextOrIds
 from app.settings import ModelSpec
 
 MIN_SEQ_BUCKET = 16
@@ -108,12 +109,31 @@ class EmbeddingHandler(Embedder):
             if kind.endswith("Normalize"):
                 self._normalize = True
 
-    def preprocess(self, texts: list[str]) -> Prepared:
-        if self._backend is not None:
-            ids = [encoding.ids for encoding in self._backend.encode_batch(texts)]
-        else:
-            ids = self._tokenizer(texts, truncation=True, max_length=self._max_seq)["input_ids"]
+    def preprocess(self, inputs: list[TextOrIds]) -> Prepared:
+        """Texts are tokenised; token ids (OpenAI's other input form) are checked against
+        the vocabulary and truncated like texts."""
+        texts = [item for item in inputs if isinstance(item, str)]
+        encoded = self._tokenize(texts) if texts else []
+        if len(texts) == len(inputs):
+            return self._prepared(encoded)
+        tokenised = iter(encoded)
+        ids = [next(tokenised) if isinstance(item, str) else self._ids(item) for item in inputs]
         return self._prepared(ids)
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        if self._backend is not None:
+            return [encoding.ids for encoding in self._backend.encode_batch(texts)]
+        return self._tokenizer(texts, truncation=True, max_length=self._max_seq)["input_ids"]
+
+    def _ids(self, ids: list[int]) -> list[int]:
+        vocab = int(self._model.config.vocab_size)
+        outside = next((i for i in ids if not 0 <= i < vocab), None)
+        if outside is not None:
+            raise InvalidRequest(
+                f"token id {outside} is outside model {self.name!r}'s vocabulary of {vocab}",
+                param="input",
+            )
+        return list(ids[: self._max_seq])
 
     def _prepared(self, ids: list[list[int]]) -> Prepared:
         longest = max(len(x) for x in ids)
@@ -177,7 +197,7 @@ class EmbeddingHandler(Embedder):
         self.postprocess(self.forward(self.preprocess(self.probe_input())))
         self.forward_calls = 0
 
-    def warmup_inputs(self) -> list[list[str]]:
+    def warmup_inputs(self) -> list[list[TextOrIds]]:
         short = "a short warm-up sentence"
         return [
             [short],

@@ -1,6 +1,6 @@
 """The capability contracts: one per thing a model can do, checked by type.
 
-- `Embedder`: texts → vectors (`/v1/embeddings`).
+- `Embedder`: texts or token ids → vectors (`/v1/embeddings`).
 - `ImageModel`: encoded images → class scores or images (`/v1/models/{name}/predict`).
 - `Generator`: a prompt or chat → text, token by token (`/v1/chat/completions`,
   `/v1/completions`).
@@ -63,14 +63,17 @@ class OneShotModel(ModelHandler, Generic[In]):
         """The tiny real inference of the readiness check."""
 
 
-class Embedder(OneShotModel[str]):
-    """Texts to float32 vectors, `dimensions` wide: `postprocess` gives a float32 array,
-    one row per input, in the caller's order."""
+TextOrIds = str | list[int]  # a text, or token ids of the model's own tokenizer
 
-    def warmup_inputs(self) -> list[list[str]]:
+
+class Embedder(OneShotModel[TextOrIds]):
+    """Texts (or token ids) to float32 vectors, `dimensions` wide: `postprocess` gives a
+    float32 array, one row per input, in the caller's order."""
+
+    def warmup_inputs(self) -> list[list[TextOrIds]]:
         return [["warm up"]]
 
-    def probe_input(self) -> list[str]:
+    def probe_input(self) -> list[TextOrIds]:
         return ["ok"]
 
 

@@ -93,7 +93,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
     def preprocess(self, texts: list[Any]) -> Prepared:
         if texts and isinstance(texts[0], bytes):
             return self._preprocess_images(texts)
-        words = sum(max(1, len(text.split())) for text in texts)
+        words = sum(max(1, len(t.split() if isinstance(t, str) else t)) for t in texts)
         declared = self._bucket_for(words)
         return Prepared(
             Bucket(f"w{declared.size}", declared.size),
@@ -251,7 +251,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
     def postprocess(self, raw: Any) -> np.ndarray:
         """One unit vector per input, picked by the input's CRC-32 from a fixed table:
         the same input always gets the same vector, at a table lookup's cost."""
-        picks = [zlib.crc32(item if isinstance(item, bytes) else item.encode()) for item in raw]
+        picks = [zlib.crc32(_bytes_of(item)) for item in raw]
         return _VECTORS[np.array(picks, dtype=np.uint32) % len(_VECTORS)]
 
     def warmup_image(self) -> bytes:
@@ -263,3 +263,10 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
     def prior_bytes(self, bucket: Bucket) -> int:
         declared = self._by_label.get(bucket.label)
         return int(declared.bytes) if declared else 0
+
+
+def _bytes_of(item: bytes | str | list[int]) -> bytes:
+    """An input's bytes: an image's own, a text's UTF-8, token ids' decimal text."""
+    if isinstance(item, bytes):
+        return item
+    return (item if isinstance(item, str) else " ".join(map(str, item))).encode()

@@ -289,7 +289,7 @@ class StepBatcher:
         for index, row in enumerate(rows):
             row.position += 1
             row.steps += 1
-            self._advance(row, sample(out.logits[index, -1], row.task.params, row.sampler))
+            self._advance(row, self._sample(row, out.logits[index, -1]))
         self._drop_finished(batch)
 
     def _run(
@@ -340,7 +340,11 @@ class StepBatcher:
 
     def _first_tokens(self, rows: list[Row], logits: torch.Tensor) -> None:
         for index, row in enumerate(rows):
-            self._advance(row, sample(logits[index], row.task.params, row.sampler))
+            self._advance(row, self._sample(row, logits[index]))
+
+    @staticmethod
+    def _sample(row: Row, logits: torch.Tensor) -> int:
+        return sample(logits, row.task.params, row.sampler, row.produced, row.task.prompt_ids)
 
     def _advance(self, row: Row, token: int) -> None:
         """A row's new token: end of sequence, a stop string, or text to send."""

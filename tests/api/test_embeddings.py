@@ -90,7 +90,9 @@ BAD_INPUTS = [
     pytest.param(
         {"model": "../../etc/passwd", "input": "x"}, 400, "invalid_request", id="path as model name"
     ),
-    pytest.param({"model": MODEL, "input": [1, 2, 3]}, 400, "invalid_request", id="token ids"),
+    pytest.param(
+        {"model": MODEL, "input": [[101, 10**6]]}, 400, "invalid_request", id="unknown token id"
+    ),
     pytest.param(
         {"model": MODEL, "input": "x", "encoding_format": "int8"},
         400,
@@ -145,3 +147,26 @@ def test_chunked_body_over_the_limit_is_refused_while_streaming(minilm):
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_token_ids_embed_as_the_text_they_tokenise_to(minilm):
+    """OpenAI's other input form (LangChain's OpenAIEmbeddings sends it by default): ids
+    of the model's own tokenizer. "hello" is [CLS] hello [SEP] = [101, 7592, 102] in
+    all-MiniLM-L6-v2's vocabulary."""
+    client = OpenAI(base_url=minilm.url + "/v1", api_key="unused", max_retries=0)
+    text = client.embeddings.create(model=MODEL, input="hello").data[0].embedding
+    one = client.embeddings.create(model=MODEL, input=[101, 7592, 102]).data
+    many = client.embeddings.create(model=MODEL, input=[[101, 7592, 102], [101, 102]]).data
+    assert len(one) == 1 and len(many) == 2
+    assert cosine(one[0].embedding, text) > 0.9999
+    assert cosine(many[0].embedding, text) > 0.9999
+    assert cosine(many[1].embedding, text) < 0.99
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_400(minilm):
+    with httpx.Client(base_url=minilm.url) as client:
+        response = client.post("/v1/embeddings", json={"model": MODEL, "input": [[101, 10**6]]})
+        negative = client.post("/v1/embeddings", json={"model": MODEL, "input": [101, -1]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    assert "vocabulary" in response.json()["error"]["message"]
+    assert negative.status_code == 400

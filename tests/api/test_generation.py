@@ -185,6 +185,7 @@ def test_simulated_16_streams_are_admitted_by_price_without_overcommit(server_fa
             "messages": [{"role": "user", "content": "one two three"}],
             "max_tokens": 40,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = [line async for line in r.aiter_lines() if line]
@@ -203,9 +204,9 @@ def test_simulated_16_streams_are_admitted_by_price_without_overcommit(server_fa
         assert status == 503 and retry is not None and int(retry) >= 1
     for lines in served:
         assert lines[-1] == "data: [DONE]"
-        last = json.loads(lines[-2][len("data: ") :])
+        last, tail = (json.loads(line[len("data: ") :]) for line in lines[-3:-1])
         assert last["choices"][0]["finish_reason"] == "length"
-        assert last["usage"]["completion_tokens"] == 40
+        assert tail["choices"] == [] and tail["usage"]["completion_tokens"] == 40
     device = live.service.device
     assert device.high_water <= 1024 * MiB and device.oom_count == 0
     status = live.status()
