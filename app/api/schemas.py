@@ -4,6 +4,7 @@ types, the only requests the core sees."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from app.api.fields import screen
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
+from app.models.constrained import ANY_OBJECT
 from app.models.decoding import Prompt, SamplingParams
 from app.settings import MODEL_NAME_PATTERN, Settings
 
@@ -89,6 +91,35 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(max_length=64)
+    description: str | None = Field(default=None, max_length=MAX_CHARS_HARD)
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # always enforced: the output is constrained either way
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: `text`, `json_object` (any JSON object), or
+    `json_schema` (JSON valid against the schema; app.models.constrained)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def schema_text(self) -> str | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ANY_OBJECT
+        if self.json_schema is None:
+            raise InvalidRequest(
+                "response_format of type json_schema needs `json_schema`",
+                param="response_format",
+            )
+        return json.dumps(self.json_schema.json_schema or {})
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
@@ -156,6 +187,7 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
 class ChatRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_HARD)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -170,7 +202,9 @@ class ChatRequest(_GenerationFields):
     def sampling(self) -> SamplingParams:
         params = super().sampling()
         if self.max_completion_tokens is not None and self.max_tokens is None:
-            return replace(params, max_tokens=self.max_completion_tokens)
+            params = replace(params, max_tokens=self.max_completion_tokens)
+        if self.response_format is not None:
+            params = replace(params, json_schema=self.response_format.schema_text())
         return params
 
 

@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from app.engine.device import Device
 from app.errors import InvalidRequest
 from app.models.base import Prepared, weight_file_bytes
+from app.models.constrained import Grammars
 from app.models.decoding import (
     DecodeResult,
     Prompt,
@@ -97,6 +98,7 @@ class CausalLMHandler(Generator):
         self._act_bytes_per_token = 0
         self._vocab = 0
         self._batcher: StepBatcher | None = None
+        self._grammars: Grammars | None = None
 
     def expected_weights_bytes(self, device: Device) -> int:
         folder, extra = source_of(self.path)
@@ -123,6 +125,8 @@ class CausalLMHandler(Generator):
         joinable = self._joinable()
         packable = joinable and self._keep_last_logits
         packable = packable and packing_works(self._model, self._device, self._model.dtype)
+        fast = bool(getattr(tokenizer, "is_fast", False))
+        self._grammars = Grammars(tokenizer, self._vocab, self._eos) if fast else None
         self._batcher = StepBatcher(
             self._model,
             self._decode,
@@ -136,6 +140,7 @@ class CausalLMHandler(Generator):
             name=self.name,
             packable=packable,
             dtype=self._model.dtype,
+            constrain=self._grammars.constraint if self._grammars else None,
         )
 
     def _joinable(self) -> bool:
@@ -181,6 +186,7 @@ class CausalLMHandler(Generator):
             self._batcher = None
         self._model = None
         self._tokenizer = None
+        self._grammars = None
         gc.collect()
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -205,8 +211,18 @@ class CausalLMHandler(Generator):
                 f"vocabulary of {self._vocab}",
                 param="logit_bias",
             )
+        grammar = None
+        if params.json_schema is not None:
+            if self._grammars is None:
+                raise InvalidRequest(
+                    f"model {self.name!r} has no fast tokenizer: its output cannot be "
+                    "constrained to a schema",
+                    param="response_format",
+                )
+            grammar = self._grammars.compile(params.json_schema)
         ids = self.encode(prompt)
-        return generation_prepared(self.name, ids, params, self.context, default_max_tokens)
+        cap = default_max_tokens
+        return generation_prepared(self.name, ids, params, self.context, cap, grammar)
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         """Run in the model's batch (on the caller's stream thread, which waits)."""

@@ -37,6 +37,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
+    json_schema: str | None = None  # the answer must be JSON valid against this (JSON text)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class GenerationInput:
     prompt_ids: list[int]
     params: SamplingParams
     max_tokens: int
+    grammar: str | None = None  # params.json_schema compiled (app.models.constrained)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,12 @@ class DecodeResult:
 
 
 def generation_prepared(
-    model: str, prompt_ids: list[int], params: SamplingParams, context: int, default_cap: int
+    model: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    context: int,
+    default_cap: int,
+    grammar: str | None = None,
 ) -> Prepared:
     """The bucket of a generation; a prompt the context cannot hold is a 400 that says so."""
     prompt = len(prompt_ids)
@@ -79,7 +86,7 @@ def generation_prepared(
     t = min(next_pow2(prompt + max_tokens, MIN_TOKEN_BUCKET), next_pow2(context))
     return Prepared(
         Bucket(f"p{p}t{t}", 4 * t + p),  # bytes grow with the total, then with the prompt
-        GenerationInput(list(prompt_ids), params, max_tokens),
+        GenerationInput(list(prompt_ids), params, max_tokens, grammar),
         prompt,
         count=1,
         longest=prompt,

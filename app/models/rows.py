@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from app.models.constrained import Constraint
 from app.models.decoding import DecodeResult, GenerationInput, StopScanner, TokenStream
 
 
@@ -30,6 +31,7 @@ class Row:
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
+    constraint: Constraint | None = None  # the grammar its tokens follow (JSON output)
 
     @property
     def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
@@ -40,14 +42,27 @@ class Row:
         return max(self.bound, self.most)
 
     @classmethod
-    def start(cls, task: GenerationInput, stream: TokenStream, bound: int = 0) -> Row:
-        """A row with its own sampler: seeded where the request names a seed."""
+    def start(
+        cls,
+        task: GenerationInput,
+        stream: TokenStream,
+        bound: int = 0,
+        constrain: Callable[[str], Constraint] | None = None,
+    ) -> Row:
+        """A row with its own sampler (seeded where the request names a seed) and its
+        own grammar state where its answer is constrained."""
+        constraint = None
+        if task.grammar is not None:
+            if constrain is None:
+                raise RuntimeError("this model cannot constrain its output")
+            constraint = constrain(task.grammar)
         sampler = torch.Generator()
         if task.params.seed is not None:
             sampler.manual_seed(task.params.seed)
         else:
             sampler.seed()
-        return cls(task, stream, sampler, StopScanner(task.params.stop), bound=bound)
+        scanner = StopScanner(task.params.stop)
+        return cls(task, stream, sampler, scanner, bound=bound, constraint=constraint)
 
     def end(
         self,

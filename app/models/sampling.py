@@ -22,8 +22,10 @@ def adjusted(
     params: SamplingParams,
     produced: Sequence[int] = (),
     prompt: Sequence[int] = (),
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The logits after bias and penalties (a float copy on the CPU)."""
+    """The logits after bias and penalties (a float copy on the CPU), and with every
+    token a grammar does not allow (`allowed` False) at minus infinity."""
     logits = logits.float().cpu().clone()
     vocab = logits.shape[-1]
     if params.logit_bias:
@@ -40,6 +42,10 @@ def adjusted(
         counts = torch.bincount(torch.tensor(list(produced), dtype=torch.long), minlength=vocab)
         counts = counts[:vocab].float()
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    if allowed is not None:
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        keep[: min(vocab, allowed.shape[0])] = allowed[:vocab]
+        logits.masked_fill_(~keep, float("-inf"))
     return logits
 
 
@@ -49,8 +55,9 @@ def sample(
     generator: torch.Generator,
     produced: Sequence[int] = (),
     prompt: Sequence[int] = (),
+    allowed: torch.Tensor | None = None,
 ) -> int:
-    logits = adjusted(logits, params, produced, prompt)
+    logits = adjusted(logits, params, produced, prompt, allowed)
     if params.temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / params.temperature, dim=-1)

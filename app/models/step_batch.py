@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from app.models.constrained import Constraint
 from app.models.decoding import DecodeResult, GenerationInput, TokenStream
 from app.models.forward_cost import ForwardCost
 from app.models.kv_cache import (
@@ -70,10 +71,12 @@ class StepBatcher:
         cost: ForwardCost | None = None,
         packable: bool = False,
         dtype: torch.dtype = torch.float32,
+        constrain: Callable[[str], Constraint] | None = None,
     ) -> None:
         """`forward` is the model; `decode` token ids to text; `on_forward` counts steps;
         `cost` learns what a forward costs from the forwards run here; `packable`: the
-        model honours packed prefills' masks (app.models.packing), `dtype` its floats."""
+        model honours packed prefills' masks (app.models.packing), `dtype` its floats;
+        `constrain` makes a row's grammar state from its compiled grammar."""
         self._forward = forward
         self._decode = decode
         self._eos = eos
@@ -85,6 +88,7 @@ class StepBatcher:
         self.cost = cost or ForwardCost()
         self.packable = packable and joinable and keep_last_logits
         self._dtype = dtype
+        self._constrain = constrain
         self._cond = threading.Condition()
         self._pending: deque[Row] = deque()  # handed in, not yet prefilled (guarded)
         self._closed = False
@@ -98,7 +102,7 @@ class StepBatcher:
     def generate(self, task: GenerationInput, stream: TokenStream, bound: int = 0) -> DecodeResult:
         """Run one stream in a batch; returns when it ended (on the caller's thread).
         `bound`: the tokens its admission covered (its bucket's token bound)."""
-        row = Row.start(task, stream, bound)
+        row = Row.start(task, stream, bound, self._constrain)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the model is unloaded")
@@ -344,16 +348,23 @@ class StepBatcher:
 
     @staticmethod
     def _sample(row: Row, logits: torch.Tensor) -> int:
-        return sample(logits, row.task.params, row.sampler, row.produced, row.task.prompt_ids)
+        allowed = row.constraint.allowed() if row.constraint is not None else None
+        task = row.task
+        return sample(logits, task.params, row.sampler, row.produced, task.prompt_ids, allowed)
 
     def _advance(self, row: Row, token: int) -> None:
-        """A row's new token: end of sequence, a stop string, or text to send."""
+        """A row's new token: end of sequence, a stop string, or text to send; a row
+        whose grammar is complete ends."""
+        if row.constraint is not None and not row.constraint.accept(token):
+            log.warning("row ended: its grammar refused token %d", token)
+            row.finish = "stop"
+            return
         if token in self._eos:
             row.finish = "stop"
             return
         row.produced.append(token)
         row.stream.emit(row.scanner.push(self._decode(row.produced)))
-        if row.scanner.stopped:
+        if row.scanner.stopped or (row.constraint is not None and row.constraint.complete):
             row.finish = "stop"
         elif len(row.produced) >= row.task.max_tokens:
             row.finish = "length"
