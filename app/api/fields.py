@@ -50,7 +50,7 @@ _SHARED: dict[str, FieldSupport] = {
     "presence_penalty": _done("-2 to 2, on the tokens generated so far"),
     "logit_bias": _done("token id (the model's tokenizer) → -100 to 100"),
     "max_tokens": _done(),
-    "n": _refused(NOT_YET, lambda v: v is None or v == 1),
+    "n": _done("up to 16; each choice a stream, priced and admitted as one"),
     "seed": _done("each seeded request samples from its own generator"),
     "stop": _done("up to 4 strings"),
     "stream": _done(),

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import base64
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from app.api.errors import from_validation_errors
+from app.api.replies import Reply, admit_choices
 from app.api.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -22,12 +22,11 @@ from app.api.schemas import (
     validate_embedding_request,
     validate_generation_request,
 )
-from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
+from app.core.requests import ValidEmbeddingRequest
 from app.core.service import InferenceService
 from app.core.watch import ClientWatch
-from app.core.work import AdmittedGeneration, Cost, InferenceResult
-from app.errors import ClientGone, ShuttingDown, VramgateError
-from app.models.decoding import DecodeResult
+from app.core.work import InferenceResult
+from app.errors import ClientGone
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -203,130 +202,11 @@ async def _complete(
     valid = validate_generation_request(body, service.settings)
     reply = Reply(valid, kind, prefix)
     with client_watch(request) as watch:
-        generation = await service.generate(valid, watch)
+        generations = await admit_choices(service, valid, watch)
         if not valid.stream:
-            return await reply.respond(generation, watch)
+            return await reply.respond(generations, watch)
     # the stream's response reads the connection itself: the watch has ended
-    return reply.stream(generation)
-
-
-class Reply:
-    """One generation's answer in OpenAI's shapes: a JSON body, or SSE chunks."""
-
-    def __init__(self, body: ValidGenerationRequest, kind: str, prefix: str) -> None:
-        self.body = body
-        self.chat = kind == "chat.completion"
-        self.kind = kind
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    async def respond(self, generation: AdmittedGeneration, watch: ClientWatch) -> Response:
-        """The whole answer as one JSON body. A client that leaves stops the generation
-        before its next step, as a stream's does; nobody reads the answer then."""
-        watch.on_leave(generation.close)
-        try:
-            text = "".join([delta async for delta in generation.deltas()])
-            outcome, cost = await generation.outcome()
-        finally:
-            generation.close()
-        payload = self._envelope(self.kind, [self._choice(text, outcome.finish_reason)])
-        payload["usage"] = usage(outcome, cost)
-        return Response(
-            orjson.dumps(payload), media_type="application/json", headers=cost.headers()
-        )
-
-    def stream(self, generation: AdmittedGeneration) -> Response:
-        """Server-sent events as the text is decoded."""
-        return StreamingResponse(
-            self._events(generation),
-            media_type="text/event-stream",
-            headers={**generation.admission_headers(), "Cache-Control": "no-cache"},
-        )
-
-    async def _events(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
-        """Chunks as text is decoded; the last names the finish reason; with
-        `include_usage`, a choice-less chunk with the usage follows; then `[DONE]`. A
-        failure after the stream started arrives as an error event."""
-        chunk = f"{self.kind}.chunk" if self.chat else self.kind
-        try:
-            if self.chat:
-                yield _sse(
-                    self._envelope(chunk, [self._delta({"role": "assistant", "content": ""})])
-                )
-            async for text in generation.deltas():
-                yield _sse(self._envelope(chunk, [self._delta(self._content(text))]))
-            try:
-                outcome, cost = await generation.outcome()
-                if outcome.finish_reason == "cancelled":  # stopped by the server
-                    raise generation.stream.cancel_reason or ShuttingDown(
-                        "the server is shutting down; the answer is incomplete"
-                    )
-            except VramgateError as exc:
-                yield _sse(exc.body())
-                yield DONE
-                return
-            yield _sse(self._envelope(chunk, [self._delta({}, outcome.finish_reason)]))
-            if self.body.include_usage:  # OpenAI's shape: only the last, choice-less chunk
-                tail = self._envelope(chunk, [])
-                tail["usage"] = usage(outcome, cost)
-                yield _sse(tail)
-            yield DONE
-        finally:
-            generation.close()
-
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        envelope = {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.body.model,
-            "choices": choices,
-        }
-        if self.body.stream and self.body.include_usage:
-            envelope["usage"] = None  # every chunk but the last, as OpenAI sends them
-        return envelope
-
-    def _choice(self, text: str, finish: str) -> dict[str, Any]:
-        if self.chat:
-            message = {"role": "assistant", "content": text}
-            return {"index": 0, "message": message, "finish_reason": _finish(finish)}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
-
-    def _content(self, text: str) -> dict[str, Any]:
-        return {"content": text} if self.chat else {"text": text}
-
-    def _delta(self, content: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        reason = _finish(finish) if finish else None
-        if self.chat:
-            return {"index": 0, "delta": content, "finish_reason": reason}
-        return {
-            "index": 0,
-            "text": content.get("text", ""),
-            "logprobs": None,
-            "finish_reason": reason,
-        }
-
-
-DONE = b"data: [DONE]\n\n"
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-def _finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
-
-
-def usage(outcome: DecodeResult, cost: Cost) -> dict[str, Any]:
-    return {
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.completion_tokens,
-        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
-        "queue_ms": round(cost.queue_s * 1000, 3),
-        "run_ms": round(cost.run_s * 1000, 3),
-        "vram_bytes": cost.price_bytes,
-    }
+    return reply.stream(generations)
 
 
 # The routes that carry the load, for app.api.hot.HotRoutes.

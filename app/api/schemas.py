@@ -68,6 +68,7 @@ MAX_TOKENS_HARD = 1_048_576
 MAX_STOP = 4
 MAX_STOP_CHARS = 64
 MAX_LOGIT_BIAS = 1024
+MAX_CHOICES = 16
 SEED_MAX = 2**63 - 1
 
 
@@ -137,6 +138,7 @@ class _GenerationFields(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
@@ -235,7 +237,7 @@ def validate_generation_request(
     """The request as the core takes it (a 400 for what fails a configured bound)."""
     prompt = body.as_prompt(settings)
     return ValidGenerationRequest(
-        body.model, prompt, body.sampling(), body.stream, body.include_usage
+        body.model, prompt, body.sampling(), body.stream, body.include_usage, body.n
     )
 
 

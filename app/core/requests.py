@@ -31,3 +31,4 @@ class ValidGenerationRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    n: int = 1  # choices: each runs as a stream of its own

@@ -58,6 +58,21 @@ class Cost:
     peak_bytes: int
     batch: int = 1  # requests that ran together in one forward, this one included
 
+    @staticmethod
+    def combined(costs: list[Cost]) -> Cost:
+        """Several streams of one request (its `n` choices): their prices and peaks add
+        up; the wait and run are the longest; the bucket and source are the first's."""
+        first = costs[0]
+        return Cost(
+            first.bucket,
+            sum(c.price_bytes for c in costs),
+            first.price_source,
+            max(c.queue_s for c in costs),
+            max(c.run_s for c in costs),
+            sum(c.peak_bytes for c in costs),
+            max(c.batch for c in costs),
+        )
+
     def headers(self) -> dict[str, str]:
         return {
             "X-Vramgate-Bucket": self.bucket,

@@ -125,7 +125,7 @@ def test_each_field_is_implemented_ignored_or_refused_as_the_table_says(client, 
 
 
 def test_refused_fields_that_ask_for_nothing_are_served(client):
-    asks_nothing = {"n": 1, "logprobs": False, "top_logprobs": 0, "tools": [], "audio": None}
+    asks_nothing = {"logprobs": False, "top_logprobs": 0, "tools": [], "audio": None}
     for name, value in asks_nothing.items():
         assert FIELDS["chat"][name].support == "refused"
         assert call(client, "chat", **{name: value}).choices[0].message.content is not None

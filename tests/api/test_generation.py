@@ -117,7 +117,11 @@ def test_prompt_longer_than_the_context_gets_a_400_that_says_so(tiny):
         ({"max_tokens": 2**63}, "max_tokens"),
         ({"temperature": 3}, "temperature"),
         ({"top_p": 0}, "top_p"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
+        ({"n": 0}, "n"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"seed": -5}, "seed"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": "x" * 100}, "stop"),
@@ -329,3 +333,30 @@ def test_simulated_streams_beyond_the_pool_wait_and_are_all_served(server_factor
     assert sum(1 for _, waited, _ in results if waited > 0) >= 9  # nine waited for room
     device = live.service.device
     assert device.high_water <= 1024 * MiB and device.oom_count == 0
+
+
+def test_n_choices_are_streams_of_their_own_each_reproducible(tiny):
+    """`n` choices: seeded choice i samples with seed + i, so the choices differ and each
+    equals the lone request with that seed; usage counts the prompt once."""
+    client = OpenAI(base_url=tiny.url + "/v1", api_key="unused", max_retries=0)
+    asked = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story."}]}
+    many = client.chat.completions.create(**asked, n=3, seed=11, max_tokens=10, temperature=1.0)
+    texts = [choice.message.content for choice in sorted(many.choices, key=lambda c: c.index)]
+    assert [c.index for c in many.choices] == [0, 1, 2] and len(set(texts)) == 3
+    for i in range(3):
+        one = client.chat.completions.create(**asked, seed=11 + i, max_tokens=10, temperature=1.0)
+        assert one.choices[0].message.content == texts[i]
+    assert many.usage.completion_tokens == 30
+    assert many.usage.prompt_tokens == one.usage.prompt_tokens
+    streamed = client.chat.completions.create(
+        **asked, n=3, seed=11, max_tokens=10, temperature=1.0, stream=True
+    )
+    parts: dict[int, str] = {0: "", 1: "", 2: ""}
+    finishes: dict[int, str] = {}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            parts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert [parts[i] for i in range(3)] == texts
+    assert finishes == {0: "length", 1: "length", 2: "length"}

@@ -1,0 +1,232 @@
+"""A generation's answer in OpenAI's shapes: one JSON body, or server-sent event chunks.
+
+A request for `n` choices runs as n streams, each admitted and priced as any stream is (so
+they step in one batch where memory allows); its choices carry their `index`, its usage
+counts the prompt once and every choice's tokens, and its cost headers add up the n
+prices. Seeded requests give choice i the seed + i, so the choices differ and each can
+be reproduced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from fastapi.responses import Response, StreamingResponse
+
+from app.core.requests import ValidGenerationRequest
+from app.core.service import InferenceService
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, Cost
+from app.errors import ShuttingDown, VramgateError
+from app.models.decoding import DecodeResult
+
+DONE = b"data: [DONE]\n\n"
+
+
+def choice_requests(valid: ValidGenerationRequest) -> list[ValidGenerationRequest]:
+    """One request per choice: choice i of a seeded request samples with seed + i."""
+    if valid.n == 1:
+        return [valid]
+    seed = valid.params.seed
+    return [
+        replace(valid, params=replace(valid.params, seed=None if seed is None else seed + i))
+        for i in range(valid.n)
+    ]
+
+
+async def admit_choices(
+    service: InferenceService, valid: ValidGenerationRequest, watch: ClientWatch
+) -> list[AdmittedGeneration]:
+    """Every choice admitted, or none: a choice that is refused closes the others."""
+    answers = await asyncio.gather(
+        *(service.generate(one, watch) for one in choice_requests(valid)),
+        return_exceptions=True,
+    )
+    admitted = [a for a in answers if isinstance(a, AdmittedGeneration)]
+    failed = [a for a in answers if isinstance(a, BaseException)]
+    if failed:
+        for generation in admitted:
+            generation.close()
+        raise failed[0]
+    return admitted
+
+
+class Reply:
+    """One request's answer: its `n` choices' generations, as JSON or as chunks."""
+
+    def __init__(self, body: ValidGenerationRequest, kind: str, prefix: str) -> None:
+        self.body = body
+        self.chat = kind == "chat.completion"
+        self.kind = kind
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    async def respond(self, generations: list[AdmittedGeneration], watch: ClientWatch) -> Response:
+        """The whole answer as one JSON body. A client that leaves stops every choice
+        before its next step, as a stream's does; nobody reads the answer then."""
+        for generation in generations:
+            watch.on_leave(generation.close)
+        try:
+            answers = await asyncio.gather(*(_collect(g) for g in generations))
+        finally:
+            for generation in generations:
+                generation.close()
+        choices = [
+            self._choice(index, text, outcome.finish_reason)
+            for index, (text, outcome, _) in enumerate(answers)
+        ]
+        payload = self._envelope(self.kind, choices)
+        outcomes, cost = [a[1] for a in answers], Cost.combined([a[2] for a in answers])
+        payload["usage"] = usage(outcomes, cost)
+        return Response(
+            orjson.dumps(payload), media_type="application/json", headers=cost.headers()
+        )
+
+    def stream(self, generations: list[AdmittedGeneration]) -> Response:
+        """Server-sent events as the text is decoded."""
+        headers = combined_admission_headers(generations)
+        return StreamingResponse(
+            self._events(generations),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def _events(self, generations: list[AdmittedGeneration]) -> AsyncIterator[bytes]:
+        """Chunks as text is decoded, each naming its choice; a choice's last names its
+        finish reason; with `include_usage`, a choice-less chunk with the usage follows;
+        then `[DONE]`. A failure after the stream started arrives as an error event."""
+        chunk = f"{self.kind}.chunk" if self.chat else self.kind
+        try:
+            if self.chat:
+                first = {"role": "assistant", "content": ""}
+                roles = [self._delta(i, first) for i in range(len(generations))]
+                yield _sse(self._envelope(chunk, roles))
+            ended: list[tuple[DecodeResult, Cost]] = []
+            async for index, text in _merged(generations):
+                if text is not None:
+                    yield _sse(self._envelope(chunk, [self._delta(index, self._content(text))]))
+                    continue
+                try:
+                    outcome, cost = await generations[index].outcome()
+                    if outcome.finish_reason == "cancelled":  # stopped by the server
+                        raise generations[index].stream.cancel_reason or ShuttingDown(
+                            "the server is shutting down; the answer is incomplete"
+                        )
+                except VramgateError as exc:
+                    yield _sse(exc.body())
+                    yield DONE
+                    return
+                ended.append((outcome, cost))
+                yield _sse(self._envelope(chunk, [self._delta(index, {}, outcome.finish_reason)]))
+            if self.body.include_usage:  # OpenAI's shape: only the last, choice-less chunk
+                tail = self._envelope(chunk, [])
+                tail["usage"] = usage([o for o, _ in ended], Cost.combined([c for _, c in ended]))
+                yield _sse(tail)
+            yield DONE
+        finally:
+            for generation in generations:
+                generation.close()
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        envelope = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+        }
+        if self.body.stream and self.body.include_usage:
+            envelope["usage"] = None  # every chunk but the last, as OpenAI sends them
+        return envelope
+
+    def _choice(self, index: int, text: str, finish: str) -> dict[str, Any]:
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {"index": index, "message": message, "finish_reason": _finish(finish)}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
+
+    def _content(self, text: str) -> dict[str, Any]:
+        return {"content": text} if self.chat else {"text": text}
+
+    def _delta(
+        self, index: int, content: dict[str, Any], finish: str | None = None
+    ) -> dict[str, Any]:
+        reason = _finish(finish) if finish else None
+        if self.chat:
+            return {"index": index, "delta": content, "finish_reason": reason}
+        return {
+            "index": index,
+            "text": content.get("text", ""),
+            "logprobs": None,
+            "finish_reason": reason,
+        }
+
+
+async def _collect(generation: AdmittedGeneration) -> tuple[str, DecodeResult, Cost]:
+    text = "".join([delta async for delta in generation.deltas()])
+    outcome, cost = await generation.outcome()
+    return text, outcome, cost
+
+
+async def _merged(
+    generations: list[AdmittedGeneration],
+) -> AsyncIterator[tuple[int, str | None]]:
+    """(choice, text) as any choice decodes it, then (choice, None) when it has ended."""
+    if len(generations) == 1:  # the common case, without tasks
+        async for text in generations[0].deltas():
+            yield 0, text
+        yield 0, None
+        return
+    queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+
+    async def pump(index: int, generation: AdmittedGeneration) -> None:
+        async for text in generation.deltas():
+            queue.put_nowait((index, text))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        for _ in range(len(generations)):
+            while (item := await queue.get())[1] is not None:
+                yield item
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def combined_admission_headers(generations: list[AdmittedGeneration]) -> dict[str, str]:
+    headers = generations[0].admission_headers()
+    if len(generations) > 1:
+        prices = sum(int(g.admission_headers()["X-Vramgate-Price-Bytes"]) for g in generations)
+        waits = max(float(g.admission_headers()["X-Vramgate-Queue-Ms"]) for g in generations)
+        headers |= {"X-Vramgate-Price-Bytes": str(prices), "X-Vramgate-Queue-Ms": f"{waits:.1f}"}
+    return headers
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def usage(outcomes: list[DecodeResult], cost: Cost) -> dict[str, Any]:
+    """OpenAI's usage (the prompt once, every choice's tokens) and vramgate's cost."""
+    prompt = outcomes[0].prompt_tokens if outcomes else 0
+    completion = sum(outcome.completion_tokens for outcome in outcomes)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "queue_ms": round(cost.queue_s * 1000, 3),
+        "run_ms": round(cost.run_s * 1000, 3),
+        "vram_bytes": cost.price_bytes,
+    }
