@@ -67,7 +67,7 @@ _SHARED: dict[str, FieldSupport] = {
 FIELDS: dict[Route, dict[str, FieldSupport]] = {
     "chat": {
         **_SHARED,
-        "messages": _done("text content; `role: tool` messages are refused for now"),
+        "messages": _done("text content, assistant `tool_calls`, `role: tool` answers"),
         "max_completion_tokens": _done("`max_tokens` wins where both are set"),
         "audio": _refused("no audio output", lambda v: v is None),
         "function_call": _refused("deprecated by OpenAI; use `tools` (not implemented yet)"),
@@ -77,7 +77,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "metadata": _ignored("nothing is stored"),
         "modalities": _refused("text only", lambda v: v is None or v == ["text"]),
         "moderation": _ignored("no moderation here"),
-        "parallel_tool_calls": _ignored("no tools yet"),
+        "parallel_tool_calls": _ignored("a forced answer is one call; else as the model writes"),
         "prediction": _ignored("a latency hint; the answer is the same without it"),
         "prompt_cache_key": _ignored("no prompt cache across requests"),
         "prompt_cache_options": _ignored("no prompt cache across requests"),
@@ -87,8 +87,8 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "safety_identifier": _ignored("no accounts here"),
         "service_tier": _ignored("one tier: this machine"),
         "store": _ignored("nothing is stored"),
-        "tool_choice": _refused(NOT_YET, lambda v: v is None or v == "none"),
-        "tools": _refused(NOT_YET),
+        "tool_choice": _done("`required` or a named function: the call is decoded by grammar"),
+        "tools": _done("functions; through the chat template, or the system message"),
         "verbosity": _ignored("no verbosity setting"),
         "web_search_options": _refused("no web search here", lambda v: v is None),
     },

@@ -25,6 +25,7 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.decoding import DecodeResult
+from app.models.tools import read_calls
 
 DONE = b"data: [DONE]\n\n"
 
@@ -108,7 +109,11 @@ class Reply:
                 roles = [self._delta(i, first) for i in range(len(generations))]
                 yield _sse(self._envelope(chunk, roles))
             ended: list[tuple[DecodeResult, Cost]] = []
+            held = dict.fromkeys(range(len(generations)), "")  # tool mode: the whole answer
             async for index, text in _merged(generations):
+                if text is not None and self.tools:
+                    held[index] += text
+                    continue
                 if text is not None:
                     yield _sse(self._envelope(chunk, [self._delta(index, self._content(text))]))
                     continue
@@ -123,7 +128,12 @@ class Reply:
                     yield DONE
                     return
                 ended.append((outcome, cost))
-                yield _sse(self._envelope(chunk, [self._delta(index, {}, outcome.finish_reason)]))
+                finish = outcome.finish_reason
+                if self.tools:
+                    message, finish = self._message(held[index], finish)
+                    message.pop("role")
+                    yield _sse(self._envelope(chunk, [self._delta(index, message)]))
+                yield _sse(self._envelope(chunk, [self._delta(index, {}, finish)]))
             if self.body.include_usage:  # OpenAI's shape: only the last, choice-less chunk
                 tail = self._envelope(chunk, [])
                 tail["usage"] = usage([o for o, _ in ended], Cost.combined([c for _, c in ended]))
@@ -145,9 +155,29 @@ class Reply:
             envelope["usage"] = None  # every chunk but the last, as OpenAI sends them
         return envelope
 
+    @property
+    def tools(self) -> bool:
+        """Whether answers are read for tool calls (and streamed whole, at their end)."""
+        return self.chat and self.body.tool_mode != "none"
+
+    def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        """The assistant message for `text`: its tool calls where it makes some."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tools:
+            rest, calls = read_calls(text, set(self.body.tool_names))
+            if calls:
+                message["content"] = rest
+                message["tool_calls"] = [
+                    {"index": i, **call.as_openai()} for i, call in enumerate(calls)
+                ]
+                return message, "tool_calls"
+        return message, finish
+
     def _choice(self, index: int, text: str, finish: str) -> dict[str, Any]:
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message, finish = self._message(text, finish)
+            for call in message.get("tool_calls", []):
+                call.pop("index")  # only stream deltas number their calls
             return {"index": index, "message": message, "finish_reason": _finish(finish)}
         return {"index": index, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
 
@@ -215,7 +245,7 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def _finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
 def usage(outcomes: list[DecodeResult], cost: Cost) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from app.api.fields import screen
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
 from app.models.constrained import ANY_OBJECT
-from app.models.decoding import Prompt, SamplingParams
+from app.models.decoding import Chat, Prompt, SamplingParams
+from app.models.tools import call_schema
 from app.settings import MODEL_NAME_PATTERN, Settings
 
 # Outer bounds; the configured limits (Settings.max_inputs, max_input_chars) are tighter.
@@ -69,6 +70,7 @@ MAX_STOP = 4
 MAX_STOP_CHARS = 64
 MAX_LOGIT_BIAS = 1024
 MAX_CHOICES = 16
+MAX_TOOLS = 128
 SEED_MAX = 2**63 - 1
 
 
@@ -78,18 +80,68 @@ class TextPart(BaseModel):
     text: str = Field(max_length=MAX_CHARS_HARD)
 
 
+class CalledFunction(BaseModel):
+    name: str = Field(max_length=64)
+    arguments: str = Field(max_length=MAX_CHARS_HARD)
+
+
+class ToolCall(BaseModel):
+    """A call an assistant turn made, as the model's earlier answer gave it."""
+
+    id: str = Field(max_length=128)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
-    """A chat turn. Content is text, or a list of text parts (images are not supported)."""
+    """A chat turn. Content is text, or a list of text parts (images are not supported);
+    an assistant turn may carry tool calls instead, and a `tool` turn answers one."""
 
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] = Field(max_length=MAX_CHARS_HARD)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(default=None, max_length=MAX_CHARS_HARD)
     name: str | None = Field(default=None, max_length=64)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(default=None, max_length=128)
+    refusal: str | None = Field(default=None, max_length=MAX_CHARS_HARD)  # sent back as given
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
+
+    def as_dict(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=MAX_CHARS_HARD)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # forced calls are always enforced
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str = Field(max_length=64)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchema(BaseModel):
@@ -190,6 +242,8 @@ class ChatRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_HARD)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -197,9 +251,31 @@ class ChatRequest(_GenerationFields):
         return screen("chat", data)
 
     def as_prompt(self, settings: Settings) -> Prompt:
-        messages = [{"role": m.role, "content": m.text()} for m in self.messages]
+        messages = [m.as_dict() for m in self.messages]
         _check_chars(sum(len(m["content"]) for m in messages), settings, "messages")
-        return messages
+        tools = [tool.model_dump(exclude_none=True) for tool in self.tools or []]
+        return Chat(messages, tools if self.tool_mode() != "none" else None)
+
+    def tool_mode(self) -> Literal["none", "auto", "forced"]:
+        """Whether the answer may (auto) or must (forced) be a call to one of `tools`."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none", "auto"):
+                raise InvalidRequest(
+                    "tool_choice asks for a call but no tools are given", param="tool_choice"
+                )
+            return "none"
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in self.tool_names():
+                raise InvalidRequest(
+                    f"tool_choice names {choice.function.name!r}, which is not in tools",
+                    param="tool_choice",
+                )
+            return "forced"
+        return {"none": "none", "required": "forced"}.get(choice or "auto", "auto")  # type: ignore[return-value]
+
+    def tool_names(self) -> frozenset[str]:
+        return frozenset(tool.function.name for tool in self.tools or [])
 
     def sampling(self) -> SamplingParams:
         params = super().sampling()
@@ -207,6 +283,16 @@ class ChatRequest(_GenerationFields):
             params = replace(params, max_tokens=self.max_completion_tokens)
         if self.response_format is not None:
             params = replace(params, json_schema=self.response_format.schema_text())
+        if self.tool_mode() == "forced":
+            if params.json_schema is not None:
+                raise InvalidRequest(
+                    "a forced tool call and a response_format cannot both shape the answer",
+                    param="response_format",
+                )
+            tools = [tool.model_dump(exclude_none=True) for tool in self.tools or []]
+            choice = self.tool_choice
+            named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+            params = replace(params, json_schema=json.dumps(call_schema(tools, named)))
         return params
 
 
@@ -236,8 +322,18 @@ def validate_generation_request(
 ) -> ValidGenerationRequest:
     """The request as the core takes it (a 400 for what fails a configured bound)."""
     prompt = body.as_prompt(settings)
+    tool_mode, names = "none", frozenset[str]()
+    if isinstance(body, ChatRequest):
+        tool_mode, names = body.tool_mode(), body.tool_names()
     return ValidGenerationRequest(
-        body.model, prompt, body.sampling(), body.stream, body.include_usage, body.n
+        body.model,
+        prompt,
+        body.sampling(),
+        body.stream,
+        body.include_usage,
+        body.n,
+        tool_mode,
+        names,
     )
 
 

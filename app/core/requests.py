@@ -32,3 +32,5 @@ class ValidGenerationRequest:
     stream: bool = False
     include_usage: bool = False
     n: int = 1  # choices: each runs as a stream of its own
+    tool_mode: str = "none"  # "auto": the answer may be a tool call; "forced": it must be
+    tool_names: frozenset[str] = frozenset()

@@ -41,6 +41,7 @@ from app.models.kinds import Generator
 from app.models.kv_cache import plain_dynamic
 from app.models.packing import packing_works
 from app.models.step_batch import StepBatcher
+from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
 
@@ -193,12 +194,18 @@ class CausalLMHandler(Generator):
         tokenizer = self._tokenizer
         if isinstance(prompt, str):
             return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        if not getattr(tokenizer, "chat_template", None):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
             raise InvalidRequest(
                 f"model {self.name!r} has no chat template; use /v1/completions",
                 param="model",
             )
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        knows = template_knows_tools(template)
+        messages = chat_messages(prompt.messages, prompt.tools, knows)
+        tools = prompt.tools if knows else None
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def prepare_generation(

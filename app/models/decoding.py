@@ -13,13 +13,23 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.models.base import Bucket, Prepared, next_pow2
 
 MIN_TOKEN_BUCKET = 16
 
-Prompt = str | list[dict[str, str]]  # a completion's text, or chat messages (role, content)
+
+@dataclass(frozen=True)
+class Chat:
+    """Chat messages (OpenAI's, as dicts) and the tools (OpenAI's) the model may call."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+
+
+Prompt = str | Chat  # a completion's text, or a chat
 
 
 @dataclass(frozen=True)

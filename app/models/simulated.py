@@ -177,7 +177,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
         if isinstance(prompt, str):
             text = prompt
         else:
-            text = " ".join(message.get("content") or "" for message in prompt)
+            text = " ".join(message.get("content") or "" for message in prompt.messages)
         ids = [zlib.crc32(word.encode("utf-8")) for word in text.split()]
         context = self._buckets[-1].size
         prepared = generation_prepared(self.name, ids, params, context, default_max_tokens)

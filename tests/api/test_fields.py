@@ -83,7 +83,7 @@ ROUTE_TYPES = {
 def client(tmp_path_factory):
     from tests.live import live_server, make_settings
 
-    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), context=256)
+    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), context=1024)
     models = (
         ModelSpec(name="tiny", kind="generation", path=folder),
         ModelSpec(name="all-MiniLM-L6-v2", kind="embedding"),
@@ -125,7 +125,7 @@ def test_each_field_is_implemented_ignored_or_refused_as_the_table_says(client, 
 
 
 def test_refused_fields_that_ask_for_nothing_are_served(client):
-    asks_nothing = {"logprobs": False, "top_logprobs": 0, "tools": [], "audio": None}
+    asks_nothing = {"logprobs": False, "top_logprobs": 0, "audio": None}
     for name, value in asks_nothing.items():
         assert FIELDS["chat"][name].support == "refused"
         assert call(client, "chat", **{name: value}).choices[0].message.content is not None

@@ -1,0 +1,137 @@
+"""Tool (function) calls: putting the tools into the prompt, and reading calls back out.
+
+A model whose chat template knows tools (it mentions `tools`: Qwen, Llama 3.1+, Mistral,
+Hermes-style templates) gets them through the template, as transformers passes them. A
+template that does not (SmolLM2's) gets them in the system message, with the instruction
+to answer a call as a JSON object `{"name": ..., "arguments": {...}}`; earlier calls in
+the conversation are shown to it in that same form.
+
+A forced call (`tool_choice` "required" or a named function) is decoded under a grammar
+(`call_schema`), so its arguments always parse and validate. Otherwise the answer is
+searched for calls in the forms models write: Hermes' `<tool_call>{...}</tool_call>`
+blocks, or an answer that is nothing but such a JSON object (or a list of them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+INSTRUCTION = (
+    "You can call these functions (each with a JSON schema of its arguments):\n{tools}\n"
+    'To call one, answer with nothing but a JSON object: {{"name": <the function\'s '
+    'name>, "arguments": <its arguments>}}.'
+)
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str
+
+    def as_openai(self) -> dict[str, Any]:
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": function}
+
+
+def template_knows_tools(template: str | None) -> bool:
+    return bool(template) and "tools" in str(template)
+
+
+def chat_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, knows_tools: bool
+) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them: tool calls' arguments as objects
+    where the template knows tools, otherwise as our instruction's JSON, and the tools in
+    the system message."""
+    shaped = []
+    for message in messages:
+        message = dict(message)
+        calls = message.pop("tool_calls", None) or []
+        if calls and knows_tools:
+            message["tool_calls"] = [_with_object_arguments(call) for call in calls]
+        elif calls:
+            shown = [_instruction_form(call) for call in calls]
+            message["content"] = json.dumps(shown[0] if len(shown) == 1 else shown)
+        if message.get("content") is None:
+            message["content"] = ""
+        shaped.append(message)
+    if tools and not knows_tools:
+        listing = json.dumps([tool["function"] for tool in tools], indent=1)
+        text = INSTRUCTION.format(tools=listing)
+        if shaped and shaped[0]["role"] in ("system", "developer"):
+            shaped[0] = {**shaped[0], "content": shaped[0]["content"] + "\n\n" + text}
+        else:
+            shaped.insert(0, {"role": "system", "content": text})
+    return shaped
+
+
+def call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    """The JSON schema of one call to `name` (None: to any of `tools`)."""
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["function"]["name"]},
+                "arguments": tool["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+        if name is None or tool["function"]["name"] == name
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def read_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
+    """(the text left over, or None; the calls) from a model's answer."""
+    blocks = _BLOCK.findall(text)
+    if blocks:
+        calls = [call for block in blocks for call in _calls_in(block, names)]
+        if calls:
+            rest = _BLOCK.sub("", text).strip()
+            return rest or None, calls
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    calls = _calls_in(fenced.group(1) if fenced else stripped, names)
+    return (None, calls) if calls else (text, [])
+
+
+def _calls_in(text: str, names: set[str]) -> list[ToolCall]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("name") not in names:
+            return []
+        arguments = item.get("arguments", item.get("parameters", {}))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return []
+        calls.append(ToolCall(item["name"], json.dumps(arguments), f"call_{uuid.uuid4().hex[:24]}"))
+    return calls
+
+
+def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    with contextlib.suppress(ValueError):  # else the template shows the text as it came
+        function["arguments"] = json.loads(function.get("arguments") or "{}")
+    return {**call, "function": function}
+
+
+def _instruction_form(call: dict[str, Any]) -> dict[str, Any]:
+    function = _with_object_arguments(call)["function"]
+    return {"name": function.get("name"), "arguments": function.get("arguments")}

@@ -1,0 +1,83 @@
+"""Tool calls in and out of the prompt: the messages a chat template gets, and the calls
+read back from answers as models write them."""
+
+from __future__ import annotations
+
+import json
+
+from app.models.tools import call_schema, chat_messages, read_calls, template_knows_tools
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+NAMES = {"get_weather", "get_time"}
+
+
+def test_a_hermes_block_is_a_call_and_the_text_around_it_stays():
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    text = f"Let me look.\n<tool_call>\n{call}\n</tool_call>"
+    rest, calls = read_calls(text, NAMES)
+    assert rest == "Let me look."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert calls[0].id.startswith("call_")
+
+
+def test_an_answer_that_is_only_a_call_or_a_list_of_calls_is_read_as_calls():
+    one = '{"name": "get_time", "arguments": {}}'
+    weather = '{"name": "get_weather", "parameters": {"city": "Rome"}}'
+    many = f"```json\n[{one}, {weather}]\n```"
+    assert [c.name for c in read_calls(one, NAMES)[1]] == ["get_time"]
+    rest, calls = read_calls(many, NAMES)
+    assert rest is None and [c.name for c in calls] == ["get_time", "get_weather"]
+    assert json.loads(calls[1].arguments) == {"city": "Rome"}
+
+
+def test_text_and_json_that_names_no_tool_are_left_as_text():
+    for text in (
+        "It is sunny in Oslo.",
+        '{"name": "launch_rockets", "arguments": {}}',
+        "{not json",
+    ):
+        assert read_calls(text, NAMES) == (text, [])
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message():
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "content": "12 C", "tool_call_id": "call_1"},
+    ]  # fmt: skip
+    shaped = chat_messages(messages, [WEATHER], knows_tools=False)
+    assert shaped[0]["role"] == "system" and "get_weather" in shaped[0]["content"]
+    assert json.loads(shaped[2]["content"]) == {
+        "name": "get_weather",
+        "arguments": {"city": "Oslo"},
+    }
+    assert shaped[3] == {"role": "tool", "content": "12 C", "tool_call_id": "call_1"}
+    known = chat_messages(messages, [WEATHER], knows_tools=True)
+    assert known[0]["role"] == "user"  # the template lists the tools itself
+    assert known[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+
+
+def test_a_forced_call_schema_names_the_function_and_its_arguments():
+    time_tool = {"type": "function", "function": {"name": "get_time"}}
+    named = call_schema([WEATHER, time_tool], "get_weather")
+    assert named["properties"]["name"] == {"const": "get_weather"}
+    assert named["properties"]["arguments"] == WEATHER["function"]["parameters"]
+    either = call_schema([WEATHER, time_tool], None)
+    assert len(either["anyOf"]) == 2
+
+
+def test_templates_that_mention_tools_are_told_apart():
+    assert template_knows_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+    assert not template_knows_tools(
+        "{% for message in messages %}{{ message.content }}{% endfor %}"
+    )
+    assert not template_knows_tools(None)
