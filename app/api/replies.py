@@ -79,8 +79,7 @@ class Reply:
             for generation in generations:
                 generation.close()
         choices = [
-            self._choice(index, text, outcome.finish_reason)
-            for index, (text, outcome, _) in enumerate(answers)
+            self._choice(index, text, outcome) for index, (text, outcome, _) in enumerate(answers)
         ]
         payload = self._envelope(self.kind, choices)
         outcomes, cost = [a[1] for a in answers], Cost.combined([a[2] for a in answers])
@@ -108,6 +107,9 @@ class Reply:
                 first = {"role": "assistant", "content": ""}
                 roles = [self._delta(i, first) for i in range(len(generations))]
                 yield _sse(self._envelope(chunk, roles))
+            elif self.body.echo:
+                echoes = [self._delta(i, {"text": self.prompt}) for i in range(len(generations))]
+                yield _sse(self._envelope(chunk, echoes))
             ended: list[tuple[DecodeResult, Cost]] = []
             held = dict.fromkeys(range(len(generations)), "")  # tool mode: the whole answer
             async for index, text in _merged(generations):
@@ -133,7 +135,10 @@ class Reply:
                     message, finish = self._message(held[index], finish)
                     message.pop("role")
                     yield _sse(self._envelope(chunk, [self._delta(index, message)]))
-                yield _sse(self._envelope(chunk, [self._delta(index, {}, finish)]))
+                last = self._delta(index, {}, finish)
+                if outcome.logprobs is not None:
+                    last["logprobs"] = self._logprobs(outcome, len(self.prompt))
+                yield _sse(self._envelope(chunk, [last]))
             if self.body.include_usage:  # OpenAI's shape: only the last, choice-less chunk
                 tail = self._envelope(chunk, [])
                 tail["usage"] = usage([o for o, _ in ended], Cost.combined([c for _, c in ended]))
@@ -173,13 +178,54 @@ class Reply:
                 return message, "tool_calls"
         return message, finish
 
-    def _choice(self, index: int, text: str, finish: str) -> dict[str, Any]:
+    @property
+    def prompt(self) -> str:
+        """A completion's prompt where the answer echoes it, else nothing."""
+        prompt = self.body.prompt
+        return prompt if self.body.echo and isinstance(prompt, str) else ""
+
+    def _choice(self, index: int, text: str, outcome: DecodeResult) -> dict[str, Any]:
+        logprobs = self._logprobs(outcome, len(self.prompt))
         if self.chat:
-            message, finish = self._message(text, finish)
+            message, finish = self._message(text, outcome.finish_reason)
             for call in message.get("tool_calls", []):
                 call.pop("index")  # only stream deltas number their calls
-            return {"index": index, "message": message, "finish_reason": _finish(finish)}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
+            return {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": _finish(finish),
+            }
+        return {
+            "index": index,
+            "text": self.prompt + text,
+            "logprobs": logprobs,
+            "finish_reason": _finish(outcome.finish_reason),
+        }
+
+    def _logprobs(self, outcome: DecodeResult, offset: int) -> dict[str, Any] | None:
+        """OpenAI's logprobs: chat's `content` entries, or completions' four lists."""
+        if outcome.logprobs is None:
+            return None
+        if self.chat:
+            content = [
+                {
+                    **_entry(entry.token, entry.logprob),
+                    "top_logprobs": [_entry(token, value) for token, value in entry.top],
+                }
+                for entry in outcome.logprobs
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for entry in outcome.logprobs:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return {
+            "tokens": [entry.token for entry in outcome.logprobs],
+            "token_logprobs": [entry.logprob for entry in outcome.logprobs],
+            "top_logprobs": [dict(entry.top) for entry in outcome.logprobs],
+            "text_offset": offsets,
+        }
 
     def _content(self, text: str) -> dict[str, Any]:
         return {"content": text} if self.chat else {"text": text}
@@ -238,6 +284,10 @@ def combined_admission_headers(generations: list[AdmittedGeneration]) -> dict[st
         waits = max(float(g.admission_headers()["X-Vramgate-Queue-Ms"]) for g in generations)
         headers |= {"X-Vramgate-Price-Bytes": str(prices), "X-Vramgate-Queue-Ms": f"{waits:.1f}"}
     return headers
+
+
+def _entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -244,6 +244,8 @@ class ChatRequest(_GenerationFields):
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @model_validator(mode="before")
     @classmethod
@@ -283,6 +285,10 @@ class ChatRequest(_GenerationFields):
             params = replace(params, max_tokens=self.max_completion_tokens)
         if self.response_format is not None:
             params = replace(params, json_schema=self.response_format.schema_text())
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs:
+            params = replace(params, logprobs=self.top_logprobs or 0)
         if self.tool_mode() == "forced":
             if params.json_schema is not None:
                 raise InvalidRequest(
@@ -298,6 +304,17 @@ class ChatRequest(_GenerationFields):
 
 class CompletionRequest(_GenerationFields):
     prompt: str | list[str] = Field(max_length=MAX_CHARS_HARD)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+
+    def sampling(self) -> SamplingParams:
+        if self.echo and self.logprobs is not None:
+            raise InvalidRequest(
+                "echo with logprobs needs the prompt's log-probabilities, which are not "
+                "computed; ask for one or the other",
+                param="echo",
+            )
+        return replace(super().sampling(), logprobs=self.logprobs)
 
     @model_validator(mode="before")
     @classmethod
@@ -334,6 +351,7 @@ def validate_generation_request(
         body.n,
         tool_mode,
         names,
+        echo=isinstance(body, CompletionRequest) and body.echo,
     )
 
 

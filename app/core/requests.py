@@ -34,3 +34,4 @@ class ValidGenerationRequest:
     n: int = 1  # choices: each runs as a stream of its own
     tool_mode: str = "none"  # "auto": the answer may be a tool call; "forced": it must be
     tool_names: frozenset[str] = frozenset()
+    echo: bool = False  # completions: the answer begins with the prompt

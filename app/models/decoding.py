@@ -48,6 +48,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
     json_schema: str | None = None  # the answer must be JSON valid against this (JSON text)
+    logprobs: int | None = None  # None: off; k: each token's log-probability, the k likeliest
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,16 @@ class GenerationInput:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's text and log-probability (the model's own distribution, before
+    temperature and penalties), and the most likely tokens at its step, best first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class DecodeResult:
     text: str
     prompt_tokens: int
@@ -69,6 +80,7 @@ class DecodeResult:
     steps: int  # forward passes run (prefill included)
     kv_tokens: int = 0  # tokens its KV cache held at the end
     kv_bytes: int = 0  # that cache's own bytes, measured on its tensors (0: unknown)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
 
 
 def generation_prepared(

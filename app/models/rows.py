@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from app.models.constrained import Constraint
-from app.models.decoding import DecodeResult, GenerationInput, StopScanner, TokenStream
+from app.models.decoding import (
+    DecodeResult,
+    GenerationInput,
+    StopScanner,
+    TokenLogprob,
+    TokenStream,
+)
 
 
 @dataclass(eq=False)
@@ -32,6 +38,7 @@ class Row:
     done: threading.Event = field(default_factory=threading.Event)
     bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
     constraint: Constraint | None = None  # the grammar its tokens follow (JSON output)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # if its request asks
 
     @property
     def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
@@ -85,6 +92,7 @@ class Row:
                 self.steps,
                 kv_tokens=self.position,
                 kv_bytes=kv_bytes,
+                logprobs=tuple(self.logprobs) if self.task.params.logprobs is not None else None,
             )
         self.error = error
         self.done.set()

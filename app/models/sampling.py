@@ -10,11 +10,11 @@ otherwise temperature, then top-k, top-p (nucleus) and min-p, then a draw.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from app.models.decoding import SamplingParams
+from app.models.decoding import SamplingParams, TokenLogprob
 
 
 def adjusted(
@@ -73,3 +73,17 @@ def sample(
         keep &= probs >= params.min_p * probs.max()
     probs = torch.where(keep, probs, torch.zeros_like(probs))
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprob(
+    logits: torch.Tensor, token: int, top: int, decode: Callable[[list[int]], str]
+) -> TokenLogprob:
+    """`token`'s log-probability under the model's own `logits`, and the `top` likeliest."""
+    logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    alternatives = (
+        tuple((decode([int(i)]), float(v)) for v, i in zip(best.values, best.indices, strict=True))
+        if best is not None
+        else ()
+    )
+    return TokenLogprob(decode([token]), float(logprobs[token]), alternatives)

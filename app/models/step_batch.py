@@ -1,5 +1,4 @@
-"""Step-level batching of text generation: every decode step runs all active streams of a
-model as one forward.
+"""Step-level batching of generation: each decode step runs a model's streams as one forward.
 
 One thread per model owns the batch; a stream's caller (an executor stream thread) hands
 its row in and waits. New rows are prefilled (short prompts together, a long one alone in
@@ -10,12 +9,11 @@ burst finish arriving first; rows sharing a prompt prefix are prefilled packed, 
 once (app.models.packing), or copy it from a running row (app.models.kv_cache). A row
 that ends (end of sequence, stop string, `max_tokens`, client gone) leaves at the next
 boundary and columns no row uses are cut. Each row samples with its own parameters and
-seeded generator, so its text does not depend on who shares its batch (up to kernel
-rounding: see the README).
-Admission stays the gate's: a row exists only once its KV bytes were admitted, and there
-are at most `max_streams`. A cache that is not plain dynamic (sliding-window layers) runs
-its rows one after another. Rows whose padding the batch could not hold within what they
-were admitted for step in a batch of their own (app.models.kv_cache).
+seeded generator (its text does not depend on who shares its batch, up to kernel
+rounding: see the README). Admission stays the gate's: a row exists only once its KV
+bytes were admitted (at most `max_streams`); rows whose padding a batch could not hold
+within that step in a batch of their own; a cache that is not plain dynamic (sliding
+windows) runs rows one at a time.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from app.models.kv_cache import (
 )
 from app.models.packing import packed_inputs, shared_prefix, unpacked
 from app.models.rows import Row
-from app.models.sampling import sample
+from app.models.sampling import sample, token_logprob
 
 log = logging.getLogger("vramgate.generation")
 
@@ -346,11 +344,13 @@ class StepBatcher:
         for index, row in enumerate(rows):
             self._advance(row, self._sample(row, logits[index]))
 
-    @staticmethod
-    def _sample(row: Row, logits: torch.Tensor) -> int:
+    def _sample(self, row: Row, logits: torch.Tensor) -> int:
         allowed = row.constraint.allowed() if row.constraint is not None else None
-        task = row.task
-        return sample(logits, task.params, row.sampler, row.produced, task.prompt_ids, allowed)
+        task, top = row.task, row.task.params.logprobs
+        token = sample(logits, task.params, row.sampler, row.produced, task.prompt_ids, allowed)
+        if top is not None and token not in self._eos:
+            row.logprobs.append(token_logprob(logits, token, top, self._decode))
+        return token
 
     def _advance(self, row: Row, token: int) -> None:
         """A row's new token: end of sequence, a stop string, or text to send; a row

@@ -360,3 +360,44 @@ def test_n_choices_are_streams_of_their_own_each_reproducible(tiny):
                 finishes[choice.index] = choice.finish_reason
     assert [parts[i] for i in range(3)] == texts
     assert finishes == {0: "length", 1: "length", 2: "length"}
+
+
+def test_logprobs_and_echo_in_openais_shapes(tiny):
+    client = OpenAI(base_url=tiny.url + "/v1", api_key="unused", max_retries=0)
+    chat_answer = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat_answer.choices[0].logprobs.content
+    assert len(content) == chat_answer.usage.completion_tokens == 6
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.logprob == entry.top_logprobs[0].logprob  # greedy
+        assert bytes(entry.bytes) == entry.token.encode()
+    text = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, logprobs=2)
+    logprobs = text.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset[0] == 0
+    echoed = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, echo=True)
+    assert echoed.choices[0].text.startswith("Hello")
+    streamed = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        stream=True,
+    )
+    entries = [e for c in streamed for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+    assert [e.token for e in entries] == [e.token for e in content]
+
+
+def test_echo_with_logprobs_is_a_400_naming_echo(tiny):
+    body = {"model": "tiny", "prompt": "Hi", "echo": True, "logprobs": 1, "max_tokens": 2}
+    r = httpx.post(tiny.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"

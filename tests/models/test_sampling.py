@@ -102,3 +102,15 @@ def test_an_out_of_vocabulary_logit_bias_is_a_400_before_anything_runs(handler):
         handler.prepare_generation("hi", replace(GREEDY, logit_bias=((10**7, 1.0),)), 4)
     assert refused.value.param == "logit_bias"
     assert handler.forward_calls == before
+
+
+def test_greedy_tokens_come_with_their_log_probability_and_the_likeliest_others(handler):
+    result = alone(handler, "once upon a time", 12, logprobs=3)
+    assert result.logprobs is not None and len(result.logprobs) == result.completion_tokens
+    for entry in result.logprobs:
+        values = [value for _, value in entry.top]
+        assert len(entry.top) == 3 and values == sorted(values, reverse=True)
+        assert entry.logprob == pytest.approx(values[0])  # greedy: the likeliest token
+        assert entry.token == entry.top[0][0]
+        assert sum(torch.tensor(values).exp()) <= 1.0 + 1e-5
+    assert alone(handler, "once upon a time", 4).logprobs is None  # only when asked
