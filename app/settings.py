@@ -126,6 +126,9 @@ class ModelSpec(BaseModel):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
     max_context: int = Field(default=4096, ge=16, le=1_048_576)  # generation: context cap
+    # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
+    # (`matryoshka_dimensions` in config.json) does not say so
+    matryoshka_dimensions: tuple[int, ...] = ()
     # vision: what the model returns, and (for a weights file) its torchvision architecture
     output: Literal["classes", "image"] = "classes"
     arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from app.core.failures import FailureMapper
@@ -255,15 +256,19 @@ class InferenceService:
         self, request: ValidEmbeddingRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
         handler = await self._serving(request.model, Embedder, probe=False)
-        if request.dimensions is not None and request.dimensions != handler.dimensions:
+        width, widths = request.dimensions, sorted({handler.dimensions, *handler.truncations})
+        if width is not None and width not in widths:
             error = InvalidRequest(
-                f"model {request.model!r} makes {handler.dimensions}-dimensional vectors; "
-                f"dimensions={request.dimensions} is not supported",
+                f"model {request.model!r} makes vectors of {widths} dimensions; "
+                f"dimensions={width} is not supported",
                 param="dimensions",
             )
             self._refused(request.model, error)
             raise error
-        return await self._one_shot(request.model, handler, request.inputs, watch)
+        result = await self._one_shot(request.model, handler, request.inputs, watch)
+        return (
+            result if width is None else replace(result, output=handler.cut(result.output, width))
+        )
 
     async def predict(
         self, request: ValidImageRequest, watch: ClientWatch | None = None

@@ -77,6 +77,10 @@ class EmbeddingHandler(Embedder):
         self._model = model.to(device.torch_device).eval()
         self._device = device.torch_device
         self.dimensions = int(self._model.config.hidden_size)
+        declared = getattr(self._model.config, "matryoshka_dimensions", None) or ()
+        self.truncations = tuple(
+            sorted({int(d) for d in (*declared, *self.spec.matryoshka_dimensions)} - {0})
+        )
         self._max_seq = min(self._max_seq, int(self._tokenizer.model_max_length or self._max_seq))
         # The Rust tokenizer itself: half the per-request cost of the transformers wrapper.
         # Its own file may set truncation and padding (to 128 here): ours replace them.

@@ -19,6 +19,8 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 from app.models.base import Bucket, ModelHandler, Prepared
 from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
 from app.sched.budget import Geometry
@@ -69,6 +71,18 @@ TextOrIds = str | list[int]  # a text, or token ids of the model's own tokenizer
 class Embedder(OneShotModel[TextOrIds]):
     """Texts (or token ids) to float32 vectors, `dimensions` wide: `postprocess` gives a
     float32 array, one row per input, in the caller's order."""
+
+    dimensions: int = 0
+    # Narrower widths its vectors keep their meaning at (Matryoshka training): a request's
+    # `dimensions` may ask for one; the vector is cut to it and normalised again.
+    truncations: tuple[int, ...] = ()
+
+    def cut(self, vectors: np.ndarray, width: int) -> np.ndarray:
+        """`vectors` cut to `width` (one of `truncations`) and normalised again."""
+        if width >= self.dimensions:
+            return vectors
+        cut = vectors[:, :width]
+        return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
     def warmup_inputs(self) -> list[list[TextOrIds]]:
         return [["warm up"]]

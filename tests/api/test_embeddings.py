@@ -170,3 +170,32 @@ def test_a_token_id_outside_the_vocabulary_is_a_400(minilm):
     assert response.status_code == 400 and response.json()["error"]["param"] == "input"
     assert "vocabulary" in response.json()["error"]["message"]
     assert negative.status_code == 400
+
+
+def test_dimensions_cut_a_matryoshka_models_vectors_and_normalise_them(server_factory, tmp_path):
+    """A model whose config.json declares `matryoshka_dimensions` (Jina's convention; a
+    small random BERT saved here): `dimensions` may ask for one of them; the vector is
+    the full one cut and normalised again. Any other width is a 400 before queueing."""
+    import json
+
+    from app.settings import ModelSpec
+    from tests.random_models import save_random_bert
+
+    folder = save_random_bert(tmp_path / "bert", hidden=64, layers=2, heads=2, max_seq=64)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"matryoshka_dimensions": [16, 32]}))
+    live = server_factory(models=(ModelSpec(name="m", kind="embedding", path=folder),))
+    client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    full = np.asarray(client.embeddings.create(model="m", input="abc abd").data[0].embedding)
+    cut = np.asarray(
+        client.embeddings.create(model="m", input="abc abd", dimensions=16).data[0].embedding
+    )
+    assert full.shape == (64,) and cut.shape == (16,)
+    assert np.allclose(cut, full[:16] / np.linalg.norm(full[:16]), atol=1e-5)
+    assert np.linalg.norm(cut) == pytest.approx(1.0, abs=1e-5)
+    served = live.status()["counters"]["served"]
+    refused = httpx.post(
+        live.url + "/v1/embeddings", json={"model": "m", "input": "abc", "dimensions": 8}
+    )
+    assert refused.status_code == 400 and "[16, 32, 64]" in refused.json()["error"]["message"]
+    assert live.status()["counters"]["served"] == served

@@ -55,6 +55,7 @@ def test_openai_client_streams_a_chat_with_usage_at_the_end(tiny):
     assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert chunks[-1].usage.prompt_tokens > 5
+    assert all(c.usage is None for c in chunks[:-1])  # OpenAI: null on all but the last
     assert len({c.id for c in chunks}) == 1
     # The same request without streaming gives the same greedy text.
     whole = client.chat.completions.create(
@@ -401,3 +402,20 @@ def test_echo_with_logprobs_is_a_400_naming_echo(tiny):
     body = {"model": "tiny", "prompt": "Hi", "echo": True, "logprobs": 1, "max_tokens": 2}
     r = httpx.post(tiny.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+def test_without_include_usage_no_chunk_carries_a_usage_field(tiny):
+    body = chat("Tell me a story.", max_tokens=5, stream=True)
+    with httpx.stream("POST", tiny.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert chunks and all("usage" not in chunk for chunk in chunks)
+    with_usage = chat(
+        "Tell me a story.", max_tokens=5, stream=True, stream_options={"include_usage": True}
+    )
+    with httpx.stream("POST", tiny.url + "/v1/chat/completions", json=with_usage, timeout=30) as r:
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
