@@ -103,7 +103,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
     "embeddings": {
         "input": _done("strings, or token ids of the model's own tokenizer"),
         "model": _done(),
-        "dimensions": _done("the model's width, or a Matryoshka width it declares: cut, normalised"),
+        "dimensions": _done("the model's width, or a Matryoshka width it declares (cut)"),
         "encoding_format": _done("`float` or `base64`"),
         "user": _ignored("no accounts here"),
     },
