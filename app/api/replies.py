@@ -45,15 +45,22 @@ async def admit_choices(
     service: InferenceService, valid: ValidGenerationRequest, watch: ClientWatch
 ) -> list[AdmittedGeneration]:
     """Every choice admitted, or none: a choice that is refused closes the others."""
-    answers = await asyncio.gather(
-        *(service.generate(one, watch) for one in choice_requests(valid)),
-        return_exceptions=True,
-    )
-    admitted = [a for a in answers if isinstance(a, AdmittedGeneration)]
-    failed = [a for a in answers if isinstance(a, BaseException)]
+    if valid.n == 1:
+        return [await service.generate(valid, watch)]
+    tasks = [asyncio.ensure_future(service.generate(one, watch)) for one in choice_requests(valid)]
+    failed: list[BaseException] = []
+    try:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:  # also when this request is cancelled meanwhile: nothing admitted is left running
+        ended = [t for t in tasks if t.done() and not t.cancelled()]
+        admitted = [t.result() for t in ended if t.exception() is None]
+        failed = [error for t in ended if (error := t.exception()) is not None]
+        if failed or len(ended) < len(tasks):
+            for task in tasks:
+                task.cancel()
+            for generation in admitted:
+                generation.close()
     if failed:
-        for generation in admitted:
-            generation.close()
         raise failed[0]
     return admitted
 
@@ -71,13 +78,16 @@ class Reply:
     async def respond(self, generations: list[AdmittedGeneration], watch: ClientWatch) -> Response:
         """The whole answer as one JSON body. A client that leaves stops every choice
         before its next step, as a stream's does; nobody reads the answer then."""
-        for generation in generations:
-            watch.on_leave(generation.close)
+
+        def close_all() -> None:
+            for generation in generations:
+                generation.close()
+
+        watch.on_leave(close_all)  # one callback: the watch keeps the last one given
         try:
             answers = await asyncio.gather(*(_collect(g) for g in generations))
         finally:
-            for generation in generations:
-                generation.close()
+            close_all()
         choices = [
             self._choice(index, text, outcome) for index, (text, outcome, _) in enumerate(answers)
         ]
@@ -170,6 +180,7 @@ class Reply:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if self.tools:
             rest, calls = read_calls(text, set(self.body.tool_names))
+            calls = calls if self.body.parallel_tool_calls else calls[:1]
             if calls:
                 message["content"] = rest
                 message["tool_calls"] = [

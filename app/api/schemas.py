@@ -246,6 +246,7 @@ class ChatRequest(_GenerationFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -339,9 +340,10 @@ def validate_generation_request(
 ) -> ValidGenerationRequest:
     """The request as the core takes it (a 400 for what fails a configured bound)."""
     prompt = body.as_prompt(settings)
-    tool_mode, names = "none", frozenset[str]()
+    tool_mode, names, parallel = "none", frozenset[str](), True
     if isinstance(body, ChatRequest):
         tool_mode, names = body.tool_mode(), body.tool_names()
+        parallel = body.parallel_tool_calls is not False
     return ValidGenerationRequest(
         body.model,
         prompt,
@@ -352,6 +354,7 @@ def validate_generation_request(
         tool_mode,
         names,
         echo=isinstance(body, CompletionRequest) and body.echo,
+        parallel_tool_calls=parallel,
     )
 
 

@@ -35,3 +35,4 @@ class ValidGenerationRequest:
     tool_mode: str = "none"  # "auto": the answer may be a tool call; "forced": it must be
     tool_names: frozenset[str] = frozenset()
     echo: bool = False  # completions: the answer begins with the prompt
+    parallel_tool_calls: bool = True  # False: at most one tool call in an answer

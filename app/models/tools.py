@@ -26,6 +26,7 @@ INSTRUCTION = (
     'To call one, answer with nothing but a JSON object: {{"name": <the function\'s '
     'name>, "arguments": <its arguments>}}.'
 )
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
@@ -80,7 +81,7 @@ def call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]
             "type": "object",
             "properties": {
                 "name": {"const": tool["function"]["name"]},
-                "arguments": tool["function"].get("parameters") or {"type": "object"},
+                "arguments": tool["function"].get("parameters") or NO_ARGUMENTS,
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

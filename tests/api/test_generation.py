@@ -419,3 +419,19 @@ def test_without_include_usage_no_chunk_carries_a_usage_field(tiny):
     chunks = [json.loads(event) for event in events[:-1]]
     assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_a_client_that_leaves_stops_every_one_of_its_n_choices(tiny):
+    """Three choices of a long answer, the client gone after 0.2 s: all three rows stop
+    (one disconnect callback closes them all), and every permit comes back."""
+    handler = tiny.service.registry.get("tiny")
+    before = handler.forward_calls
+    body = chat("Tell me everything.", max_tokens=1000, temperature=1.0, n=3)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(tiny.url + "/v1/chat/completions", json=body, timeout=0.2)
+    wait_until(lambda: tiny.status()["pool"]["admitted_bytes"] == 0, 30, "permits back")
+    assert handler.batch_rows == 0
+    steps = handler.forward_calls - before
+    time.sleep(0.5)
+    assert handler.forward_calls - before == steps, "a choice kept generating"
+    assert steps < 900, f"{steps} steps: a choice ran on after its client left"

@@ -12,9 +12,6 @@ import openai
 import pytest
 from openai import OpenAI
 
-from app.settings import ModelSpec
-from tests.random_models import save_random_llama
-
 BOUNDED = {
     "type": "object",
     "properties": {
@@ -26,17 +23,6 @@ BOUNDED = {
     "required": ["name", "age", "colour"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    from tests.live import live_server, make_settings
-
-    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), context=512)
-    models = (ModelSpec(name="tiny", kind="generation", path=folder),)
-    settings = make_settings(tmp_path_factory.mktemp("structured"), device="cpu", models=models)
-    with live_server(settings) as live:
-        yield OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
 
 
 def ask(client: OpenAI, response_format: dict, **extra: object) -> str:
@@ -52,16 +38,16 @@ def ask(client: OpenAI, response_format: dict, **extra: object) -> str:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_random_model_answers_json_valid_against_the_schema(client, temperature):
+def test_a_random_model_answers_json_valid_against_the_schema(tiny_llm, temperature):
     schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": BOUNDED}}
     for seed in range(3):
-        text = ask(client, schema, temperature=temperature, seed=seed)
+        text = ask(tiny_llm, schema, temperature=temperature, seed=seed)
         jsonschema.validate(json.loads(text), BOUNDED)
 
 
-def test_json_object_mode_gives_an_object(client):
+def test_json_object_mode_gives_an_object(tiny_llm):
     free = (
-        client.chat.completions.create(
+        tiny_llm.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=30, temperature=0
         )
         .choices[0]
@@ -69,12 +55,12 @@ def test_json_object_mode_gives_an_object(client):
     )
     with pytest.raises(ValueError):  # unconstrained, the random model's text is no JSON
         json.loads(free or "")
-    text = ask(client, {"type": "json_object"}, temperature=0)
+    text = ask(tiny_llm, {"type": "json_object"}, temperature=0)
     assert isinstance(json.loads(text), dict)
 
 
-def test_a_streamed_answer_is_constrained_too(client):
-    stream = client.chat.completions.create(
+def test_a_streamed_answer_is_constrained_too(tiny_llm):
+    stream = tiny_llm.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "Describe someone."}],
         max_tokens=120,
@@ -85,10 +71,10 @@ def test_a_streamed_answer_is_constrained_too(client):
     jsonschema.validate(json.loads(text), BOUNDED)
 
 
-def test_a_schema_the_engine_cannot_enforce_is_a_400_before_anything_runs(client):
+def test_a_schema_the_engine_cannot_enforce_is_a_400_before_anything_runs(tiny_llm):
     bad = {"type": "object", "properties": {"x": {"type": "strnig"}}}
     with pytest.raises(openai.BadRequestError) as refused:
-        ask(client, {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}})
+        ask(tiny_llm, {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}})
     assert refused.value.param == "response_format"
     assert "cannot be enforced" in refused.value.message
 
@@ -98,16 +84,6 @@ def test_a_schema_the_engine_cannot_enforce_is_a_400_before_anything_runs(client
 # bounded, as a schema for a small model should be: the grammar guarantees the shape, so a
 # bounded schema bounds the answer's length (and `max_tokens` is set above it).
 SCHEMAS = json.loads((Path(__file__).parent / "structured_schemas.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def small_llm(smollm2, tmp_path_factory):
-    from tests.live import live_server, make_settings
-
-    models = (ModelSpec(name="smollm2", kind="generation", path=smollm2),)
-    settings = make_settings(tmp_path_factory.mktemp("smollm2"), device="cpu", models=models)
-    with live_server(settings) as live:
-        yield OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.mark.slow

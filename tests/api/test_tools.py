@@ -12,9 +12,6 @@ import openai
 import pytest
 from openai import OpenAI
 
-from app.settings import ModelSpec
-from tests.random_models import save_random_llama
-
 WEATHER_ARGS = {
     "type": "object",
     "properties": {
@@ -36,17 +33,6 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "description": "The time now"}},
 ]
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    from tests.live import live_server, make_settings
-
-    folder = save_random_llama(tmp_path_factory.mktemp("tiny-llama"), context=1024)
-    models = (ModelSpec(name="tiny", kind="generation", path=folder),)
-    settings = make_settings(tmp_path_factory.mktemp("tools"), device="cpu", models=models)
-    with live_server(settings) as live:
-        yield OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
 
 
 def forced_call(client: OpenAI, model: str, stream: bool) -> tuple[str, dict, str]:
@@ -75,14 +61,14 @@ def forced_call(client: OpenAI, model: str, stream: bool) -> tuple[str, dict, st
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_a_forced_call_has_arguments_valid_against_the_tools_schema(client, stream):
-    name, arguments, finish = forced_call(client, "tiny", stream)
+def test_a_forced_call_has_arguments_valid_against_the_tools_schema(tiny_llm, stream):
+    name, arguments, finish = forced_call(tiny_llm, "tiny", stream)
     assert name == "get_weather" and finish == "tool_calls"
     jsonschema.validate(arguments, WEATHER_ARGS)
 
 
-def test_required_calls_one_of_the_tools(client):
-    choice = client.chat.completions.create(
+def test_required_calls_one_of_the_tools(tiny_llm):
+    choice = tiny_llm.chat.completions.create(
         model="tiny",
         messages=ASK,
         tools=TOOLS,
@@ -93,11 +79,11 @@ def test_required_calls_one_of_the_tools(client):
     assert choice.message.tool_calls[0].function.name in {"get_weather", "get_time"}
 
 
-def test_a_tool_result_continues_the_chat(client):
+def test_a_tool_result_continues_the_chat(tiny_llm):
     arguments = '{"city": "Oslo", "unit": "celsius"}'
     function = {"name": "get_weather", "arguments": arguments}
     call = {"id": "call_1", "type": "function", "function": function}
-    answer = client.chat.completions.create(
+    answer = tiny_llm.chat.completions.create(
         model="tiny",
         messages=[
             *ASK,
@@ -110,25 +96,15 @@ def test_a_tool_result_continues_the_chat(client):
     assert answer.choices[0].message.content and answer.usage.prompt_tokens > 20
 
 
-def test_a_named_tool_that_is_not_offered_is_a_400(client):
+def test_a_named_tool_that_is_not_offered_is_a_400(tiny_llm):
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(
+        tiny_llm.chat.completions.create(
             model="tiny",
             messages=ASK,
             tools=TOOLS,  # type: ignore[arg-type]
             tool_choice={"type": "function", "function": {"name": "launch"}},
         )
     assert refused.value.param == "tool_choice"
-
-
-@pytest.fixture(scope="module")
-def small_llm(smollm2, tmp_path_factory):
-    from tests.live import live_server, make_settings
-
-    models = (ModelSpec(name="smollm2", kind="generation", path=smollm2),)
-    settings = make_settings(tmp_path_factory.mktemp("smollm2-tools"), device="cpu", models=models)
-    with live_server(settings) as live:
-        yield OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.mark.slow

@@ -73,6 +73,8 @@ def test_a_forced_call_schema_names_the_function_and_its_arguments():
     assert named["properties"]["arguments"] == WEATHER["function"]["parameters"]
     either = call_schema([WEATHER, time_tool], None)
     assert len(either["anyOf"]) == 2
+    # a function that declares no parameters is called with none: `{}`
+    assert either["anyOf"][1]["properties"]["arguments"]["properties"] == {}
 
 
 def test_templates_that_mention_tools_are_told_apart():
