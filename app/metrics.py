@@ -34,6 +34,9 @@ class Metrics:
             "vramgate_rejections", "Requests refused or failed, by reason", ["reason"], registry=r
         )
         self.ooms = PromCounter("vramgate_oom", "Out-of-memory errors during a job", registry=r)
+        self.evictions = PromCounter(
+            "vramgate_evictions", "Models unloaded by vramgate, by reason", ["reason"], registry=r
+        )
         self.queue_wait = Histogram(
             "vramgate_queue_wait_seconds",
             "Time spent waiting for admission",

@@ -7,6 +7,7 @@ Nothing else in vramgate reads the environment. The object is built once at star
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import sys
@@ -25,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from app.durations import parse_keep_alive
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,6 +119,14 @@ class FaultInjection(BaseModel):
     true_jitter: float = Field(default=0.0, ge=0, le=10)
 
 
+def keep_alive_seconds(value: object) -> float:
+    """A keep-alive setting as seconds; -1.0 for "never unload"."""
+    if not isinstance(value, str | int | float):
+        raise ValueError("keep_alive is a duration such as 30s, 5m, 1h, 0 or -1")
+    seconds = parse_keep_alive(value)
+    return -1.0 if math.isinf(seconds) else seconds
+
+
 class ModelSpec(BaseModel):
     """One model to serve. `kind` picks the handler; `path` None means the embedded model."""
 
@@ -129,6 +140,7 @@ class ModelSpec(BaseModel):
     # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()
+    keep_alive: float | None = None  # how long it stays loaded idle (None: the setting's)
     # vision: what the model returns, and (for a weights file) its torchvision architecture
     output: Literal["classes", "image"] = "classes"
     arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
@@ -139,6 +151,11 @@ class ModelSpec(BaseModel):
     inject: FaultInjection = FaultInjection()  # simulated only
     # simulated only: generation priced by its KV bytes (None: by the words buckets)
     generation: SimulatedGeneration | None = None
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _keep_alive(cls, value: object) -> float | None:
+        return None if value is None else keep_alive_seconds(value)
 
     @field_validator("name")
     @classmethod
@@ -296,11 +313,21 @@ class Settings(BaseSettings):
     health_interval: float = Field(
         30.0, ge=0.5, le=3600, description="seconds between the readiness probe's tiny inferences"
     )
+    keep_alive: float = Field(
+        300.0,
+        description="how long an idle model stays loaded: seconds, or 30s, 5m, 1h; 0 unloads "
+        "it after each request, -1 never (a model's own `keep_alive` and a request's win)",
+    )
     data_dir: Path | None = Field(
         None, description="learned prices live here (default: user data dir)"
     )
     log_dir: Path | None = Field(None, description="rotating log files (default: user log dir)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _keep_alive(cls, value: object) -> float:
+        return keep_alive_seconds(value)
 
     @field_validator("device")
     @classmethod

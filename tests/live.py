@@ -26,7 +26,8 @@ from app.settings import Settings, load_settings
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     """Settings isolated in `tmp_path` (no user config file, own data and log dirs)."""
-    base = {"data_dir": tmp_path / "data", "log_dir": tmp_path / "log", "port": 0}
+    # models stay loaded however long a test module idles (keep-alive has tests of its own)
+    base = {"data_dir": tmp_path / "data", "log_dir": tmp_path / "log", "port": 0, "keep_alive": -1}
     return load_settings({**base, **overrides}, tmp_path / "no-config.toml")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,7 +32,10 @@ PRICES_FILE = "prices.json"
 
 
 def build_service(
-    settings: Settings, device: Device | None = None, on_fatal: Callable[[], None] = lambda: None
+    settings: Settings,
+    device: Device | None = None,
+    on_fatal: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> InferenceService:
     device = device or make_device(settings)
     slots = settings.max_concurrent or device.default_slots
@@ -41,7 +45,7 @@ def build_service(
     bounds = (settings.max_image_side, settings.max_image_pixels)
     registry = ModelRegistry(settings.models, device, bounds)
     return InferenceService(
-        settings, device, registry, book, executor, Metrics(), on_fatal=on_fatal
+        settings, device, registry, book, executor, Metrics(), on_fatal=on_fatal, clock=clock
     )
 
 

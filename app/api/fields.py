@@ -62,6 +62,7 @@ _SHARED: dict[str, FieldSupport] = {
     "top_k": _done("vLLM / llama.cpp extra; 0 or -1: off"),
     "min_p": _done("vLLM / llama.cpp extra"),
     "repetition_penalty": _done("vLLM extra (llama.cpp: repeat_penalty); prompt and output"),
+    "keep_alive": _done("Ollama's: how long the model stays loaded idle (5m, 0, -1)"),
 }
 
 FIELDS: dict[Route, dict[str, FieldSupport]] = {
@@ -106,6 +107,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "dimensions": _done("the model's width, or a Matryoshka width it declares (cut)"),
         "encoding_format": _done("`float` or `base64`"),
         "user": _ignored("no accounts here"),
+        "keep_alive": _SHARED["keep_alive"],
     },
 }
 

@@ -8,10 +8,11 @@ import json
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from app.api.fields import screen
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
+from app.durations import parse_keep_alive
 from app.errors import InvalidRequest
 from app.models.constrained import ANY_OBJECT
 from app.models.decoding import Chat, Prompt, SamplingParams
@@ -21,6 +22,18 @@ from app.settings import MODEL_NAME_PATTERN, Settings
 # Outer bounds; the configured limits (Settings.max_inputs, max_input_chars) are tighter.
 MAX_INPUTS_HARD = 4096
 MAX_CHARS_HARD = 10_000_000
+
+
+def _keep_alive(value: object) -> float | None:
+    """Ollama's keep_alive: a duration (30s, 5m, 1h, seconds), 0, or -1 (for good)."""
+    if value is None:
+        return None
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ValueError("keep_alive is a duration such as 30s, 5m, 1h, 0 or -1")
+    return parse_keep_alive(value)
+
+
+KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
@@ -32,6 +45,7 @@ class EmbeddingRequest(BaseModel):
     model: str = Field(max_length=64, pattern=MODEL_NAME_PATTERN)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    keep_alive: KeepAlive = None
 
     @model_validator(mode="before")
     @classmethod
@@ -60,7 +74,9 @@ def validate_embedding_request(body: EmbeddingRequest, settings: Settings) -> Va
                 f"{settings.max_input_chars} are allowed",
                 param="input",
             )
-    return ValidEmbeddingRequest(body.model, inputs, body.encoding_format, body.dimensions)
+    return ValidEmbeddingRequest(
+        body.model, inputs, body.encoding_format, body.dimensions, body.keep_alive
+    )
 
 
 # -- text generation ------------------------------------------------------------------------
@@ -191,6 +207,7 @@ class _GenerationFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    keep_alive: KeepAlive = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
@@ -355,6 +372,7 @@ def validate_generation_request(
         names,
         echo=isinstance(body, CompletionRequest) and body.echo,
         parallel_tool_calls=parallel,
+        keep_alive=body.keep_alive,
     )
 
 
@@ -376,3 +394,4 @@ class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image: str | list[str] = Field(max_length=MAX_BASE64_CHARS)
     top_k: int = Field(default=5, ge=1, le=1000)
+    keep_alive: KeepAlive = None

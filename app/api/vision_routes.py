@@ -23,6 +23,7 @@ from app.api.schemas import PredictRequest
 from app.core.requests import ValidImageRequest
 from app.core.service import InferenceService
 from app.core.work import InferenceResult
+from app.durations import parse_keep_alive
 from app.errors import InvalidRequest
 from app.models.kinds import ImageModel
 from app.settings import MODEL_NAME_PATTERN, Settings
@@ -86,6 +87,7 @@ async def read_images(request: Request, model: str, settings: Settings) -> Valid
             uploads = form.getlist("image")
             images = [await u.read() for u in uploads if not isinstance(u, str)]
             top_k = _top_k(form.get("top_k"))
+            keep = _keep_alive(form.get("keep_alive"))
         finally:
             await form.close()
     else:
@@ -98,14 +100,23 @@ async def read_images(request: Request, model: str, settings: Settings) -> Valid
             images = [base64.b64decode(item, validate=True) for item in encoded]
         except (binascii.Error, ValueError):
             raise InvalidRequest("image is not valid base64", param="image") from None
-        top_k = body.top_k
+        top_k, keep = body.top_k, body.keep_alive
     if not images:
         raise InvalidRequest("send at least one image (the `image` field)", param="image")
     if len(images) > settings.max_images:
         raise InvalidRequest(
             f"{len(images)} images; at most {settings.max_images} per request", param="image"
         )
-    return ValidImageRequest(model, images, top_k)
+    return ValidImageRequest(model, images, top_k, keep)
+
+
+def _keep_alive(value: Any) -> float | None:
+    if value is None or not isinstance(value, str):
+        return None
+    try:
+        return parse_keep_alive(value)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="keep_alive") from None
 
 
 def _top_k(value: Any) -> int:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 
+from app.core.keep_alive import InFlight, KeepAlive
 from app.core.memory import MemoryView
 from app.core.scheduler import Scheduler
 from app.core.state import ServerState
@@ -42,12 +43,16 @@ class ModelLifecycle:
         state: ServerState,
         *,
         warm_up: WarmUp,
-        in_flight: Counter[str],
+        in_flight: InFlight,
         run_timeout: float,
         clock: Callable[[], float],
+        keep_alive_s: float = -1.0,
+        on_unloaded: Callable[[str, str], None] = lambda model, reason: None,
     ) -> None:
         """`warm_up` runs a model's warm-up requests (raising VramgateError if they
-        fail); `in_flight` counts each model's requests between admission and reply."""
+        fail); `in_flight` counts each model's requests between admission and reply;
+        `keep_alive_s` is how long an idle model stays (-1: for good) unless its config
+        says otherwise; `on_unloaded(model, reason)` counts unloads."""
         self.registry = registry
         self._scheduler = scheduler
         self._executor = executor
@@ -58,6 +63,36 @@ class ModelLifecycle:
         self._run_timeout = run_timeout
         self._clock = clock
         self._loading: dict[str, asyncio.Task[None]] = {}
+        self._on_unloaded = on_unloaded
+        self.keep_alive = KeepAlive(partial(self._own_keep_alive, keep_alive_s), in_flight)
+        self._unloading: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _own_keep_alive(self, default_s: float, name: str) -> float:
+        entry = self.registry.entries.get(name)
+        own = entry.handler.spec.keep_alive if entry is not None else None
+        return default_s if own is None else own
+
+    def unload_idle(self) -> list[str]:
+        """Start unloading every loaded model idle past its keep-alive (housekeeping)."""
+        now = self._clock()
+        ready = [n for n, e in self.registry.entries.items() if e.state == "ready"]
+        expired = [n for n in self.keep_alive.expired(ready, now) if n not in self._unloading]
+        for name in expired:
+            self._unloading.add(name)
+            task = asyncio.create_task(self._unload_idle(name), name=f"keep-alive {name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return expired
+
+    async def _unload_idle(self, name: str) -> None:
+        try:
+            await self.unload(name, wait_s=0.0)
+            if self.registry.entries[name].state == "unloaded":
+                log.info("model %s unloaded: idle past its keep-alive", name)
+                self._on_unloaded(name, "keep_alive")
+        finally:
+            self._unloading.discard(name)
 
     async def start(self) -> None:
         """Load every model, take the weights baseline, warm each up."""
@@ -69,6 +104,7 @@ class ModelLifecycle:
         for name, entry in self.registry.entries.items():
             if entry.state == "warming":
                 await self.warm(name)
+                self.keep_alive.loaded(name, self._clock())
         if self._state.phase == "warming":
             self._state.phase = "ready" if self.registry.all_ready else "degraded"
             pool = self._memory.pool_bytes() / 2**20
@@ -134,6 +170,7 @@ class ModelLifecycle:
             if await self._load_admitted(name):
                 self._memory.baseline += entry.loaded_bytes
                 await self.warm(name)
+                self.keep_alive.loaded(name, self._clock())
         finally:
             self._loading.pop(name, None)
 
@@ -170,7 +207,7 @@ class ModelLifecycle:
         return True
 
     async def stop(self) -> None:
-        for task in list(self._loading.values()):
+        for task in [*self._loading.values(), *self._tasks]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

@@ -15,6 +15,7 @@ class ValidEmbeddingRequest:
     inputs: list[str | list[int]]  # texts, or token ids of the model's own tokenizer
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    keep_alive: float | None = None  # seconds its model stays loaded idle (inf: for good)
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class ValidImageRequest:
     model: str
     images: list[bytes]
     top_k: int = 5
+    keep_alive: float | None = None
 
 
 @dataclass(frozen=True)
@@ -36,3 +38,4 @@ class ValidGenerationRequest:
     tool_names: frozenset[str] = frozenset()
     echo: bool = False  # completions: the answer begins with the prompt
     parallel_tool_calls: bool = True  # False: at most one tool call in an answer
+    keep_alive: float | None = None

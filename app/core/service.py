@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from app.core.failures import FailureMapper
 from app.core.health import Health
+from app.core.keep_alive import InFlight
 from app.core.lifecycle import ModelLifecycle
 from app.core.memory import MemoryView
 from app.core.pricing import Handler, Pricer
@@ -96,7 +96,7 @@ class InferenceService:
             clock=clock,
         )
         self.health = Health(self.state, self.scheduler, settings, clock, self._fatal)
-        self.in_flight: Counter[str] = Counter()  # requests per model, admission to reply
+        self.in_flight = InFlight(clock)  # requests per model, admission to reply
         self.lifecycle = ModelLifecycle(
             registry,
             self.scheduler,
@@ -107,6 +107,8 @@ class InferenceService:
             in_flight=self.in_flight,
             run_timeout=settings.run_timeout,
             clock=clock,
+            keep_alive_s=settings.keep_alive,
+            on_unloaded=lambda _, reason: metrics.evictions.labels(reason).inc(),
         )
         self.history = History()
         self._tasks: list[asyncio.Task[None]] = []
@@ -118,26 +120,7 @@ class InferenceService:
 
     def view(self) -> CoreSnapshot:
         """One picture of the core now (see app.core.snapshot)."""
-        gate = self.scheduler.gate
-        return CoreSnapshot(
-            phase=self.state.phase,
-            paused=self.state.paused,
-            ready=self.health.ready,
-            memory=self.memory.snapshot(),
-            reserve=self.memory.reserve,
-            weights=self.memory.baseline,
-            pool=self.memory.pool_bytes(),
-            capacity=self.memory.capacity_bytes(),
-            admitted=gate.held_bytes,
-            slots=gate.slots,
-            stream_slots=gate.stream_slots,
-            depth=gate.depth,
-            max_queue=gate.max_queue,
-            oldest_wait_s=gate.oldest_wait_s(),
-            running=gate.running,
-            running_streams=gate.running_streams,
-            estimated_wait_s=gate.estimated_wait_s(),
-        )
+        return CoreSnapshot.of(self.state, self.health.ready, self.memory, self.scheduler.gate)
 
     def memory_line(self) -> str:
         """A compact device snapshot for log lines."""
@@ -194,6 +177,7 @@ class InferenceService:
             self.health.watchdog()
             self.scheduler.expire()
             self.scheduler.pump()
+            self.lifecycle.unload_idle()
             if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:
                 self.book.save()
                 last_save = self.clock()
@@ -255,7 +239,8 @@ class InferenceService:
     async def embed(
         self, request: ValidEmbeddingRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
-        handler = await self._serving(request.model, Embedder, probe=False)
+        keep = request.keep_alive
+        handler = await self._serving(request.model, Embedder, probe=False, keep_alive=keep)
         width, widths = request.dimensions, sorted({handler.dimensions, *handler.truncations})
         if width is not None and width not in widths:
             error = InvalidRequest(
@@ -273,7 +258,8 @@ class InferenceService:
     async def predict(
         self, request: ValidImageRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
-        handler = await self._serving(request.model, ImageModel, probe=False)
+        keep = request.keep_alive
+        handler = await self._serving(request.model, ImageModel, probe=False, keep_alive=keep)
         return await self._one_shot(request.model, handler, request.images, watch)
 
     async def generate(
@@ -282,7 +268,7 @@ class InferenceService:
         """Price and admit a generation; returns once it holds its permit and runs.
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
         model = request.model
-        handler = await self._serving(model, Generator, probe=probe)
+        handler = await self._serving(model, Generator, probe=probe, keep_alive=request.keep_alive)
         cap = self.settings.default_max_tokens
         prepared = await self.executor.run_cpu(
             handler.prepare_generation, request.prompt, request.params, cap
@@ -367,10 +353,14 @@ class InferenceService:
         future = asyncio.get_running_loop().create_future()
         return Job(model, handler, prepared, key, quote, future, stream=stream)
 
-    async def _serving(self, model: str, capability: type[H], *, probe: bool) -> H:
+    async def _serving(
+        self, model: str, capability: type[H], *, probe: bool, keep_alive: float | None = None
+    ) -> H:
         """The handler, if the server takes work now and the model can do what
         `capability` is; a request for a model that is away waits for it (up to
-        `queue_timeout`). A refusal is counted and raised."""
+        `queue_timeout`), and sets how long it stays loaded. A refusal is counted."""
+        if not probe and model in self.registry.entries:
+            self.lifecycle.keep_alive.request(model, keep_alive, self.clock())
         try:
             if not probe and self.lifecycle.away(model):
                 deadline = self.clock() + self.settings.queue_timeout

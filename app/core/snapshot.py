@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import __version__
+from app.core.memory import MemoryView
+from app.core.state import ServerState
 from app.engine.device import MemorySnapshot
 from app.history import Sample
 from app.metrics import Metrics
+from app.sched.gate import MemoryGate
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,31 @@ class CoreSnapshot:
     running: int
     running_streams: int
     estimated_wait_s: float
+
+    @classmethod
+    def of(
+        cls, state: ServerState, ready: bool, memory: MemoryView, gate: MemoryGate
+    ) -> CoreSnapshot:
+        """The picture now, from the parts that hold it."""
+        return cls(
+            phase=state.phase,
+            paused=state.paused,
+            ready=ready,
+            memory=memory.snapshot(),
+            reserve=memory.reserve,
+            weights=memory.baseline,
+            pool=memory.pool_bytes(),
+            capacity=memory.capacity_bytes(),
+            admitted=gate.held_bytes,
+            slots=gate.slots,
+            stream_slots=gate.stream_slots,
+            depth=gate.depth,
+            max_queue=gate.max_queue,
+            oldest_wait_s=gate.oldest_wait_s(),
+            running=gate.running,
+            running_streams=gate.running_streams,
+            estimated_wait_s=gate.estimated_wait_s(),
+        )
 
     def sample(self) -> Sample:
         """The dashboard history's once-a-second sample."""
