@@ -141,6 +141,9 @@ class ModelSpec(BaseModel):
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()
     keep_alive: float | None = None  # how long it stays loaded idle (None: the setting's)
+    # when it loads: at start, or on its first request (None: the first model configured
+    # at start, the others on demand)
+    load: Literal["startup", "demand"] | None = None
     # vision: what the model returns, and (for a weights file) its torchvision architecture
     output: Literal["classes", "image"] = "classes"
     arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")

@@ -97,8 +97,12 @@ class ModelLifecycle:
     async def start(self) -> None:
         """Load every model, take the weights baseline, warm each up."""
         self._state.phase = "loading"
-        for name in self.registry.entries:  # each load sees the weights before it
-            await self._load_admitted(name)
+        for index, (name, entry) in enumerate(self.registry.entries.items()):
+            policy = entry.handler.spec.load or ("startup" if index == 0 else "demand")
+            if policy == "demand":
+                entry.state = "unloaded"  # its first request loads it
+                continue
+            await self._load_admitted(name)  # each load sees the weights before it
             self._memory.baseline = self._memory.snapshot(fresh=True).ours_allocated
         self._state.phase = "warming"
         for name, entry in self.registry.entries.items():

@@ -136,7 +136,8 @@ class ModelRegistry:
 
     @property
     def all_ready(self) -> bool:
-        return all(e.state == "ready" for e in self.entries.values())
+        """Every model serves, or is unloaded by choice (it loads on demand)."""
+        return all(e.state in ("ready", "unloaded") for e in self.entries.values())
 
     def describe(self) -> list[dict[str, Any]]:
         return [

@@ -56,7 +56,8 @@ def test_simulated_wedged_device_turns_health_unready_then_recovers(server_facto
 def test_model_that_fails_to_load_leaves_the_server_unready_but_others_serve(
     server_factory, tmp_path
 ):
-    broken = ModelSpec(name="broken", kind="embedding", path=tmp_path / "missing")
+    missing = tmp_path / "missing"
+    broken = ModelSpec(name="broken", kind="embedding", path=missing, load="startup")
     live = server_factory(device="simulated:1GiB", models=(sim(1), broken), ready=False)
     wait_until(lambda: live.service.state.phase in ("ready", "degraded"), 60, "start-up done")
     assert httpx.get(live.url + "/health").status_code == 503
@@ -115,3 +116,16 @@ def test_simulated_server_with_every_model_unloaded_stays_healthy(server_factory
     health = httpx.get(live.url + "/health")
     assert health.status_code == 200, health.json()
     assert live.status()["models"][0]["state"] == "unloaded"  # the probe did not reload it
+
+
+def test_the_first_model_loads_at_start_and_the_others_on_their_first_request(server_factory):
+    """The default load policy: the first model configured preloads; another is loaded
+    by its first request (which waits for it) and the server is ready meanwhile."""
+    other = ModelSpec(name="other", kind="simulated", load_ms=200)
+    live = server_factory(device="simulated:1GiB", models=(sim(1), other))
+    states = {m["name"]: m["state"] for m in live.status()["models"]}
+    assert states == {"sim": "ready", "other": "unloaded"}
+    assert httpx.get(live.url + "/health").status_code == 200
+    answer = httpx.post(live.url + "/v1/embeddings", json={"model": "other", "input": "x"})
+    assert answer.status_code == 200
+    assert {m["name"]: m["state"] for m in live.status()["models"]}["other"] in ("warming", "ready")
