@@ -87,7 +87,10 @@ class ModelLifecycle:
 
     async def _unload_idle(self, name: str) -> None:
         try:
-            await self.unload(name, wait_s=0.0)
+            left = self.keep_alive.left(name, self._clock())
+            if left is None or left > 0:  # a request came since: it keeps the model
+                return
+            await self.unload(name, wait_s=0.0)  # marks it unloading before any await
             if self.registry.entries[name].state == "unloaded":
                 log.info("model %s unloaded: idle past its keep-alive", name)
                 self._on_unloaded(name, "keep_alive")

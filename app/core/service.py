@@ -269,13 +269,17 @@ class InferenceService:
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
         model = request.model
         handler = await self._serving(model, Generator, probe=probe, keep_alive=request.keep_alive)
-        cap = self.settings.default_max_tokens
-        prepared = await self.executor.run_cpu(
-            handler.prepare_generation, request.prompt, request.params, cap
-        )
+        self.in_flight[model] += 1  # from here (no await between): no unload takes it away
+        try:
+            cap = self.settings.default_max_tokens
+            prepared = await self.executor.run_cpu(
+                handler.prepare_generation, request.prompt, request.params, cap
+            )
+        except BaseException:
+            self.in_flight[model] -= 1
+            raise
         stream = TokenStream(asyncio.get_running_loop())
         job = self._job(model, handler, prepared, stream)
-        self.in_flight[model] += 1
         try:
             await self.scheduler.start(job, watch, probe=probe)
         except BaseException as exc:

@@ -147,3 +147,17 @@ def test_a_model_loaded_at_start_and_never_asked_idles_from_its_load(tmp_path):
         assert await unloads_now(service)
 
     run(tmp_path, scenario, keep_alive=60)
+
+
+def test_a_request_that_comes_while_an_unload_is_scheduled_keeps_the_model(tmp_path):
+    """The keep-alive check schedules an unload; a request arrives before it runs: the
+    request is answered (never ended by the unload) and the model stays until idle."""
+
+    async def scenario(service, clock):
+        await ask(service, keep_alive=0.0)
+        assert service.lifecycle.unload_idle() == ["sim"]  # scheduled, not yet run
+        await ask(service)  # answered, not 503 model_loading
+        assert service.registry.entries["sim"].state == "ready"
+        assert await unloads_now(service)  # idle again, keep-alive 0: now it goes
+
+    run(tmp_path, scenario)
