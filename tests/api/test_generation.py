@@ -379,9 +379,11 @@ def test_logprobs_and_echo_in_openais_shapes(tiny):
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
         assert entry.logprob == entry.top_logprobs[0].logprob  # greedy
         assert bytes(entry.bytes) == entry.token.encode()
-    text = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, logprobs=2)
+    text = client.completions.create(
+        model="tiny", prompt="Hello", max_tokens=5, logprobs=2, temperature=0
+    )
     logprobs = text.choices[0].logprobs
-    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == text.usage.completion_tokens
     assert all(len(top) <= 2 for top in logprobs.top_logprobs)
     assert logprobs.text_offset[0] == 0
     echoed = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, echo=True)
@@ -405,20 +407,25 @@ def test_echo_with_logprobs_is_a_400_naming_echo(tiny):
 
 
 def test_without_include_usage_no_chunk_carries_a_usage_field(tiny):
-    body = chat("Tell me a story.", max_tokens=5, stream=True)
+    body = chat("Tell me a story.", max_tokens=5, stream=True, temperature=0)
     with httpx.stream("POST", tiny.url + "/v1/chat/completions", json=body, timeout=30) as r:
         events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
     assert chunks and all("usage" not in chunk for chunk in chunks)
     with_usage = chat(
-        "Tell me a story.", max_tokens=5, stream=True, stream_options={"include_usage": True}
+        "Tell me a story.",
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
     )
     with httpx.stream("POST", tiny.url + "/v1/chat/completions", json=with_usage, timeout=30) as r:
         events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     chunks = [json.loads(event) for event in events[:-1]]
     assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    produced = sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= produced > 0
 
 
 def test_a_client_that_leaves_stops_every_one_of_its_n_choices(tiny):
