@@ -123,6 +123,8 @@ def test_prompt_longer_than_the_context_gets_a_400_that_says_so(tiny):
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"keep_alive": "five minutes"}, "keep_alive"),
+        ({"keep_alive": True}, "keep_alive"),
         ({"seed": -5}, "seed"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": "x" * 100}, "stop"),
