@@ -32,3 +32,11 @@ def parse_keep_alive(value: str | float | int) -> float:
     if math.isnan(seconds):
         raise ValueError("keep_alive is not a number")
     return FOREVER if seconds < 0 else seconds
+
+
+def keep_alive_seconds(value: object) -> float:
+    """A keep-alive setting as seconds; -1.0 for "never unload"."""
+    if not isinstance(value, str | int | float):
+        raise ValueError("keep_alive is a duration such as 30s, 5m, 1h, 0 or -1")
+    seconds = parse_keep_alive(value)
+    return -1.0 if math.isinf(seconds) else seconds
