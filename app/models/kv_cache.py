@@ -84,10 +84,6 @@ def copied_prefixes(sources: Sequence[Source | None]) -> tuple[Any, torch.Tensor
     where this version of transformers cannot build a cache from tensors. One indexed read
     per layer and donor batch: a gather per row and layer cost ~30 ms for 6 rows of a
     30-layer model on the CPU."""
-    try:
-        from transformers import DynamicCache
-    except ImportError:
-        return None
     counts = [source[3] if source else 0 for source in sources]
     longest = max(counts)
     template = next(source[0] for source in sources if source)
@@ -109,19 +105,35 @@ def copied_prefixes(sources: Sequence[Source | None]) -> tuple[Any, torch.Tensor
         values = layer.values.new_zeros((len(sources), heads, longest, layer.values.shape[3]))
         for cache, joiners, rows, columns in groups.values():
             source_layer = cache.layers[index]
-            device = source_layer.keys.device
-            row_index = torch.tensor(rows, device=device)[:, None]
-            col_index = torch.tensor(columns, device=device)
-            keep = valid[joiners].to(device)[:, None, :, None]
-            # [rows, longest, heads, dim] -> [rows, heads, longest, dim], padding zeroed
-            keys[joiners] = source_layer.keys[row_index, :, col_index].transpose(1, 2) * keep
-            values[joiners] = source_layer.values[row_index, :, col_index].transpose(1, 2) * keep
+            keys[joiners] = take_columns(source_layer.keys, rows, columns, valid[joiners])
+            values[joiners] = take_columns(source_layer.values, rows, columns, valid[joiners])
         layers.append((keys, values))
+    built = cache_of(layers)
+    return None if built is None else (built, valid)
+
+
+def take_columns(
+    tensor: torch.Tensor, rows: Sequence[int], columns: Sequence[Sequence[int]], keep: torch.Tensor
+) -> torch.Tensor:
+    """From a layer's keys or values [batch, heads, tokens, dim]: for each i, row
+    `rows[i]` at the token columns `columns[i]` (all one length; padding reads column 0),
+    zeroed where `keep` [i, length] is 0: [len(rows), heads, length, dim]."""
+    device = tensor.device
+    row_index = torch.tensor(rows, device=device)[:, None]
+    col_index = torch.tensor(columns, device=device)
+    # [rows, length, heads, dim] -> [rows, heads, length, dim]
+    return tensor[row_index, :, col_index].transpose(1, 2) * keep.to(device)[:, None, :, None]
+
+
+def cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A transformers cache of (keys, values) per layer; None where this version of
+    transformers cannot build one from tensors."""
     try:
-        built = DynamicCache(ddp_cache_data=layers)
-    except TypeError:
+        from transformers import DynamicCache
+
+        return DynamicCache(ddp_cache_data=layers)
+    except (ImportError, TypeError):
         return None
-    return built, valid
 
 
 def suffix_inputs(

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from app.models.kv_cache import common_prefix
+from app.models.kv_cache import cache_of, common_prefix, take_columns
 
 
 @dataclass(frozen=True)
@@ -75,25 +75,19 @@ def unpacked(cache: Any, columns: Sequence[Sequence[int]]) -> tuple[Any, torch.T
     """One row per `columns` of a one-row cache, left-padded to the longest (padding reads
     column 0 and is masked), and their mask; None where this version of transformers
     cannot build a cache from tensors."""
-    try:
-        from transformers import DynamicCache
-    except ImportError:
-        return None
     longest = max(len(c) for c in columns)
-    index = torch.tensor([[0] * (longest - len(c)) + list(c) for c in columns])
+    index = [[0] * (longest - len(c)) + list(c) for c in columns]
     mask = torch.tensor([[0] * (longest - len(c)) + [1] * len(c) for c in columns])
-    layers = []
-    for layer in cache.layers:
-        where = index.to(layer.keys.device)
-        keep = mask.to(layer.keys.device)[:, None, :, None].to(layer.keys.dtype)
-        # [1, heads, tokens, dim] -> [rows, longest, heads, dim] -> [rows, heads, longest, dim]
-        keys = layer.keys[0].transpose(0, 1)[where].transpose(1, 2) * keep
-        values = layer.values[0].transpose(0, 1)[where].transpose(1, 2) * keep
-        layers.append((keys, values))
-    try:
-        return DynamicCache(ddp_cache_data=layers), mask
-    except TypeError:
-        return None
+    rows = [0] * len(columns)
+    layers = [
+        (
+            take_columns(layer.keys, rows, index, mask),
+            take_columns(layer.values, rows, index, mask),
+        )
+        for layer in cache.layers
+    ]
+    built = cache_of(layers)
+    return None if built is None else (built, mask)
 
 
 def packing_works(forward: Callable[..., Any], device: torch.device, dtype: torch.dtype) -> bool:
