@@ -100,7 +100,7 @@ class Reply:
 
     def stream(self, generations: list[AdmittedGeneration]) -> Response:
         """Server-sent events as the text is decoded."""
-        headers = combined_admission_headers(generations)
+        headers = AdmittedGeneration.admission_headers(generations)
         return StreamingResponse(
             self._events(generations),
             media_type="text/event-stream",
@@ -286,15 +286,6 @@ async def _merged(
     finally:
         for task in tasks:
             task.cancel()
-
-
-def combined_admission_headers(generations: list[AdmittedGeneration]) -> dict[str, str]:
-    headers = generations[0].admission_headers()
-    if len(generations) > 1:
-        prices = sum(int(g.admission_headers()["X-Vramgate-Price-Bytes"]) for g in generations)
-        waits = max(float(g.admission_headers()["X-Vramgate-Queue-Ms"]) for g in generations)
-        headers |= {"X-Vramgate-Price-Bytes": str(prices), "X-Vramgate-Queue-Ms": f"{waits:.1f}"}
-    return headers
 
 
 def _entry(token: str, logprob: float) -> dict[str, Any]:

@@ -115,14 +115,17 @@ class AdmittedGeneration:
         self.job = job
         self.stream = stream
 
-    def admission_headers(self) -> dict[str, str]:
-        """What is known when the stream starts: the bucket, the price and the wait."""
-        quote = self.job.quote
+    @staticmethod
+    def admission_headers(generations: list[AdmittedGeneration]) -> dict[str, str]:
+        """What is known when streams start: the bucket, the price and the wait. Several
+        streams of one request (its `n` choices): their prices add up, the wait is the
+        longest, bucket and source are the first's (as `Cost.combined`)."""
+        first = generations[0].job
         return {
-            "X-Vramgate-Bucket": self.job.label,
-            "X-Vramgate-Price-Bytes": str(quote.nbytes),
-            "X-Vramgate-Price-Source": quote.source,
-            "X-Vramgate-Queue-Ms": f"{self.job.waited_s * 1000:.1f}",
+            "X-Vramgate-Bucket": first.label,
+            "X-Vramgate-Price-Bytes": str(sum(g.job.quote.nbytes for g in generations)),
+            "X-Vramgate-Price-Source": first.quote.source,
+            "X-Vramgate-Queue-Ms": f"{max(g.job.waited_s for g in generations) * 1000:.1f}",
         }
 
     async def deltas(self) -> AsyncIterator[str]:
