@@ -10,10 +10,10 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_keep_alive(value: str | float | int) -> float:
+def parse_keep_alive(value: object) -> float:
     """Seconds (FOREVER for a negative duration); ValueError for anything else."""
-    if isinstance(value, bool):
-        raise ValueError("keep_alive is a duration, not true or false")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError("keep_alive is a duration such as 30s, 5m, 1h, 0 or -1")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
@@ -36,7 +36,5 @@ def parse_keep_alive(value: str | float | int) -> float:
 
 def keep_alive_seconds(value: object) -> float:
     """A keep-alive setting as seconds; -1.0 for "never unload"."""
-    if not isinstance(value, str | int | float):
-        raise ValueError("keep_alive is a duration such as 30s, 5m, 1h, 0 or -1")
     seconds = parse_keep_alive(value)
     return -1.0 if math.isinf(seconds) else seconds

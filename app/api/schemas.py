@@ -26,11 +26,7 @@ MAX_CHARS_HARD = 10_000_000
 
 def _keep_alive(value: object) -> float | None:
     """Ollama's keep_alive: a duration (30s, 5m, 1h, seconds), 0, or -1 (for good)."""
-    if value is None:
-        return None
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise ValueError("keep_alive is a duration such as 30s, 5m, 1h, 0 or -1")
-    return parse_keep_alive(value)
+    return None if value is None else parse_keep_alive(value)
 
 
 KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
