@@ -24,28 +24,32 @@ def adjusted(
     prompt: Sequence[int] = (),
     allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The logits after bias and penalties (a float copy on the CPU), and with every
-    token a grammar does not allow (`allowed` False) at minus infinity."""
-    logits = logits.float().cpu().clone()
+    """The logits (as floats, on the CPU) after bias and penalties, and with every token
+    a grammar does not allow (`allowed` False) at minus infinity. Out of place: the
+    model's own logits are never changed, and an unadjusted row costs no copy."""
+    logits = logits.float().cpu()
     vocab = logits.shape[-1]
     if params.logit_bias:
         ids = torch.tensor([i for i, _ in params.logit_bias if 0 <= i < vocab], dtype=torch.long)
         bias = torch.tensor([b for i, b in params.logit_bias if 0 <= i < vocab])
-        logits.index_add_(0, ids, bias)
+        logits = logits.index_add(0, ids, bias)
     if params.repetition_penalty != 1.0 and (produced or prompt):
         seen = torch.tensor(sorted({*prompt, *produced}), dtype=torch.long)
         seen = seen[seen < vocab]
         values = logits[seen]
         penalty = params.repetition_penalty
-        logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
+        penalised = torch.where(values > 0, values / penalty, values * penalty)
+        logits = logits.index_put((seen,), penalised)
     if (params.frequency_penalty or params.presence_penalty) and produced:
         counts = torch.bincount(torch.tensor(list(produced), dtype=torch.long), minlength=vocab)
         counts = counts[:vocab].float()
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+        logits = logits - (
+            params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+        )
     if allowed is not None:
         keep = torch.zeros(vocab, dtype=torch.bool)
         keep[: min(vocab, allowed.shape[0])] = allowed[:vocab]
-        logits.masked_fill_(~keep, float("-inf"))
+        logits = logits.masked_fill(~keep, float("-inf"))
     return logits
 
 
