@@ -161,6 +161,11 @@ class ModelLoading(Overloaded):
     code = "model_loading"
 
 
+class ModelEvicted(ModelLoading):
+    """A waiting request's model was unloaded to make room: the service waits for its
+    reload and queues the request again (callers see this only past their deadline)."""
+
+
 class OutOfMemory(Overloaded):
     code = "out_of_memory"
 

@@ -151,6 +151,11 @@ class Settings(BaseSettings):
         description="device memory never handed to jobs (default: 512MiB on CUDA, "
         "1GiB of RAM on CPU, 0 when simulated)",
     )
+    headroom: ByteSize = Field(
+        ByteSize(512 * 2**20),
+        description="memory jobs keep beside the models' weights: a model loads when its "
+        "weights and this fit; when other programs leave less, idle models are unloaded",
+    )
     max_queue: int = Field(256, ge=0, le=100_000, description="requests that may wait at once")
     queue_timeout: float = Field(
         60.0, gt=0, le=3600, description="seconds a request may wait in the queue before 504"

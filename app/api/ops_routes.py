@@ -34,9 +34,10 @@ async def status(request: Request) -> dict[str, Any]:
     return status_document(
         service.view(),
         service.device.describe(),
-        service.registry.describe(),
+        service.lifecycle.describe(),
         service.book.snapshot(),
         service.metrics,
+        service.lifecycle.gave_back_view(),
     )
 
 

@@ -54,9 +54,13 @@ class KeepAlive:
             self._in_flight.idle_since[model] = now
 
     def loaded(self, model: str, now: float) -> None:
-        """A model was just loaded: it idles from now, with its own keep-alive."""
-        self._asked.pop(model, None)
+        """A model was just loaded: it idles from now."""
         self._in_flight.idle_since[model] = now
+
+    def unloaded(self, model: str) -> None:
+        """A model was unloaded: what its requests asked for ends with it (a request that
+        arrives meanwhile asks anew, for the reload it waits for)."""
+        self._asked.pop(model, None)
 
     def seconds(self, model: str) -> float:
         """The model's keep-alive now (math.inf: never unloaded)."""

@@ -1,13 +1,15 @@
-"""Model lifecycle: load at start, warm up, unload on request, load again on demand.
+"""Model lifecycle: load at start or on demand, warm up, unload, load again on demand.
 
 A load is admitted by the gate like a job, for the bytes its weights will take (file
-sizes × the dtype's element size), and runs in a thread of its own as device work: no
-job that overlaps it counts as a clean sample. The registry's states tell the routes
-what to answer meanwhile. Warm-up (injected: the service sends a few real requests
-through the normal path) gives the common buckets learned prices before the first caller
-arrives. An unload lets running streams finish; past its bound it ends them with a
-proper error event, fails the model's waiting requests with 503, and frees the weights
-only once nothing runs.
+sizes × the dtype's element size) plus the headroom jobs keep, and runs in a thread of
+its own as device work: no job that overlaps it counts as a clean sample. The registry's
+states tell the routes what to answer meanwhile. Warm-up (injected: the service sends a
+few real requests through the normal path) gives the common buckets learned prices
+before the first caller arrives. Idle models are unloaded past their keep-alive, when a
+waiting ticket needs the memory they hold, and when other programs take memory
+(app.core.eviction decides which). An unload asked for lets running streams finish;
+past its bound it ends them with a proper error event, fails the model's waiting
+requests with 503, and frees the weights only once nothing runs.
 """
 
 from __future__ import annotations
@@ -15,15 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
+from app.core import eviction
 from app.core.keep_alive import InFlight, KeepAlive
 from app.core.memory import MemoryView
 from app.core.scheduler import Scheduler
 from app.core.state import ServerState
 from app.engine.executor import Executor
-from app.errors import ModelLoading, VramgateError
+from app.errors import ExceedsDevice, ModelEvicted, ModelLoading, VramgateError
 from app.models.base import ModelHandler
 from app.models.registry import ModelRegistry
 
@@ -31,6 +38,15 @@ log = logging.getLogger("vramgate.lifecycle")
 
 LOAD_POLL_S = 0.02  # how often a request waiting for its model looks again
 WarmUp = Callable[[str, ModelHandler], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class GaveBack:
+    """Memory given back to other programs: how much, by unloading which, when (epoch)."""
+
+    nbytes: int
+    models: tuple[str, ...]
+    at: float
 
 
 class ModelLifecycle:
@@ -47,12 +63,15 @@ class ModelLifecycle:
         run_timeout: float,
         clock: Callable[[], float],
         keep_alive_s: float = -1.0,
-        on_unloaded: Callable[[str, str], None] = lambda model, reason: None,
+        headroom: int = 0,
+        on_unloaded: Callable[[str, eviction.Reason], None] = lambda model, reason: None,
     ) -> None:
         """`warm_up` runs a model's warm-up requests (raising VramgateError if they
         fail); `in_flight` counts each model's requests between admission and reply;
         `keep_alive_s` is how long an idle model stays (-1: for good) unless its config
-        says otherwise; `on_unloaded(model, reason)` counts unloads."""
+        says otherwise; `headroom`: the bytes jobs keep beside the weights (a load needs
+        them free; idle models give memory back to other programs to keep them);
+        `on_unloaded(model, reason)` counts unloads."""
         self.registry = registry
         self._scheduler = scheduler
         self._executor = executor
@@ -65,8 +84,10 @@ class ModelLifecycle:
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._on_unloaded = on_unloaded
         self.keep_alive = KeepAlive(partial(self._own_keep_alive, keep_alive_s), in_flight)
-        self._unloading: set[str] = set()
+        self.headroom = headroom
+        self._freeing: dict[str, int] = {}  # models being unloaded: the bytes they hold
         self._tasks: set[asyncio.Task[None]] = set()
+        self.gave_back: GaveBack | None = None  # the last memory given to other programs
 
     def _own_keep_alive(self, default_s: float, name: str) -> float:
         entry = self.registry.entries.get(name)
@@ -74,28 +95,108 @@ class ModelLifecycle:
         return default_s if own is None else own
 
     def unload_idle(self) -> list[str]:
-        """Start unloading every loaded model idle past its keep-alive (housekeeping)."""
+        """Unload every loaded model idle past its keep-alive (housekeeping)."""
         now = self._clock()
         ready = [n for n, e in self.registry.entries.items() if e.state == "ready"]
-        expired = [n for n in self.keep_alive.expired(ready, now) if n not in self._unloading]
+        expired = [n for n in self.keep_alive.expired(ready, now) if n not in self._freeing]
         for name in expired:
-            self._unloading.add(name)
-            task = asyncio.create_task(self._unload_idle(name), name=f"keep-alive {name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._evict(name, "keep_alive")
         return expired
 
-    async def _unload_idle(self, name: str) -> None:
+    def reclaim(self) -> list[str]:
+        """Unload idle models for a ticket that waits for memory only they hold, or to
+        give memory back to other programs (housekeeping; see app.core.eviction)."""
+        waiting = [(t.owner, t.nbytes) for t in self._scheduler.gate.waiting]
+        need = eviction.need(
+            waiting,
+            self._memory.pool_bytes(),
+            self.headroom,
+            self._scheduler.running_models(),
+            sum(self._freeing.values()),
+        )
+        if need is None:
+            return []
+        chosen = eviction.choose(self._residents(), need)
+        for resident in chosen:
+            self._evict(resident.name, need.reason)
+        if need.reason == "pressure" and chosen:
+            self.gave_back = GaveBack(
+                sum(r.nbytes for r in chosen), tuple(r.name for r in chosen), time.time()
+            )
+            log.warning(
+                "other programs need the memory: giving %.1f MiB back (unloading %s)",
+                self.gave_back.nbytes / 2**20,
+                ", ".join(self.gave_back.models),
+            )
+        return [r.name for r in chosen]
+
+    def _residents(self) -> list[eviction.Resident]:
+        """Loaded models that could be unloaded, with their bytes and last use."""
+        idle_since = self._in_flight.idle_since
+        return [
+            eviction.Resident(name, entry.loaded_bytes, idle_since.get(name, 0.0))
+            for name, entry in self.registry.entries.items()
+            if entry.state == "ready" and name not in self._freeing and entry.loaded_bytes
+        ]
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The registry's models with how long each stays: `keep_alive_s` (None: for
+        good) and `unloads_in_s` (None: busy, or not loaded)."""
+        now = self._clock()
+        rows = self.registry.describe()
+        for row in rows:
+            name, seconds = row["name"], self.keep_alive.seconds(row["name"])
+            left = self.keep_alive.left(name, now) if row["state"] == "ready" else None
+            row["keep_alive_s"] = None if math.isinf(seconds) else seconds
+            row["unloads_in_s"] = None if left is None or math.isinf(left) else round(left, 1)
+        return rows
+
+    def gave_back_view(self) -> dict[str, Any] | None:
+        """The last memory given back to other programs (/status `gave_back`)."""
+        given = self.gave_back
+        if given is None:
+            return None
+        return {"bytes": given.nbytes, "models": list(given.models), "at": given.at}
+
+    def reclaimable(self) -> int:
+        """Bytes that idle models hold: a job may wait for them (the gate's capacity)."""
+        busy = self._scheduler.running_models()
+        idle = [r for r in self._residents() if not self._in_flight[r.name]]
+        return sum(r.nbytes for r in idle if r.name not in busy)
+
+    def _evict(self, name: str, reason: eviction.Reason) -> None:
+        """Unload an idle model (nothing of it runs): from this moment no request is
+        admitted for it, and those that waited for it wait for its reload instead."""
+        entry = self.registry.entries[name]
+        entry.state = "unloading"
+        self.keep_alive.unloaded(name)
+        self._freeing[name] = entry.loaded_bytes
+        self._scheduler.fail_waiting(name, ModelEvicted(f"model {name!r} was unloaded"))
+        task = asyncio.create_task(self._drop(name, reason), name=f"unload {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drop(self, name: str, reason: eviction.Reason) -> None:
         try:
-            left = self.keep_alive.left(name, self._clock())
-            if left is None or left > 0:  # a request came since: it keeps the model
+            try:
+                freed, _ = await self._executor.run_load(self.registry.unload, name)
+            except Exception as exc:  # its memory stays out of the pool, which follows it
+                entry = self.registry.entries[name]
+                entry.state, entry.error = "failed", f"unload failed: {exc}"
+                log.error("model %s %s", name, entry.error)
                 return
-            await self.unload(name, wait_s=0.0)  # marks it unloading before any await
-            if self.registry.entries[name].state == "unloaded":
-                log.info("model %s unloaded: idle past its keep-alive", name)
-                self._on_unloaded(name, "keep_alive")
+            self._released(freed)
+            log.info("model %s unloaded (%s), %.1f MiB freed", name, reason, freed / 2**20)
+            self._on_unloaded(name, reason)
         finally:
-            self._unloading.discard(name)
+            self._freeing.pop(name, None)
+            self._scheduler.pump()
+
+    def _released(self, freed: int) -> None:
+        """Weights were dropped: the pool grows by them, seen at once (a snapshot taken
+        before the unload would count them twice)."""
+        self._memory.baseline = max(0, self._memory.baseline - freed)
+        self._memory.snapshot(fresh=True)
 
     async def start(self) -> None:
         """Load every model, take the weights baseline, warm each up."""
@@ -155,19 +256,29 @@ class ModelLifecycle:
         entry = self.registry.entry(name)
         entry.state, entry.error = "loading", None
         expected = entry.handler.expected_weights_bytes(self._memory.device)
+        room = self._memory.device_bytes()
         try:
-            permit = await self._scheduler.admit_load(name, expected)
+            if expected > room:
+                raise ExceedsDevice(
+                    f"its weights take {expected} bytes; this device has {room} for models "
+                    "and jobs",
+                    details={"needed_bytes": expected, "available_bytes": room},
+                )
+            permit = await self._scheduler.admit_load(name, min(expected + self.headroom, room))
         except VramgateError as exc:
             entry.state, entry.error = "failed", f"cannot load: {exc.message}"
             log.error("model %s %s", name, entry.error)
             return False
+        loaded = False
         try:
             loaded, alone = await self._executor.run_load(self.registry.load, name)
+            if loaded and not alone:  # jobs ran meanwhile: our growth is not all weights
+                entry.loaded_bytes = entry.weights_bytes
+            if loaded:  # out of the pool before the permit goes back, or the next load
+                self._memory.baseline += entry.loaded_bytes  # would see them as free
         finally:
             self._scheduler.release(permit)
-        if loaded and not alone:  # jobs ran meanwhile: our growth is not all weights
-            entry.loaded_bytes = entry.weights_bytes
-        return bool(loaded)
+        return loaded
 
     async def load(self, name: str) -> None:
         entry = self.registry.entry(name)
@@ -175,7 +286,6 @@ class ModelLifecycle:
             if entry.state not in ("unloaded", "failed"):
                 return
             if await self._load_admitted(name):
-                self._memory.baseline += entry.loaded_bytes
                 await self.warm(name)
                 self.keep_alive.loaded(name, self._clock())
         finally:
@@ -189,6 +299,7 @@ class ModelLifecycle:
         if entry.state not in ("ready", "warming"):
             return 0
         entry.state = "unloading"
+        self.keep_alive.unloaded(name)
         deadline = self._clock() + wait_s
         while self._in_flight[name] and self._clock() < deadline:
             await asyncio.sleep(0.02)
@@ -196,7 +307,8 @@ class ModelLifecycle:
             entry.state = "ready"
             return 0
         freed, _ = await self._executor.run_load(self.registry.unload, name)
-        self._memory.baseline = max(0, self._memory.baseline - freed)
+        self._released(freed)
+        self._on_unloaded(name, "request")
         return freed
 
     async def _end_work(self, name: str) -> bool:

@@ -15,6 +15,7 @@ class MemoryView:
         self.device = device
         self.reserve = reserve
         self.baseline = 0  # our memory after the weights loaded; jobs are priced above it
+        self.reclaimable: Callable[[], int] = lambda: 0  # bytes idle models could give up
         self._clock = clock
         self._snap: tuple[float, MemorySnapshot] | None = None
 
@@ -30,7 +31,12 @@ class MemoryView:
         return max(0, snap.free_for_us + snap.ours_allocated - self.baseline - self.reserve)
 
     def capacity_bytes(self) -> int:
-        """The most the pool could be, if every other program let go. A device's total
-        never changes: any reading serves (this is asked at every admission)."""
+        """The most the pool could be, if every other program let go and the idle models
+        were unloaded (`reclaimable`). A device's total never changes: any reading serves
+        (this is asked at every admission)."""
+        return max(0, self.device_bytes() - self.baseline + self.reclaimable())
+
+    def device_bytes(self) -> int:
+        """What models and jobs may ever hold together: the device less the reserve."""
         snap = self._snap[1] if self._snap is not None else self.snapshot()
-        return max(0, snap.total - self.baseline - self.reserve)
+        return max(0, snap.total - self.reserve)

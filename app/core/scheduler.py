@@ -116,13 +116,15 @@ class Scheduler:
     async def admit_load(self, label: str, nbytes: int) -> Permit:
         """Wait until the gate admits a model load of `nbytes` (its weights): a load takes
         memory like a job, so it waits for room like one. The caller releases the permit
-        (`release`) when the load is done. Raises ExceedsDevice when it can never fit,
+        (`release`) when the load is done. The caller checks that it can ever fit (other
+        models' weights may be unloaded to make room: app.core.lifecycle); raises
         QueueTimeout when no room came in time."""
         ticket = Ticket(
             nbytes=nbytes,
             deadline=self._clock() + self._limits.queue_timeout,
             expected_s=1.0,
             label=f"{label}/load",
+            owner=label,
         )
         entry = Entry(ticket, None, asyncio.get_running_loop().create_future())
         await self._enter(entry, None, ignore_queue_limit=True)
@@ -141,6 +143,7 @@ class Scheduler:
             batch_key=job.model if job.stream is None and job.handler.spec.max_batch > 1 else None,
             stream=job.stream is not None,
             batch_limit=job.handler.spec.max_batch,
+            owner=job.model,
             payload=job,
         )
         await self._enter(Entry(ticket, job, done), watch, ignore_queue_limit=probe)
@@ -152,7 +155,9 @@ class Scheduler:
         ticket.id = self.gate.next_id()
         self._entries[ticket.id] = entry
         try:
-            decision = self.gate.submit(ticket, ignore_queue_limit=ignore_queue_limit)
+            decision = self.gate.submit(
+                ticket, ignore_queue_limit=ignore_queue_limit, check_capacity=entry.job is not None
+            )
             self._launch(decision.started)
             if isinstance(decision, Reject):
                 raise rejection(decision)
@@ -297,6 +302,10 @@ class Scheduler:
             if entry.run is not None and entry.run.permit.ticket_id == ticket_id:
                 yield entry.run
 
+    def running_models(self) -> set[str]:
+        """Models with work on the device."""
+        return {run.jobs[0].model for run in self.runs()}
+
     def running_for(self, model: str) -> int:
         """Runs of `model` still on the device (their threads not yet back)."""
         return sum(1 for run in self.runs() if run.jobs[0].model == model)
@@ -311,11 +320,18 @@ class Scheduler:
     def end_model_work(self, model: str, error: VramgateError) -> None:
         """An unload past its wait: the model's waiting requests fail with `error` and its
         running streams stop before their next step, telling the caller why."""
+        self.fail_waiting(model, error)
+        self.cancel_streams(model, error)
+
+    def fail_waiting(self, model: str, error: VramgateError) -> int:
+        """The model's waiting requests (not its loads) leave the queue with `error`."""
+        failed = 0
         for ticket in self.gate.waiting:
             entry = self._entries.get(ticket.id)
             if entry is not None and entry.job is not None and entry.job.model == model:
                 self._fail(entry, error)
-        self.cancel_streams(model, error)
+                failed += 1
+        return failed
 
     def drop_waiting(self, error: VramgateError) -> None:
         """Fail every waiting ticket with `error` (a shutdown, a fatal device error)."""

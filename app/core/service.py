@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from app.core.exercise import exercise
 from app.core.failures import FailureMapper
 from app.core.health import Health
 from app.core.keep_alive import InFlight
@@ -34,9 +35,8 @@ from app.engine.executor import Executor
 from app.errors import (
     EXIT_FATAL_DEVICE,
     DeviceFailed,
-    ExceedsDevice,
     InvalidRequest,
-    OutOfMemory,
+    ModelEvicted,
     Paused,
     ShuttingDown,
     VramgateError,
@@ -44,7 +44,7 @@ from app.errors import (
 from app.history import History
 from app.metrics import Metrics
 from app.models.base import ModelHandler
-from app.models.decoding import SamplingParams, TokenStream
+from app.models.decoding import TokenStream
 from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel
 from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
@@ -55,7 +55,6 @@ log = logging.getLogger("vramgate.service")
 HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
 SAVE_EVERY_S = 5.0
 INLINE_PREPROCESS_CHARS = 4096
-PROBE_TOKENS = 8  # a warm-up or probe generation's length
 DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
 H = TypeVar("H", bound=ModelHandler)
 
@@ -108,8 +107,10 @@ class InferenceService:
             run_timeout=settings.run_timeout,
             clock=clock,
             keep_alive_s=settings.keep_alive,
+            headroom=int(settings.headroom),
             on_unloaded=lambda _, reason: metrics.evictions.labels(reason).inc(),
         )
+        self.memory.reclaimable = self.lifecycle.reclaimable
         self.history = History()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -178,6 +179,7 @@ class InferenceService:
             self.scheduler.expire()
             self.scheduler.pump()
             self.lifecycle.unload_idle()
+            self.lifecycle.reclaim()
             if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:
                 self.book.save()
                 last_save = self.clock()
@@ -192,7 +194,7 @@ class InferenceService:
                 self.health.alive()
                 continue
             with contextlib.suppress(VramgateError):
-                await self._exercise(loaded[0], self.registry.get(loaded[0]), probe_only=True)
+                await exercise(self, loaded[0], self.registry.get(loaded[0]), probe_only=True)
 
     def _fatal(self, exc: BaseException, code: int = EXIT_FATAL_DEVICE) -> None:
         if self.state.phase == "failed":
@@ -207,40 +209,14 @@ class InferenceService:
 
     # -- warm-up and the probe: real requests through the normal path -------------------
     async def _warm_up(self, model: str, handler: ModelHandler) -> None:
-        await self._exercise(model, handler, probe_only=False)
-
-    async def _exercise(self, model: str, handler: ModelHandler, *, probe_only: bool) -> None:
-        """A model's warm-up requests (each too big for this device skipped), or its
-        probe: one tiny request."""
-        if isinstance(handler, OneShotModel):
-            capability: type[OneShotModel[Any]]
-            capability = Embedder if isinstance(handler, Embedder) else ImageModel
-            inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
-            for batch in inputs:
-                with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
-                    served = await self._serving(model, capability, probe=True)
-                    await self._one_shot(model, served, batch, None, probe=True)
-            return
-        assert isinstance(handler, Generator)
-        prompts = [handler.probe_prompt()] if probe_only else handler.warmup_prompts()
-        params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
-        for prompt in prompts:
-            with contextlib.suppress(OutOfMemory, ExceedsDevice):
-                request = ValidGenerationRequest(model, prompt, params)
-                generation = await self.generate(request, None, probe=True)
-                try:
-                    async for _ in generation.deltas():
-                        pass
-                    await generation.outcome()
-                finally:
-                    generation.close()
+        await exercise(self, model, handler, probe_only=False)
 
     # -- the front door ----------------------------------------------------------------
     async def embed(
         self, request: ValidEmbeddingRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
         keep = request.keep_alive
-        handler = await self._serving(request.model, Embedder, probe=False, keep_alive=keep)
+        handler = await self.serving(request.model, Embedder, probe=False, keep_alive=keep)
         width, widths = request.dimensions, sorted({handler.dimensions, *handler.truncations})
         if width is not None and width not in widths:
             error = InvalidRequest(
@@ -250,7 +226,7 @@ class InferenceService:
             )
             self._refused(request.model, error)
             raise error
-        result = await self._one_shot(request.model, handler, request.inputs, watch)
+        result = await self.one_shot(request.model, handler, request.inputs, watch)
         return (
             result if width is None else replace(result, output=handler.cut(result.output, width))
         )
@@ -259,8 +235,8 @@ class InferenceService:
         self, request: ValidImageRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
         keep = request.keep_alive
-        handler = await self._serving(request.model, ImageModel, probe=False, keep_alive=keep)
-        return await self._one_shot(request.model, handler, request.images, watch)
+        handler = await self.serving(request.model, ImageModel, probe=False, keep_alive=keep)
+        return await self.one_shot(request.model, handler, request.images, watch)
 
     async def generate(
         self, request: ValidGenerationRequest, watch: ClientWatch | None, *, probe: bool = False
@@ -268,7 +244,7 @@ class InferenceService:
         """Price and admit a generation; returns once it holds its permit and runs.
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
         model = request.model
-        handler = await self._serving(model, Generator, probe=probe, keep_alive=request.keep_alive)
+        handler = await self.serving(model, Generator, probe=probe, keep_alive=request.keep_alive)
         self.in_flight[model] += 1  # from here (no await between): no unload takes it away
         try:
             cap = self.settings.default_max_tokens
@@ -279,14 +255,10 @@ class InferenceService:
             self.in_flight[model] -= 1
             raise
         stream = TokenStream(asyncio.get_running_loop())
-        job = self._job(model, handler, prepared, stream)
         try:
-            await self.scheduler.start(job, watch, probe=probe)
-        except BaseException as exc:
+            job = await self._queued(model, handler, prepared, stream, watch, probe)
+        except BaseException:
             self.in_flight[model] -= 1
-            if isinstance(exc, VramgateError):
-                self._refused(model, exc)
-                log_request(job, None, exc.code)
             raise
         started = self.clock()
         job.result.add_done_callback(lambda done: self._generation_done(job, done, started))
@@ -305,7 +277,7 @@ class InferenceService:
             return
         self._served(job, done.result(), started)
 
-    async def _one_shot(
+    async def one_shot(
         self,
         model: str,
         handler: OneShotModel[Any],
@@ -335,21 +307,46 @@ class InferenceService:
         else:  # large inputs and every image on the CPU pool, so the loop stays responsive
             prepared = await self.executor.run_cpu(handler.preprocess, inputs)
         started = self.clock()
-        job = self._job(model, handler, prepared, None)
-        outcome, result = "error", None
-        try:
-            await self.scheduler.run(job, watch, probe=probe)
-            result = job.result.result()
-            outcome = "ok"
-        except VramgateError as exc:
-            outcome = exc.code
-            self._refused(model, exc)
-            raise
-        finally:
-            if outcome != "ok":
-                log_request(job, result, outcome)
+        job = await self._queued(model, handler, prepared, None, watch, probe)
+        result = job.result.result()
         self._served(job, result, started)
         return InferenceResult(result.output, prepared.tokens, cost_of(result, job))
+
+    async def _queued(
+        self,
+        model: str,
+        handler: Handler,
+        prepared: Any,
+        stream: TokenStream | None,
+        watch: ClientWatch | None,
+        probe: bool,
+    ) -> Job:
+        """Queue the work and return its job: a stream once it runs, a one-shot job once
+        done. A request whose model is unloaded while it waits (to make room for another)
+        waits for the reload and queues again, within its queue_timeout. A refusal is
+        counted and logged here."""
+        deadline = self.clock() + self.settings.queue_timeout
+        job: Job | None = None
+        try:
+            while True:
+                if self.lifecycle.away(model):
+                    await self.lifecycle.wait_loaded(model, deadline)
+                    self.registry.get(model)  # 503 model_loading if it is still away
+                job = self._job(model, handler, prepared, stream)
+                try:
+                    if stream is None:
+                        await self.scheduler.run(job, watch, probe=probe)
+                    else:
+                        await self.scheduler.start(job, watch, probe=probe)
+                    return job
+                except ModelEvicted:
+                    if self.clock() >= deadline:
+                        raise
+        except VramgateError as exc:
+            self._refused(model, exc)
+            if job is not None:
+                log_request(job, None, exc.code)
+            raise
 
     def _job(self, model: str, handler: Handler, prepared: Any, stream: TokenStream | None) -> Job:
         key = self.pricer.key(model, handler, prepared)
@@ -357,7 +354,7 @@ class InferenceService:
         future = asyncio.get_running_loop().create_future()
         return Job(model, handler, prepared, key, quote, future, stream=stream)
 
-    async def _serving(
+    async def serving(
         self, model: str, capability: type[H], *, probe: bool, keep_alive: float | None = None
     ) -> H:
         """The handler, if the server takes work now and the model can do what

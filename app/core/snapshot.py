@@ -106,9 +106,11 @@ def status_document(
     models: list[dict[str, Any]],
     prices: list[dict[str, Any]],
     metrics: Metrics,
+    gave_back: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The /status document: the one JSON the tray, the dashboard and `vramgate status`
-    read. `device` is the device's own description, `models` the registry's."""
+    read. `device` is the device's own description, `models` the lifecycle's (the
+    registry's, with keep-alive), `gave_back` the last memory given to other programs."""
     snap = core.memory
     return {
         "version": __version__,
@@ -145,6 +147,7 @@ def status_document(
             {**model, "prices": [p for p in prices if p["model"] == model["name"]]}
             for model in models
         ],
+        "gave_back": gave_back,
         "counters": {
             "served": sum(metrics.served.values()),
             "served_by_model": dict(metrics.served),

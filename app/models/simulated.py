@@ -79,6 +79,11 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
 
     def unload(self) -> None:
         self._weights.close()
+        self._device = None
+
+    def weights_bytes(self) -> int:
+        """What its weights hold on the device (it has no torch module to count)."""
+        return int(self.spec.weights) if self._device is not None else 0
 
     def _bucket_for(self, words: int) -> SimulatedBucket:
         for bucket in self._buckets:

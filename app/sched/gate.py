@@ -107,12 +107,16 @@ class MemoryGate:
         return (queued + running) / self.slots
 
     # -- decisions --------------------------------------------------------------------
-    def submit(self, ticket: Ticket, *, ignore_queue_limit: bool = False) -> Decision:
+    def submit(
+        self, ticket: Ticket, *, ignore_queue_limit: bool = False, check_capacity: bool = True
+    ) -> Decision:
+        """`check_capacity=False`: the caller has checked that the ticket can ever fit
+        (a model load, which memory held by other models may make room for)."""
         now = self._clock()
         ticket.id = ticket.id or self.next_id()
         ticket.enqueued_at = now
         capacity = self._capacity()
-        if ticket.nbytes > capacity:
+        if check_capacity and ticket.nbytes > capacity:
             return Reject("exceeds_device", ticket.nbytes, capacity, self.depth, 0.0)
         self._queue.append(ticket)
         started = tuple(self._admit(now))

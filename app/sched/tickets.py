@@ -26,6 +26,7 @@ class Ticket:
     batch_key: str | None = None
     stream: bool = False  # a generation stream: takes a stream slot where there are some
     batch_limit: int = 1
+    owner: str = ""  # what it is for (the model); the gate never reads it
     payload: Any = field(default=None, repr=False)  # the owner's; never read by the gate
 
 

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from app.api.app import build_service
+from app.core.exercise import exercise
 from app.core.requests import ValidEmbeddingRequest
 from app.durations import parse_keep_alive
 from app.settings import ModelSpec
@@ -134,7 +135,7 @@ def test_the_readiness_probe_does_not_keep_a_model_alive(tmp_path):
         await ask(service)
         clock.now += 40
         handler = service.registry.get("sim")
-        await service._exercise("sim", handler, probe_only=True)  # the health probe
+        await exercise(service, "sim", handler, probe_only=True)  # the health probe
         clock.now += 21  # 61 s after the last real request
         assert await unloads_now(service)
 
@@ -149,15 +150,31 @@ def test_a_model_loaded_at_start_and_never_asked_idles_from_its_load(tmp_path):
     run(tmp_path, scenario, keep_alive=60)
 
 
-def test_a_request_that_comes_while_an_unload_is_scheduled_keeps_the_model(tmp_path):
-    """The keep-alive check schedules an unload; a request arrives before it runs: the
-    request is answered (never ended by the unload) and the model stays until idle."""
+def test_a_request_that_comes_while_its_model_is_unloading_waits_for_the_reload(tmp_path):
+    """The keep-alive check starts an unload; a request arrives before it is done: the
+    request is answered once the model is back (never ended by the unload, never 503)."""
 
     async def scenario(service, clock):
         await ask(service, keep_alive=0.0)
-        assert service.lifecycle.unload_idle() == ["sim"]  # scheduled, not yet run
+        assert service.lifecycle.unload_idle() == ["sim"]  # started, not yet done
+        assert service.registry.entries["sim"].state == "unloading"
         await ask(service)  # answered, not 503 model_loading
-        assert service.registry.entries["sim"].state == "ready"
-        assert await unloads_now(service)  # idle again, keep-alive 0: now it goes
+        assert service.registry.entries["sim"].state in ("warming", "ready")
+        assert evictions(service) == 1
+        await until(lambda: service.registry.entries["sim"].state == "ready", "ready again")
+        assert not await unloads_now(service)  # the reload's request asked for no keep_alive
+        clock.now += 61
+        assert await unloads_now(service)
+
+    run(tmp_path, scenario, keep_alive=60)
+
+
+def test_a_keep_alive_asked_by_the_request_that_loads_its_model_holds(tmp_path):
+    async def scenario(service, clock):
+        clock.now += 61
+        assert await unloads_now(service)
+        await ask(service, keep_alive=0.0)  # waits for the reload, asks to unload after
+        await until(lambda: service.registry.entries["sim"].state == "ready", "ready again")
+        assert await unloads_now(service)
 
     run(tmp_path, scenario)

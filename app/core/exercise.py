@@ -1,0 +1,52 @@
+"""Warm-up and the readiness probe: real requests through the service's normal path.
+
+A model's warm-up sends a few requests of its common sizes, so that their buckets have
+learned prices before the first caller arrives; the probe sends one tiny request, so that
+a wedged worker shows. Both pass the gate like any request, but never wait for a paused
+server, never count against the queue limit, and never touch a model's keep-alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from app.core.requests import ValidGenerationRequest
+from app.errors import ExceedsDevice, OutOfMemory
+from app.models.base import ModelHandler
+from app.models.decoding import SamplingParams
+from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel
+
+if TYPE_CHECKING:
+    from app.core.service import InferenceService
+
+PROBE_TOKENS = 8  # a warm-up or probe generation's length
+
+
+async def exercise(
+    service: InferenceService, model: str, handler: ModelHandler, *, probe_only: bool
+) -> None:
+    """A model's warm-up requests (each too big for this device skipped), or its
+    probe: one tiny request."""
+    if isinstance(handler, OneShotModel):
+        capability: type[OneShotModel[Any]]
+        capability = Embedder if isinstance(handler, Embedder) else ImageModel
+        inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
+        for batch in inputs:
+            with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
+                served = await service.serving(model, capability, probe=True)
+                await service.one_shot(model, served, batch, None, probe=True)
+        return
+    assert isinstance(handler, Generator)
+    prompts = [handler.probe_prompt()] if probe_only else handler.warmup_prompts()
+    params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
+    for prompt in prompts:
+        with contextlib.suppress(OutOfMemory, ExceedsDevice):
+            request = ValidGenerationRequest(model, prompt, params)
+            generation = await service.generate(request, None, probe=True)
+            try:
+                async for _ in generation.deltas():
+                    pass
+                await generation.outcome()
+            finally:
+                generation.close()
