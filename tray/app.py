@@ -113,6 +113,11 @@ class Tray:
         if previous is None or view.tooltip != previous.tooltip:
             self.icon.title = view.tooltip
         self.icon.update_menu()
+        notice = view.notice
+        if notice is not None and (previous is None or previous.notice != notice):
+            log.info("%s", notice.text)
+            with contextlib.suppress(NotImplementedError):  # not every backend can notify
+                self.icon.notify(notice.text)
         if self.supervisor.state == "gave_up" and self.supervisor.last_exit == EXIT_PORT_IN_USE:
             self._quit_after_port_conflict()
 

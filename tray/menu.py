@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 from tray.autostart import Autostart
 from tray.supervisor import Supervisor
-from tray.view import TrayView
+from tray.view import ModelLine, TrayView
 
 log = logging.getLogger("vramgate.tray.menu")
 Action = Callable[[Any], None]  # called with the pystray icon
@@ -131,13 +131,21 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:.0f} MiB"
 
 
+def model_label(model: ModelLine) -> str:
+    """ "name (90 MiB, ready, unloads in 4m)": its memory, state and keep-alive left."""
+    parts = [_mib(model.weights_bytes)] if model.weights_bytes else []
+    parts.append(model.state)
+    if model.unloads_in_s is not None:
+        left = model.unloads_in_s
+        parts.append(f"unloads in {left / 60:.0f}m" if left >= 90 else f"unloads in {left:.0f}s")
+    return f"{model.name} ({', '.join(parts)})"
+
+
 def build_menu(view: TrayView, actions: TrayActions) -> tuple[Item, ...]:
     status = tuple(Item(line, enabled=False) for line in view.lines)
     models = tuple(
         Item(
-            f"{m.name} ({_mib(m.weights_bytes)}, {m.state})"
-            if m.weights_bytes
-            else f"{m.name} ({m.state})",
+            model_label(m),
             submenu=(
                 Item("Unload", actions.unload(m.name), enabled=m.state == "ready"),
                 Item("Load", actions.load(m.name), enabled=m.state in ("unloaded", "failed")),

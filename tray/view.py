@@ -26,6 +26,7 @@ class ModelLine:
     name: str
     state: str
     weights_bytes: int
+    unloads_in_s: float | None = None  # idle: its keep-alive left
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,25 @@ class TrayView:
     models: tuple[ModelLine, ...] = ()
     paused: bool = False
     restarts: int = 0
+    notice: Notice | None = None  # a message for the person, once (a notification)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Notice:
+    key: float  # a new key is a new notice: notify once per key
+    text: str
+
+
+def gave_back_notice(gave_back: dict[str, Any] | None) -> Notice | None:
+    """ "gave 3.1 GiB back to other programs", from /status `gave_back`."""
+    if not gave_back:
+        return None
+    models = ", ".join(gave_back["models"])
+    text = (
+        f"vramgate gave {_gib(gave_back['bytes'])} GiB back to other programs (unloaded {models})"
+    )
+    return Notice(gave_back["at"], text)
 
 
 def state_of(status: dict[str, Any], rejected_queue_full_delta: int = 0) -> str:
@@ -101,7 +120,12 @@ def view_of(
         f"{status['counters']['served']}",
         *(f"⚠ {warning}" for warning in warnings),
     )
+    notice = gave_back_notice(status.get("gave_back"))
+    if notice is not None:
+        lines += (notice.text.removeprefix("vramgate "),)
     models = tuple(
-        ModelLine(m["name"], m["state"], m["weights_bytes"]) for m in status.get("models", [])
+        ModelLine(m["name"], m["state"], m["weights_bytes"], m.get("unloads_in_s"))
+        for m in status.get("models", [])
     )
-    return TrayView(icon, tooltip, lines, models, bool(status.get("paused")), restarts)
+    paused = bool(status.get("paused"))
+    return TrayView(icon, tooltip, lines, models, paused, restarts, notice)

@@ -88,6 +88,20 @@ def test_unload_item_frees_the_models_memory_in_status(server_factory, tmp_path)
     wait_until(lambda: live.status()["models"][0]["state"] == "ready", 60, "loaded again")
 
 
+def test_models_menu_gives_each_models_memory_state_and_keep_alive_left(server_factory, tmp_path):
+    idle = ModelSpec(
+        name="idle", kind="simulated", weights=300 * MiB, keep_alive="10m", buckets=SIM.buckets
+    )
+    forever = ModelSpec(name="forever", kind="simulated", load="startup", buckets=SIM.buckets)
+    live = server_factory(device="simulated:1GiB", models=(idle, forever))
+    wait_until(lambda: live.status()["models"][0]["state"] == "ready", 30, "idle loaded")
+    items = menu(live.url, actions_for(live.url, tmp_path))
+    label = find(items, "Models", "idle").text
+    assert label.startswith("idle (300 MiB, ready, unloads in ") and label.endswith("m)")
+    assert 9 <= int(label.rsplit(" ", 1)[1].removesuffix("m)")) <= 10
+    assert find(items, "Models", "forever").text == "forever (ready)"  # keep_alive -1
+
+
 def test_open_items_and_start_at_login(tmp_path):
     opened: list[object] = []
     actions = actions_for(

@@ -81,3 +81,15 @@ def test_a_device_warning_leads_the_tooltip_and_stands_whole_in_the_menu():
     assert view.tooltip.startswith("⚠ an NVIDIA GPU") and len(view.tooltip) <= 127
     assert f"⚠ {warning}" in view.lines
     assert "⚠" not in view_of(STATUS).tooltip  # no warning, no sign
+
+
+def test_memory_given_back_to_other_programs_is_a_notice_once_and_a_menu_line():
+    gave_back = {"bytes": int(3.1 * GiB), "models": ["chat", "embed"], "at": 1700000000.0}
+    view = view_of(status(gave_back=gave_back))
+    text = "vramgate gave 3.1 GiB back to other programs (unloaded chat, embed)"
+    assert view.notice is not None and view.notice.text == text
+    assert view.lines[-1] == text.removeprefix("vramgate ")
+    assert view_of(status(gave_back=gave_back)).notice == view.notice  # the same: no new one
+    later = view_of(status(gave_back={**gave_back, "at": 1700000060.0})).notice
+    assert later != view.notice
+    assert view_of(STATUS).notice is None
