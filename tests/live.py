@@ -65,6 +65,7 @@ def live_server(
     device: Device | None = None,
     ready: bool = True,
     hot_routes: bool = True,
+    models_source: Any = None,
 ) -> Iterator[Live]:
 
     fatal_calls: list[float] = []
@@ -80,6 +81,7 @@ def live_server(
         on_fatal=lambda: fatal_calls.append(time.time()),
         on_shutdown_request=stop,
         hot_routes=hot_routes,
+        models_source=models_source,
     )
 
     config = uvicorn.Config(

@@ -1,14 +1,16 @@
-"""Admin routes for the tray: pause/resume, load/unload. Loopback callers only."""
+"""Admin routes for the tray, the dashboard and the CLI: pause/resume, load/unload, reread
+the model list. Loopback callers only."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
 from app.core.service import InferenceService
-from app.errors import Forbidden
+from app.errors import Conflict, Forbidden, InvalidRequest
 from app.settings import MODEL_NAME_PATTERN
 
 
@@ -78,3 +80,21 @@ async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
         "weights_bytes": entry.weights_bytes,
         "error": entry.error,
     }
+
+
+@router.post("/models/reread")
+async def reread(request: Request) -> dict[str, Any]:
+    """Read the model list again from the config the server started with (`vramgate
+    pull` and `rm` ask for this): new models are served at once (loaded on their first
+    request), removed ones go once idle, changed ones are replaced once idle."""
+    source = request.app.state.models_source
+    if source is None:
+        raise Conflict("this server's models were not read from a config file; restart it")
+    service = _service(request)
+    try:
+        specs = await asyncio.to_thread(source)
+    except (ValueError, OSError) as exc:
+        raise InvalidRequest(f"the config does not read: {exc}") from exc
+    changes = service.lifecycle.apply(specs)
+    served = [e["name"] for e in service.registry.describe() if not e["retired"]]
+    return {**changes, "models": served}

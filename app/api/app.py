@@ -25,7 +25,7 @@ from app.logconfig import set_snapshot_provider
 from app.metrics import Metrics
 from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
-from app.settings import DEFAULT_MAX_STREAMS, Settings
+from app.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
 
 log = logging.getLogger("vramgate.app")
 PRICES_FILE = "prices.json"
@@ -56,10 +56,12 @@ def create_app(
     on_fatal: Callable[[], None] = lambda: None,
     on_shutdown_request: Callable[[], None] = lambda: None,
     hot_routes: bool = True,
+    models_source: Callable[[], tuple[ModelSpec, ...]] | None = None,
 ) -> FastAPI:
     """`on_fatal` is called once after a fatal device error, `on_shutdown_request` when
     POST /admin/shutdown asks the process to stop (the CLI stops uvicorn for both).
-    `hot_routes=False` serves the inference routes through FastAPI's own layers too."""
+    `hot_routes=False` serves the inference routes through FastAPI's own layers too.
+    `models_source` reads the model list again (POST /admin/models/reread)."""
 
     service = build_service(settings, device, on_fatal)
 
@@ -88,6 +90,7 @@ def create_app(
     )
     app.state.service = service
     app.state.request_shutdown = on_shutdown_request
+    app.state.models_source = models_source
     routers = (openai_routes.router, vision_routes.router, ops_routes.router, admin_routes.router)
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)

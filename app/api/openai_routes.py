@@ -107,6 +107,7 @@ async def list_models(request: Request) -> dict[str, Any]:
             "state": e["state"],
         }
         for e in entries
+        if not e["retired"]
     ]
     return {"object": "list", "data": data}
 

@@ -33,6 +33,7 @@ from app.engine.executor import Executor
 from app.errors import ExceedsDevice, ModelEvicted, ModelLoading, VramgateError
 from app.models.base import ModelHandler
 from app.models.registry import ModelRegistry
+from app.settings import ModelSpec
 
 log = logging.getLogger("vramgate.lifecycle")
 
@@ -88,6 +89,7 @@ class ModelLifecycle:
         self._freeing: dict[str, int] = {}  # models being unloaded: the bytes they hold
         self._tasks: set[asyncio.Task[None]] = set()
         self.gave_back: GaveBack | None = None  # the last memory given to other programs
+        self._retiring: dict[str, ModelSpec | None] = {}  # going once idle (None: for good)
 
     def _own_keep_alive(self, default_s: float, name: str) -> float:
         entry = self.registry.entries.get(name)
@@ -102,6 +104,49 @@ class ModelLifecycle:
         for name in expired:
             self._evict(name, "keep_alive")
         return expired
+
+    def apply(self, specs: tuple[ModelSpec, ...]) -> dict[str, list[str]]:
+        """Serve the models `specs` lists from now (the config was reread, after a pull):
+        new ones load on demand (or now, with `load = "startup"`); a model taken out of
+        the list serves nothing more and is unloaded once idle; a changed one is replaced
+        by its new entry once idle."""
+        wanted = {spec.name: spec for spec in specs}
+        added, removed, changed = [], [], []
+        for name, spec in wanted.items():
+            entry = self.registry.entries.get(name)
+            if entry is None:
+                self.registry.add(spec)
+                added.append(name)
+                if spec.load == "startup":
+                    self.ensure_loaded(name)
+            elif entry.handler.spec != spec:
+                self._retiring[name] = spec
+                changed.append(name)
+            elif entry.retired:  # listed again before it went
+                entry.retired = False
+                self._retiring.pop(name, None)
+                added.append(name)
+        for name, entry in self.registry.entries.items():
+            if name not in wanted and not entry.retired:
+                entry.retired = True
+                self._retiring[name] = None
+                removed.append(name)
+        self.retire()
+        return {"added": added, "removed": removed, "changed": changed}
+
+    def retire(self) -> None:
+        """Models out of the config (or changed in it) go once idle (housekeeping)."""
+        for name, spec in list(self._retiring.items()):
+            entry = self.registry.entries[name]
+            if entry.state in ("unloaded", "failed") and name not in self._loading:
+                del self._retiring[name]
+                if spec is None:
+                    self.registry.remove(name)
+                else:
+                    self.registry.add(spec)
+                    log.info("model %s: its new config entry serves from now", name)
+            elif entry.state == "ready" and not self._in_flight[name] and name not in self._freeing:
+                self._evict(name, "request")
 
     def reclaim(self) -> list[str]:
         """Unload idle models for a ticket that waits for memory only they hold, or to
@@ -231,9 +276,9 @@ class ModelLifecycle:
     async def wait_loaded(self, name: str, deadline: float) -> None:
         """Wait until `name` serves (loading it if unloaded, after an unload under way),
         or has failed, or `deadline` passes; what the registry says then is the answer."""
-        entry = self.registry.entries[name]
         while self._clock() < deadline and self._state.serving:
-            if entry.state in ("ready", "warming", "failed"):
+            entry = self.registry.entries.get(name)
+            if entry is None or entry.retired or entry.state in ("ready", "warming", "failed"):
                 return
             self.ensure_loaded(name)
             await asyncio.sleep(LOAD_POLL_S)
@@ -241,7 +286,8 @@ class ModelLifecycle:
     def ensure_loaded(self, name: str) -> None:
         """A request for an unloaded model starts loading it (and waits: `wait_loaded`)."""
         entry = self.registry.entries.get(name)
-        if entry is not None and entry.state == "unloaded" and name not in self._loading:
+        unloaded = entry is not None and entry.state == "unloaded" and not entry.retired
+        if unloaded and name not in self._loading and name not in self._retiring:
             self._loading[name] = asyncio.create_task(self.load(name))
 
     def away(self, name: str) -> bool:

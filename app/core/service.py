@@ -37,6 +37,7 @@ from app.errors import (
     DeviceFailed,
     InvalidRequest,
     ModelEvicted,
+    ModelLoading,
     Paused,
     ShuttingDown,
     VramgateError,
@@ -180,6 +181,7 @@ class InferenceService:
             self.scheduler.pump()
             self.lifecycle.unload_idle()
             self.lifecycle.reclaim()
+            self.lifecycle.retire()
             if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:
                 self.book.save()
                 last_save = self.clock()
@@ -331,7 +333,8 @@ class InferenceService:
             while True:
                 if self.lifecycle.away(model):
                     await self.lifecycle.wait_loaded(model, deadline)
-                    self.registry.get(model)  # 503 model_loading if it is still away
+                    if self.registry.get(model) is not handler:  # 503 if it is still away
+                        raise ModelLoading(f"model {model!r} was replaced; retry", retry_after=1)
                 job = self._job(model, handler, prepared, stream)
                 try:
                     if stream is None:

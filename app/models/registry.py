@@ -51,6 +51,7 @@ class ModelEntry:
     loaded_bytes: int = 0  # what our memory grew by while loading (weights + one-time costs)
     load_s: float = 0.0
     error: str | None = None
+    retired: bool = False  # taken out of the config: serves nothing, goes once unloaded
 
 
 class ModelRegistry:
@@ -61,13 +62,26 @@ class ModelRegistry:
         image_bounds: tuple[int, int] = (4096, 2**24),
     ) -> None:
         self.device = device
+        self._image_bounds = image_bounds
         self.entries = {spec.name: ModelEntry(make_handler(spec, image_bounds)) for spec in specs}
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve a model from now (not loaded yet), or replace an unloaded one's entry."""
+        current = self.entries.get(spec.name)
+        assert current is None or current.state in ("unloaded", "failed"), "replace unloaded"
+        handler = make_handler(spec, self._image_bounds)
+        self.entries[spec.name] = ModelEntry(handler, state="unloaded")
+
+    def remove(self, name: str) -> None:
+        """Forget an unloaded model."""
+        assert self.entries[name].state in ("unloaded", "failed"), "remove unloaded models"
+        del self.entries[name]
 
     def get(self, name: str) -> ModelHandler:
         """The handler for `name` if it is ready to serve."""
         entry = self.entries.get(name)
-        if entry is None:
-            known = ", ".join(sorted(self.entries))
+        if entry is None or entry.retired:
+            known = ", ".join(sorted(n for n, e in self.entries.items() if not e.retired))
             raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
         if entry.state not in ("warming", "ready"):
             if entry.state in ("unloading", "unloaded"):
@@ -90,7 +104,7 @@ class ModelRegistry:
 
     def entry(self, name: str) -> ModelEntry:
         entry = self.entries.get(name)
-        if entry is None:
+        if entry is None or entry.retired:
             raise ModelNotFound(f"model {name!r} does not exist", param="model")
         return entry
 
@@ -137,7 +151,7 @@ class ModelRegistry:
     @property
     def all_ready(self) -> bool:
         """Every model serves, or is unloaded by choice (it loads on demand)."""
-        return all(e.state in ("ready", "unloaded") for e in self.entries.values())
+        return all(e.state in ("ready", "unloaded") or e.retired for e in self.entries.values())
 
     def describe(self) -> list[dict[str, Any]]:
         return [
@@ -148,6 +162,7 @@ class ModelRegistry:
                 "weights_bytes": e.weights_bytes,
                 "load_s": round(e.load_s, 3),
                 "error": e.error,
+                "retired": e.retired,
                 **e.handler.describe(),
             }
             for name, e in self.entries.items()
