@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TOML config file to add the model to [default {default_config_file()}]",
     )
     pull.add_argument("--models-dir", type=Path, default=None, help="where models go")
+    _add_model_commands(commands, pull)
+    return parser
+
+
+def _add_model_commands(commands: Any, pull: argparse.ArgumentParser) -> None:
+    """`list`, `ps`, `rm` and `status` (app.manage), and the options they share with pull."""
     listing = commands.add_parser(
         "list", help="the models of the config and of the models folder: kind, size, state"
     )
@@ -135,7 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--url", default=None, help="a running server's address (default: from settings)"
         )
-    return parser
 
 
 def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -237,7 +242,19 @@ def serve(
         log.error("%s", exc)
         logging.shutdown()
         return EXIT_INVALID_SETTINGS
-    config = uvicorn.Config(
+    server = draining_server(uvicorn_config(app, settings), app.state.service.begin_stop)
+    run_until_stopped(server)
+    log.info("vramgate stopped (exit code %d)", exit_code)
+    logging.shutdown()
+    if exit_code == EXIT_WEDGED:  # a wedged thread would keep the interpreter from exiting
+        os._exit(exit_code)
+    return exit_code
+
+
+def uvicorn_config(app: Any, settings: Settings) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -248,13 +265,6 @@ def serve(
         # peer, never an X-Forwarded-For header a local program could forge.
         proxy_headers=False,
     )
-    server = draining_server(config, app.state.service.begin_stop)
-    run_until_stopped(server)
-    log.info("vramgate stopped (exit code %d)", exit_code)
-    logging.shutdown()
-    if exit_code == EXIT_WEDGED:  # a wedged thread would keep the interpreter from exiting
-        os._exit(exit_code)
-    return exit_code
 
 
 def draining_server(config: Any, on_stop: Callable[[], None]) -> Any:
