@@ -27,8 +27,10 @@ from app.errors import (
 from app.ports import port_free
 from app.settings import (
     ENV_PREFIX,
+    ConfigSource,
     ModelSpec,
     Settings,
+    config_path,
     default_config_file,
     load_settings,
 )
@@ -197,11 +199,9 @@ def preflight(settings: Settings) -> tuple[Settings, int]:
     return settings, 0
 
 
-def serve(
-    settings: Settings, models_source: Callable[[], tuple[ModelSpec, ...]] | None = None
-) -> int:
-    """Run the server until stopped; `models_source` reads the model list again (POST
-    /admin/models/reread, which `pull` and `rm` send)."""
+def serve(settings: Settings, models_source: ConfigSource | None = None) -> int:
+    """Run the server until stopped; `models_source`: the config it reads its model list
+    from again (POST /admin/models/reread, which `pull` and `rm` send)."""
     import uvicorn
 
     from app.api.app import create_app
@@ -321,4 +321,4 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(overrides, args.config)
     except ValueError as exc:
         parser.exit(EXIT_INVALID_SETTINGS, f"vramgate: invalid settings: {exc}\n")
-    return serve(settings, lambda: load_settings(overrides, args.config).models)
+    return serve(settings, ConfigSource(args.config or config_path(), overrides))

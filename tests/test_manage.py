@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.pull import PullError, remove_from_config
-from app.settings import ModelSpec, SimulatedBucket, load_settings
+from app.settings import ConfigSource, ModelSpec, SimulatedBucket, load_settings
 from tests.live import clean_env, live_server, make_settings, wait_until
 from tests.random_models import save_random_bert
 
@@ -49,11 +49,9 @@ def served(tmp_path):
         "[[models.buckets]]\nsize = 16\nbytes = 10485760\nrun_ms = 1\n"
     )
     settings = make_settings(tmp_path, device="cpu", models_dir=tmp_path / "models")
-    overrides = {"device": "cpu", "models_dir": tmp_path / "models"}
-    with live_server(
-        settings.model_copy(update={"models": load_settings(overrides, config).models}),
-        models_source=lambda: load_settings(overrides, config).models,
-    ) as live:
+    source = ConfigSource(config, {"device": "cpu", "models_dir": tmp_path / "models"})
+    models = source.settings().models
+    with live_server(settings.model_copy(update={"models": models}), models_source=source) as live:
         yield live, config, ["--config", str(config), "--models-dir", str(tmp_path / "models")]
 
 
@@ -122,9 +120,10 @@ def test_a_model_taken_out_of_the_config_finishes_its_work_then_goes(tmp_path):
         buckets=(SimulatedBucket(size=16, bytes=10 * MiB, run_ms=600),),
     )
     other = ModelSpec(name="other", kind="simulated", buckets=SIM)
-    specs = [(other, slow)]
     settings = make_settings(tmp_path, device="simulated:2GiB", models=(other, slow))
-    with live_server(settings, models_source=lambda: specs[0]) as live:
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nname = "other"\nkind = "simulated"\n')
+    with live_server(settings, models_source=ConfigSource(config)) as live:
         httpx.post(live.url + "/admin/models/slow/load", timeout=30)
         with httpx.Client(base_url=live.url, timeout=30) as client:
             import threading
@@ -137,7 +136,6 @@ def test_a_model_taken_out_of_the_config_finishes_its_work_then_goes(tmp_path):
             )
             running.start()
             wait_until(lambda: live.service.scheduler.gate.running == 1, 10, "slow runs")
-            specs[0] = (other,)
             changes = client.post("/admin/models/reread").json()
             assert changes["removed"] == ["slow"] and changes["models"] == ["other"]
             assert (

@@ -25,7 +25,7 @@ from app.logconfig import set_snapshot_provider
 from app.metrics import Metrics
 from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
-from app.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
+from app.settings import DEFAULT_MAX_STREAMS, ConfigSource, Settings
 
 log = logging.getLogger("vramgate.app")
 PRICES_FILE = "prices.json"
@@ -56,12 +56,13 @@ def create_app(
     on_fatal: Callable[[], None] = lambda: None,
     on_shutdown_request: Callable[[], None] = lambda: None,
     hot_routes: bool = True,
-    models_source: Callable[[], tuple[ModelSpec, ...]] | None = None,
+    models_source: ConfigSource | None = None,
 ) -> FastAPI:
     """`on_fatal` is called once after a fatal device error, `on_shutdown_request` when
     POST /admin/shutdown asks the process to stop (the CLI stops uvicorn for both).
     `hot_routes=False` serves the inference routes through FastAPI's own layers too.
-    `models_source` reads the model list again (POST /admin/models/reread)."""
+    `models_source`: the config the server reads its model list from again (POST
+    /admin/models/reread) and pulls into (POST /admin/models/pull)."""
 
     service = build_service(settings, device, on_fatal)
 
@@ -91,6 +92,7 @@ def create_app(
     app.state.service = service
     app.state.request_shutdown = on_shutdown_request
     app.state.models_source = models_source
+    app.state.pulling = None  # the pull under way (one at a time)
     routers = (openai_routes.router, vision_routes.router, ops_routes.router, admin_routes.router)
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)

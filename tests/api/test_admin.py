@@ -1,13 +1,17 @@
-"""Admin routes the tray uses: pause/resume and unload/load, loopback only."""
+"""Admin routes the tray and the dashboard use: pause/resume, unload/load and pull,
+loopback only."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
-from app.settings import ModelSpec, SimulatedBucket
-from tests.live import wait_until
+from app.manage import folder_bytes
+from app.settings import ConfigSource, ModelSpec, SimulatedBucket
+from tests.live import live_server, make_settings, wait_until
+from tests.random_models import save_model_wheel, save_random_bert
 
 MiB = 2**20
 SIM = ModelSpec(
@@ -92,3 +96,35 @@ def test_shutdown_route_drains_and_stops_the_server(server_factory):
 
     wait_until(refused, 30, "no longer accepting")
     wait_until(lambda: live.service.state.phase == "stopping", 30, "drained and stopped")
+
+
+def test_a_pull_through_the_server_streams_its_progress_and_serves_the_model(tmp_path):
+    """POST /admin/models/pull: NDJSON progress in Ollama's pull shape (steps, then bytes
+    with total and completed), then success; the model is listed and answers."""
+    model = save_random_bert(tmp_path / "src/tiny-embed", hidden=32, layers=1, heads=2, max_seq=64)
+    wheel = save_model_wheel(model, tmp_path / "tiny_embed-1.0-py3-none-any.whl")
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nname = "sim"\nkind = "simulated"\n')
+    source = ConfigSource(config, {"device": "cpu", "models_dir": tmp_path / "models"})
+    settings = make_settings(tmp_path, device="cpu", models=source.settings().models)
+    with live_server(settings, models_source=source) as live:
+        bad = httpx.post(live.url + "/admin/models/pull", json={"source": "not a thing"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "source"
+        with httpx.stream(
+            "POST", live.url + "/admin/models/pull", json={"source": str(wheel)}, timeout=120
+        ) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "application/x-ndjson"
+            events = [json.loads(line) for line in response.iter_lines() if line]
+        counts = [e for e in events if "total" in e]
+        assert counts[0]["status"].startswith("unpacking") and counts[0]["completed"] == 0
+        copied = [e for e in counts if e["status"].startswith("copying")]
+        assert copied[-1]["completed"] == copied[-1]["total"] == folder_bytes(model)
+        assert events[-1] == {"status": "success", "model": "tiny-embed", "kind": "embedding"}
+        listed = httpx.get(live.url + "/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == ["sim", "tiny-embed"]
+        body = {"model": "tiny-embed", "input": "a cat"}
+        assert httpx.post(live.url + "/v1/embeddings", json=body, timeout=120).status_code == 200
+        again = httpx.post(live.url + "/admin/models/pull", json={"source": str(wheel)})
+        assert again.status_code == 200
+        assert "exists" in again.text.splitlines()[-1]  # {"error": "... exists; pass --force"}

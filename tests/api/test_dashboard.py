@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -10,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.settings import FaultInjection, ModelSpec, SimulatedBucket
-from tests.live import wait_until
+from app.settings import ConfigSource, FaultInjection, ModelSpec, SimulatedBucket
+from tests.live import live_server, make_settings, wait_until
+from tests.random_models import save_model_wheel, save_random_bert
 
 MiB = 2**20
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -129,3 +131,57 @@ def test_dashboard_signs_in_with_the_token_in_its_address(server_factory):
     assert state == "ready"
     assert address == live.url + "/dashboard"
     assert statuses[:3] == [401, 303, 200] and 401 not in statuses[3:]
+
+
+def test_dashboard_models_view_pulls_with_progress_and_loads_and_unloads(tmp_path, request):
+    """The Models view in headless Chromium: a local wheel pulled from the page (its
+    progress bar fed by the server's stream), then the new model loaded and unloaded
+    with its buttons; each step seen in /status."""
+    from playwright.sync_api import expect, sync_playwright
+
+    model = save_random_bert(tmp_path / "src/tiny-embed", hidden=32, layers=1, heads=2, max_seq=64)
+    wheel = save_model_wheel(model, tmp_path / "tiny_embed-1.0-py3-none-any.whl")
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nname = "sim"\nkind = "simulated"\nweights = "200MiB"\n')
+    source = ConfigSource(config, {"device": "cpu", "models_dir": tmp_path / "models"})
+    models = source.settings().models
+    settings = make_settings(tmp_path, device="cpu", models=models, keep_alive="5m")
+    with live_server(settings, models_source=source) as live, sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(live.url + "/dashboard")
+        page.wait_for_selector("#models tbody tr[data-model='sim']")
+        page.fill("#pull-source", str(wheel))
+        page.click("#pull-button")
+        expect(page.locator("#pull-status")).to_have_text(re.compile("^pulled"), timeout=60000)
+        said = page.inner_text("#pull-status")
+        bar = page.locator("#pull-bar")
+        bar_max, bar_value = bar.get_attribute("max"), bar.get_attribute("value")
+        row = "#models tbody tr[data-model='tiny-embed']"
+        page.wait_for_selector(row, timeout=10000)
+        unloaded = page.inner_text(f"{row} td:nth-child(3)")
+        page.click(f"{row} button[data-action='load']")
+        expect(page.locator(f"{row} td:nth-child(3)")).to_have_text("ready", timeout=60000)
+        loaded = live.status()["models"][1]
+        memory = page.inner_text(f"{row} td:nth-child(4)")
+        keep_alive_left = page.inner_text(f"{row} td:nth-child(5)")
+        page_source = page.input_value("#pull-source")
+        shot = Path(request.config.rootpath) / "docs" / "models.png"
+        target = shot if request.config.getoption("--update-docs") else tmp_path / "models.png"
+        page.locator("section:has(#models)").screenshot(path=str(target))
+        page.click(f"{row} button[data-action='unload']")
+        expect(page.locator(f"{row} td:nth-child(3)")).to_have_text("unloaded", timeout=60000)
+        browser.close()
+        final = live.status()["models"][1]
+
+    assert said == "pulled tiny-embed"
+    assert bar_max is not None and bar_max == bar_value  # bytes: followed the copy to its end
+    assert float(bar_max) > 1000
+    assert unloaded == "unloaded" and keep_alive_left == "5 min"
+    assert page_source == ""  # the field is cleared for the next pull
+    assert loaded["name"] == "tiny-embed" and loaded["state"] == "ready"
+    assert loaded["weights_bytes"] > 0 and memory.endswith("MiB")
+    assert final["state"] == "unloaded" and final["weights_bytes"] == 0
