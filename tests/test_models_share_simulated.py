@@ -92,7 +92,10 @@ def test_simulated_the_least_recently_used_idle_model_makes_room(server_factory)
     assert embed(live, "b").status_code == 200  # loads b beside a
     assert embed(live, "a").status_code == 200  # a is now the most recently used
     assert states(live) == {"a": "ready", "b": "ready", "c": "unloaded"}
-    assert embed(live, "c").status_code == 200  # needs one of them gone: b, used longer ago
+    loading = embed(live, "c")  # needs one of them gone: b, used longer ago
+    assert loading.status_code == 200
+    assert float(loading.headers["X-Vramgate-Queue-Ms"]) >= 20  # its wait for the load
+    assert float(embed(live, "c").headers["X-Vramgate-Queue-Ms"]) < 20
     wait_until(lambda: states(live)["c"] == "ready", 10, "c ready")
     assert states(live) == {"a": "ready", "b": "unloaded", "c": "ready"}
     assert evictions(live, "lru") == 1

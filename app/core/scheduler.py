@@ -223,7 +223,7 @@ class Scheduler:
     def _start_run(self, permit: Permit, members: list[Entry]) -> None:
         jobs = [entry.job for entry in members if entry.job is not None]
         for job, entry in zip(jobs, members, strict=True):
-            job.waited_s = permit.admitted_at - entry.ticket.enqueued_at
+            job.waited_s += permit.admitted_at - entry.ticket.enqueued_at  # after any before
         run = self._runner.launch(permit, jobs)
         for entry in members:
             entry.run = run

@@ -217,7 +217,7 @@ class InferenceService:
     async def embed(
         self, request: ValidEmbeddingRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
-        keep = request.keep_alive
+        keep, arrived = request.keep_alive, self.clock()
         handler = await self.serving(request.model, Embedder, probe=False, keep_alive=keep)
         width, widths = request.dimensions, sorted({handler.dimensions, *handler.truncations})
         if width is not None and width not in widths:
@@ -228,7 +228,8 @@ class InferenceService:
             )
             self._refused(request.model, error)
             raise error
-        result = await self.one_shot(request.model, handler, request.inputs, watch)
+        model_wait_s = self.clock() - arrived
+        result = await self.one_shot(request.model, handler, request.inputs, watch, model_wait_s)
         return (
             result if width is None else replace(result, output=handler.cut(result.output, width))
         )
@@ -236,17 +237,19 @@ class InferenceService:
     async def predict(
         self, request: ValidImageRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
-        keep = request.keep_alive
+        keep, arrived = request.keep_alive, self.clock()
         handler = await self.serving(request.model, ImageModel, probe=False, keep_alive=keep)
-        return await self.one_shot(request.model, handler, request.images, watch)
+        model_wait_s = self.clock() - arrived
+        return await self.one_shot(request.model, handler, request.images, watch, model_wait_s)
 
     async def generate(
         self, request: ValidGenerationRequest, watch: ClientWatch | None, *, probe: bool = False
     ) -> AdmittedGeneration:
         """Price and admit a generation; returns once it holds its permit and runs.
         Refusals (503 + Retry-After, 400) are raised here, before any byte is streamed."""
-        model = request.model
+        model, arrived = request.model, self.clock()
         handler = await self.serving(model, Generator, probe=probe, keep_alive=request.keep_alive)
+        model_wait_s = self.clock() - arrived
         self.in_flight[model] += 1  # from here (no await between): no unload takes it away
         try:
             cap = self.settings.default_max_tokens
@@ -258,7 +261,7 @@ class InferenceService:
             raise
         stream = TokenStream(asyncio.get_running_loop())
         try:
-            job = await self._queued(model, handler, prepared, stream, watch, probe)
+            job = await self._queued(model, handler, prepared, stream, watch, probe, model_wait_s)
         except BaseException:
             self.in_flight[model] -= 1
             raise
@@ -285,12 +288,15 @@ class InferenceService:
         handler: OneShotModel[Any],
         inputs: list[Any],
         watch: ClientWatch | None,
+        model_wait_s: float = 0.0,
         *,
         probe: bool = False,
     ) -> InferenceResult:
+        """`model_wait_s`: how long the request waited for its model to load (part of
+        its queue wait)."""
         self.in_flight[model] += 1
         try:
-            return await self._run_one_shot(model, handler, inputs, watch, probe)
+            return await self._run_one_shot(model, handler, inputs, watch, probe, model_wait_s)
         finally:
             self.in_flight[model] -= 1
 
@@ -301,6 +307,7 @@ class InferenceService:
         inputs: list[Any],
         watch: ClientWatch | None,
         probe: bool,
+        model_wait_s: float,
     ) -> InferenceResult:
         if sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS and all(
             isinstance(item, str) for item in inputs
@@ -309,7 +316,7 @@ class InferenceService:
         else:  # large inputs and every image on the CPU pool, so the loop stays responsive
             prepared = await self.executor.run_cpu(handler.preprocess, inputs)
         started = self.clock()
-        job = await self._queued(model, handler, prepared, None, watch, probe)
+        job = await self._queued(model, handler, prepared, None, watch, probe, model_wait_s)
         result = job.result.result()
         self._served(job, result, started)
         return InferenceResult(result.output, prepared.tokens, cost_of(result, job))
@@ -322,12 +329,15 @@ class InferenceService:
         stream: TokenStream | None,
         watch: ClientWatch | None,
         probe: bool,
+        model_wait_s: float,
     ) -> Job:
         """Queue the work and return its job: a stream once it runs, a one-shot job once
         done. A request whose model is unloaded while it waits (to make room for another)
-        waits for the reload and queues again, within its queue_timeout. A refusal is
+        waits for the reload and queues again, within its queue_timeout. Its queue wait
+        counts every wait for its model (`model_wait_s` before this). A refusal is
         counted and logged here."""
         deadline = self.clock() + self.settings.queue_timeout
+        model_wait_s -= self.clock()  # plus the time from here to this job's queueing
         job: Job | None = None
         try:
             while True:
@@ -336,6 +346,7 @@ class InferenceService:
                     if self.registry.get(model) is not handler:  # 503 if it is still away
                         raise ModelLoading(f"model {model!r} was replaced; retry", retry_after=1)
                 job = self._job(model, handler, prepared, stream)
+                job.waited_s = model_wait_s + self.clock()  # the scheduler adds its own
                 try:
                     if stream is None:
                         await self.scheduler.run(job, watch, probe=probe)

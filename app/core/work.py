@@ -38,7 +38,7 @@ class Job:
     quote: Quote
     result: asyncio.Future[JobResult]
     stream: TokenStream | None = None  # a generation: its text flows here while it runs
-    waited_s: float = 0.0  # from queueing to admission, once admitted
+    waited_s: float = 0.0  # waiting for its model and in the queue, once admitted
 
     @property
     def label(self) -> str:
