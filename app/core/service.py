@@ -35,7 +35,6 @@ from app.engine.executor import Executor
 from app.errors import (
     EXIT_FATAL_DEVICE,
     DeviceFailed,
-    InvalidRequest,
     ModelEvicted,
     ModelLoading,
     Paused,
@@ -219,13 +218,8 @@ class InferenceService:
     ) -> InferenceResult:
         keep, arrived = request.keep_alive, self.clock()
         handler = await self.serving(request.model, Embedder, probe=False, keep_alive=keep)
-        width, widths = request.dimensions, sorted({handler.dimensions, *handler.truncations})
-        if width is not None and width not in widths:
-            error = InvalidRequest(
-                f"model {request.model!r} makes vectors of {widths} dimensions; "
-                f"dimensions={width} is not supported",
-                param="dimensions",
-            )
+        width = request.dimensions
+        if (error := handler.width_refused(request.model, width)) is not None:
             self._refused(request.model, error)
             raise error
         model_wait_s = self.clock() - arrived

@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from app.errors import InvalidRequest
 from app.models.base import Bucket, ModelHandler, Prepared
 from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
 from app.sched.budget import Geometry
@@ -76,6 +77,17 @@ class Embedder(OneShotModel[TextOrIds]):
     # Narrower widths its vectors keep their meaning at (Matryoshka training): a request's
     # `dimensions` may ask for one; the vector is cut to it and normalised again.
     truncations: tuple[int, ...] = ()
+
+    def width_refused(self, model: str, width: int | None) -> InvalidRequest | None:
+        """Why a request's `dimensions` cannot be served (None: it can, or none asked)."""
+        widths = sorted({self.dimensions, *self.truncations})
+        if width is None or width in widths:
+            return None
+        return InvalidRequest(
+            f"model {model!r} makes vectors of {widths} dimensions; "
+            f"dimensions={width} is not supported",
+            param="dimensions",
+        )
 
     def cut(self, vectors: np.ndarray, width: int) -> np.ndarray:
         """`vectors` cut to `width` (one of `truncations`) and normalised again."""
