@@ -1,9 +1,29 @@
 """Whether a local port can be listened on: asked by `serve` before it starts uvicorn and
-by the tray before it starts a server child (both exit 74 when it cannot)."""
+by the tray before it starts a server child (both exit 74 when it cannot).
+
+The probe binds as exclusively as the OS allows. On Windows `SO_REUSEADDR` lets a socket
+bind over a live listener (the probe would say "free" while a server holds the port), so
+the probe sets `SO_EXCLUSIVEADDRUSE` there and never `SO_REUSEADDR`. Elsewhere a plain
+bind fails on a live listener and succeeds over connections lingering in TIME_WAIT only
+with `SO_REUSEADDR`, which is what uvicorn itself sets.
+"""
 
 from __future__ import annotations
 
 import socket
+import sys
+
+# winsock2.h: SO_REUSEADDR is 4 and SO_EXCLUSIVEADDRUSE is ((int)(~SO_REUSEADDR)); Python's
+# socket module has the latter on Windows only, so other platforms' checks spell it out.
+WINDOWS_SO_REUSEADDR = 4
+WINDOWS_SO_EXCLUSIVEADDRUSE = ~WINDOWS_SO_REUSEADDR
+
+
+def probe_options(platform: str = sys.platform) -> list[tuple[int, int]]:
+    """(option, value) pairs the probe sets at SOL_SOCKET on `platform`."""
+    if platform == "win32":
+        return [(getattr(socket, "SO_EXCLUSIVEADDRUSE", WINDOWS_SO_EXCLUSIVEADDRUSE), 1)]
+    return [(socket.SO_REUSEADDR, 1)]
 
 
 def port_free(host: str, port: int) -> bool:
@@ -11,7 +31,8 @@ def port_free(host: str, port: int) -> bool:
         return True
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        for option, value in probe_options():
+            probe.setsockopt(socket.SOL_SOCKET, option, value)
         try:
             probe.bind((host, port))
         except OSError:
