@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import platformdirs
 
@@ -14,10 +14,21 @@ RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
 VALUE_NAME = "vramgate"
 
 
-def tray_command() -> list[str]:
-    if getattr(sys, "frozen", False):
-        return [sys.executable]
-    return [sys.executable, "-m", "app"]
+def tray_command(
+    executable: str = sys.executable,
+    frozen: bool = getattr(sys, "frozen", False),
+    platform: str = sys.platform,
+) -> list[str]:
+    """What starts the tray at login: the bundle's own (windowed) executable, or Python
+    running the app. On Windows, `pythonw.exe` (no console window at every login), which
+    every Windows Python install and venv has beside `python.exe`."""
+    if frozen:
+        return [executable]
+    if platform == "win32":
+        path = PureWindowsPath(executable)
+        if path.name.lower() == "python.exe":
+            executable = str(path.with_name("pythonw.exe"))
+    return [executable, "-m", "app"]
 
 
 class Autostart:
