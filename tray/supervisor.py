@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE, EXIT_WEDGED
+from tray.job_object import KillOnClose
 
 log = logging.getLogger("vramgate.tray.supervisor")
 OUTPUT_LOG = "server-output.log"
@@ -118,6 +119,7 @@ class Supervisor:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._output = _rotating_logger(log_dir / OUTPUT_LOG)
+        self._job: KillOnClose | None = None  # Windows: the job object the child runs in
 
     @property
     def pid(self) -> int | None:
@@ -129,12 +131,13 @@ class Supervisor:
         self._thread.start()
 
     def restart(self) -> None:
-        """Stop the child gracefully; a fresh one starts at once (not counted as a crash)."""
+        """Stop the child gracefully (killed past the drain bound, in the background); a
+        fresh one starts once it is gone (not counted as a crash)."""
         with self._lock:
             self._restart_requested = True
             child = self._child
         if child is not None:
-            self._terminate(child)
+            threading.Thread(target=self._end, args=(child,), name="restart", daemon=True).start()
         self._wake.set()
 
     def stop(self) -> int | None:
@@ -144,15 +147,7 @@ class Supervisor:
             self._stopping = True
             child = self._child
         self._wake.set()
-        code = None
-        if child is not None:
-            self._terminate(child)
-            try:
-                code = child.wait(self.drain_s)
-            except subprocess.TimeoutExpired:
-                log.warning("server did not stop within %.0fs; killing it", self.drain_s)
-                child.kill()
-                code = child.wait(10)
+        code = self._end(child) if child is not None else None
         if self._thread is not None:
             self._thread.join(10)
         self._set("stopped", "")
@@ -190,7 +185,7 @@ class Supervisor:
 
     def _spawn(self) -> subprocess.Popen[str] | None:
         flags = 0
-        if sys.platform == "win32":  # its own group, so CTRL_BREAK reaches only it
+        if sys.platform == "win32":  # no console; its own group: a Ctrl+C is the tray's
             flags = subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
         with self._lock:
             if self._stopping:
@@ -205,6 +200,12 @@ class Supervisor:
                 preexec_fn=_die_with_parent(),
             )
             self._child = child
+        if sys.platform == "win32":  # dies with the tray, however the tray ends
+            try:
+                self._job = self._job or KillOnClose()
+                self._job.assign(child)
+            except OSError as exc:
+                log.warning("the server will not end with the tray: job object: %s", exc)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.write_text(str(child.pid))
         threading.Thread(target=self._copy_output, args=(child.stdout,), daemon=True).start()
@@ -218,18 +219,27 @@ class Supervisor:
         for line in stream:
             self._output.info(line.rstrip("\n"))
 
-    def _terminate(self, child: subprocess.Popen[str]) -> None:
-        """Ask the server to drain and exit: over HTTP first (a windowed Windows process
-        gets no console signals), then by signal."""
+    def _end(self, child: subprocess.Popen[str]) -> int | None:
+        """Stop the child the way it can hear: the HTTP shutdown route (with the token:
+        the tray's client sends it), else a signal (POSIX) or termination (Windows, where
+        a child without a console gets no console events); killed if it has not exited
+        within the drain bound. Returns its exit code."""
         if child.poll() is not None:
-            return
-        if self.shutdown_url and _post(self.shutdown_url):
-            return
-        with contextlib.suppress(OSError):
-            if sys.platform == "win32":
-                child.send_signal(signal.CTRL_BREAK_EVENT)
-            else:
-                child.send_signal(signal.SIGTERM)
+            return child.returncode
+        if not (self.shutdown_url and _post(self.shutdown_url)):
+            with contextlib.suppress(OSError):
+                if sys.platform == "win32":
+                    child.terminate()
+                else:
+                    child.send_signal(signal.SIGTERM)
+        try:
+            return child.wait(self.drain_s)
+        except subprocess.TimeoutExpired:
+            log.warning("server did not stop within %.0fs; killing it", self.drain_s)
+            child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return child.wait(10)
+            return None
 
     def _set(self, state: str, message: str) -> None:
         self.state, self.message = state, message
@@ -247,7 +257,7 @@ def _post(url: str) -> bool:
 
 def _die_with_parent() -> Callable[[], None] | None:
     """Linux: the child gets SIGTERM if the tray dies, even by SIGKILL, so a server is
-    never left behind."""
+    never left behind (Windows: the job object, `KillOnClose`)."""
     if not sys.platform.startswith("linux"):
         return None
 

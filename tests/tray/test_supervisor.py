@@ -124,6 +124,26 @@ def test_stop_kills_a_child_that_will_not_drain(supervise):
     assert sup.stop() == -9
 
 
+def test_restart_kills_a_child_that_hears_neither_signals_nor_http(supervise, tmp_path):
+    """As a Windows child without a console hears no console event: the restart asks,
+    waits the drain bound, then kills, and a fresh child starts."""
+    deaf = child("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("deaf child up", flush=True)
+        time.sleep(600)
+    """)
+    unanswered = "http://127.0.0.1:9/admin/shutdown"  # nothing listens: the HTTP ask fails
+    sup = supervise(deaf, drain_s=0.5, shutdown_url=unanswered, policy=RestartPolicy(base_s=60))
+    wait_until(lambda: sup.state == "running", 10, "running")
+    wait_until(lambda: "deaf" in (tmp_path / "log" / OUTPUT_LOG).read_text(), 10, "handlers set")
+    first = sup.pid
+    sup.restart()
+    wait_until(lambda: sup.pid != first and sup.state == "running", 10, "restarted")
+    assert sup.last_exit == -9 and sup.policy.failures == 0
+
+
 def test_requested_restart_is_not_a_crash(supervise):
     sup = supervise(SLEEPER, policy=RestartPolicy(base_s=60))
     wait_until(lambda: sup.state == "running", 10, "running")
