@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from app import streams
 from app.settings import Settings
 
 LOG_FILE = "server.log"
@@ -52,7 +53,7 @@ def configure_logging(settings: Settings) -> Path:
             path, maxBytes=10 * 2**20, backupCount=5, encoding="utf-8"
         )
     ]
-    if sys.stderr is not None:  # None in a windowed executable
+    if sys.stderr is not None and not streams.replaced:  # none in a windowed executable
         handlers.append(logging.StreamHandler(sys.stderr))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app import client_auth
+from app import client_auth, streams
 from app.errors import EXIT_PORT_IN_USE
 from app.ports import port_free
 from app.settings import Settings, load_settings
@@ -37,7 +37,7 @@ def configure_tray_logging(log_dir: Path) -> None:
             log_dir / "tray.log", maxBytes=5 * 2**20, backupCount=3, encoding="utf-8"
         )
     ]
-    if sys.stderr is not None:  # None in a windowed executable
+    if sys.stderr is not None and not streams.replaced:  # none in a windowed executable
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(
         level=logging.INFO,

@@ -30,6 +30,7 @@ from tray.job_object import KillOnClose
 
 log = logging.getLogger("vramgate.tray.supervisor")
 OUTPUT_LOG = "server-output.log"
+CONSOLE_EXE = "vramgate-cli"  # the bundle's console executable (app.spec)
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,20 @@ class RestartPolicy:
         return RestartDecision(True, delay, f"the server exited with code {exit_code}")
 
 
-def server_command(config_file: Path | None = None) -> list[str]:
-    """The child's command line: the same executable when frozen."""
-    if getattr(sys, "frozen", False):
-        command = [sys.executable, "serve"]
+def server_command(
+    config_file: Path | None = None,
+    executable: str = sys.executable,
+    frozen: bool = getattr(sys, "frozen", False),
+) -> list[str]:
+    """The child's command line. In the bundle: its console executable, `vramgate-cli`,
+    beside the windowed one (run without a window, its output reaches the server log;
+    a windowed child would have none), or the same executable where there is none."""
+    if frozen:
+        here = Path(executable)
+        console = here.with_name(CONSOLE_EXE + here.suffix)
+        command = [str(console) if console.is_file() else executable, "serve"]
     else:
-        command = [sys.executable, "-m", "app", "serve"]
+        command = [executable, "-m", "app", "serve"]
     return [*command, "--config", str(config_file)] if config_file else command
 
 

@@ -186,3 +186,20 @@ def test_the_child_dies_with_a_killed_tray(tmp_path):
         return state == "Z"
 
     wait_until(gone, 10, "child ended with its parent")
+
+
+def test_the_bundles_server_child_is_its_console_executable(tmp_path):
+    """A windowed child has no stdout: the tray runs `vramgate-cli serve` where the
+    bundle has it (without a window: CREATE_NO_WINDOW), so its output reaches the log."""
+    from tray.supervisor import server_command
+
+    windowed = tmp_path / "vramgate.exe"
+    windowed.touch()
+    alone = server_command(None, str(windowed), frozen=True)
+    assert alone == [str(windowed), "serve"]
+    (tmp_path / "vramgate-cli.exe").touch()
+    config = tmp_path / "config.toml"
+    assert server_command(config, str(windowed), frozen=True) == [
+        str(tmp_path / "vramgate-cli.exe"), "serve", "--config", str(config)
+    ]  # fmt: skip
+    assert server_command(None, "/venv/bin/python", frozen=False)[1:] == ["-m", "app", "serve"]
