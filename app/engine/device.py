@@ -15,8 +15,9 @@ import os
 import re
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -156,18 +157,23 @@ class CpuDevice(Device):
     of it (reset through /proc/self/clear_refs on Linux); large tensors (>= 32 MiB) are
     made to come from mmap so that freeing them gives the pages back and the next peak
     sees them again; smaller ones reuse the heap (see `_return_large_frees_to_os`).
+    Where the OS keeps no high-water mark a program can reset (Windows, macOS), the
+    resident set is sampled while a job runs (`_PeakSampler`; `sample_peak=True` takes
+    that path on Linux too).
     """
 
     kind = "cpu"
     default_reserve = 1 * GiB
     default_slots = 1
 
-    def __init__(self, warnings: tuple[str, ...] = ()) -> None:
+    def __init__(self, warnings: tuple[str, ...] = (), *, sample_peak: bool = False) -> None:
         self.warnings = warnings
         self.torch_device = torch.device("cpu")
         self.name = f"{psutil.cpu_count(logical=True)}-thread CPU"
         self._process = psutil.Process()
-        self._proc = _ProcMemory.open()  # Linux: reads per batch at a few µs, under the GIL
+        # Linux: reads per batch at a few µs, under the GIL
+        self._proc = None if sample_peak else _ProcMemory.open()
+        self._sampler = _PeakSampler(self._rss) if self._proc is None else None
         self._start_rss = 0
         _return_large_frees_to_os()
 
@@ -186,18 +192,58 @@ class CpuDevice(Device):
     def allocated(self) -> int:
         if self._proc is not None:
             return self._proc.rss()
+        return self._rss()
+
+    def _rss(self) -> int:
         return int(self._process.memory_info().rss)
 
     def begin_peak(self) -> None:
         self._start_rss = self.allocated()
         if self._proc is not None:
             self._proc.reset_high_water()
+        if self._sampler is not None:
+            self._sampler.reset(self._start_rss)
 
     def peak(self) -> int:
         now = self.allocated()
-        if self._proc is None:
-            return max(now, self._start_rss)
+        if self._sampler is not None:
+            return max(self._sampler.high_water(), now, self._start_rss)
+        assert self._proc is not None
         return max(self._proc.high_water(), now)
+
+
+class _PeakSampler:
+    """The resident set's highest value while a job is measured, sampled every
+    `INTERVAL_S` on a thread of its own (armed by `reset`, read and disarmed by
+    `high_water`). An allocation shorter than the interval can be missed; a batch's large
+    activations live for many intervals."""
+
+    INTERVAL_S = 0.001
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        self._high = 0
+        self._lock = threading.Lock()
+        self._armed = threading.Event()
+        threading.Thread(target=self._run, name="peak-sampler", daemon=True).start()
+
+    def reset(self, now: int) -> None:
+        with self._lock:
+            self._high = now
+        self._armed.set()
+
+    def high_water(self) -> int:
+        self._armed.clear()
+        with self._lock:
+            return self._high
+
+    def _run(self) -> None:
+        while True:
+            self._armed.wait()
+            value = self._read()
+            with self._lock:
+                self._high = max(self._high, value)
+            time.sleep(self.INTERVAL_S)
 
 
 class _ProcMemory:
