@@ -8,7 +8,9 @@ import contextlib
 import functools
 import logging
 import logging.handlers
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -16,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from app import client_auth, streams
-from app.errors import EXIT_PORT_IN_USE
+from app.errors import EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
 from app.ports import port_free
-from app.settings import Settings, load_settings
+from app.settings import Settings, config_path, load_settings
 from tray import single_instance
 from tray.icon import render
 from tray.menu import Item, TrayActions, build_menu
@@ -144,8 +146,34 @@ class Tray:
         return self.exit_code
 
 
+def show_error(title: str, text: str) -> bool:
+    """Tell the person, before any tray icon exists: a message box on Windows, a desktop
+    notification elsewhere (where `notify-send` is). Whether it was shown."""
+    if sys.platform == "win32":
+        import ctypes
+
+        mb_iconerror = 0x10
+        ctypes.windll.user32.MessageBoxW(None, text, title, mb_iconerror)  # type: ignore[attr-defined]
+        return True
+    notify = shutil.which("notify-send")
+    if notify is None:
+        return False
+    done = subprocess.run([notify, "--urgency=critical", title, text], check=False, timeout=10)
+    return done.returncode == 0
+
+
 def run_tray(config_file: Path | None = None) -> int:
-    settings = load_settings({}, config_file)
+    try:
+        settings = load_settings({}, config_file)
+    except ValueError as exc:  # a bad config: say so where the person looks, and why
+        log_dir = Settings.model_construct().resolved_log_dir
+        configure_tray_logging(log_dir)
+        where = config_file or config_path()
+        log.error("vramgate cannot start: the config %s is invalid: %s", where, exc)
+        text = f"vramgate cannot start: {where} is invalid.\n\n{exc}\n\nDetails: {log_dir}"
+        if not show_error("vramgate", text):
+            log.error("no way to show the message here (no message box, no notify-send)")
+        return EXIT_INVALID_SETTINGS
     configure_tray_logging(settings.resolved_log_dir)
     lock = single_instance.acquire(settings.resolved_data_dir)
     if lock is None:
