@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
 import logging
 import os
 import secrets
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,8 +180,24 @@ def resolve_token(settings: Settings) -> Settings:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(token + "\n")
+    owner_only(path)
     log.info("generated a token; it is in %s (readable by you only)", path)
     return settings.model_copy(update={"token": SecretStr(token)})
+
+
+def owner_only(path: Path) -> None:
+    """Windows: the file's ACL grants its owner alone, inheritance removed, wherever
+    data_dir is (a folder outside the user's profile may let others read). POSIX: the
+    file was created with mode 0600."""
+    if sys.platform == "win32":
+        subprocess.run(owner_only_command(path), check=True, capture_output=True, timeout=30)
+
+
+def owner_only_command(path: Path, user: str | None = None, domain: str | None = None) -> list[str]:
+    user = user or getpass.getuser()
+    domain = os.environ.get("USERDOMAIN", "") if domain is None else domain
+    account = f"{domain}\\{user}" if domain else user
+    return ["icacls", str(path), "/inheritance:r", "/grant:r", f"{account}:F"]
 
 
 def preflight(settings: Settings) -> tuple[Settings, int]:

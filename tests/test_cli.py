@@ -171,3 +171,25 @@ def test_a_forged_forwarded_address_does_not_change_who_the_server_sees(sim_serv
     response = httpx.post(server.url + "/admin/pause", headers={"X-Forwarded-For": "203.0.113.9"})
     assert response.status_code == 200
     httpx.post(server.url + "/admin/resume")
+
+
+def test_the_token_file_is_its_owners_alone_on_windows_wherever_data_dir_is():
+    from app.cli import owner_only_command
+
+    token = Path(r"D:\vramgate-data\token")
+    assert owner_only_command(token, "me", "OFFICE") == [
+        "icacls", r"D:\vramgate-data\token", "/inheritance:r", "/grant:r", r"OFFICE\me:F"
+    ]  # fmt: skip
+    assert owner_only_command(token, "me", "")[-1] == "me:F"
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="Windows ACLs")
+def test_on_windows_icacls_lists_the_owner_alone(tmp_path):
+    from app.cli import owner_only
+
+    token = tmp_path / "token"
+    token.write_text("x")
+    owner_only(token)
+    granted = subprocess.run(["icacls", str(token)], capture_output=True, text=True).stdout
+    entries = [line for line in granted.splitlines()[:-2] if ":" in line]
+    assert len(entries) == 1

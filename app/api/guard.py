@@ -5,8 +5,10 @@ work: header count and size (431); the `Host` header, when bound to loopback, mu
 this machine (DNS rebinding: 403 `forbidden_host`); state-changing and inference calls
 from another web origin, `Origin: null` and `Sec-Fetch-Site: cross-site` are refused
 (CSRF: 403 `forbidden_origin`) unless the origin is in `cors_origins`; a configured
-bearer token is required everywhere but /health (401), or, to read (GET), the cookie a
-page's sign-in set (`GET /dashboard?token=…`, for browsers); JSON routes take JSON only
+bearer token is required everywhere but /health (401), or, to read (GET) and for the
+dashboard's model actions (same-origin POSTs under /admin/models/), the cookie a page's
+sign-in set (`GET /dashboard?token=…`, for browsers; named with the server's port);
+JSON routes take JSON only
 (415: a cross-site form or `no-cors` fetch can only send text/plain, form or multipart);
 and the body limit holds while the body streams in, chunked bodies included (413).
 """
@@ -42,6 +44,14 @@ PREDICT_SUFFIX = "/predict"  # POST /v1/models/{model}/predict: JSON or a multip
 OPEN_ROUTES = {"/health"}  # answered without a token; it reveals nothing sensitive
 PAGES = {"/dashboard", "/docs"}  # pages a browser opens: they may sign in (`_sign_in`)
 SESSION_COOKIE = "vramgate_session"
+PAGE_ACTIONS = "/admin/models/"  # POSTs the dashboard sends with its sign-in cookie
+
+
+def session_cookie(scope: Scope) -> str:
+    """The sign-in cookie's name, with the server's port: browsers send a host's cookies
+    to every port, and two servers on one machine must not take each other's."""
+    server = scope.get("server") or (None, None)
+    return f"{SESSION_COOKIE}_{server[1]}" if server[1] else SESSION_COOKIE
 
 
 async def refuse(send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]]) -> None:
@@ -175,7 +185,10 @@ class RequestGuard:
             if headers.get("sec-fetch-site") == "cross-site" and not cors:
                 raise ForbiddenOrigin("cross-site calls from a web page are refused")
         guarded = self.token is not None and path not in OPEN_ROUTES and method != "OPTIONS"
-        if guarded and page_token is None and not self._authorised(method, headers):
+        # The dashboard's own buttons (load, unload, pull): a POST its page sends carries
+        # the page's origin, which must be this server's (checked above).
+        page_action = path.startswith(PAGE_ACTIONS) and origin is not None and not cors
+        if guarded and page_token is None and not self._authorised(scope, headers, page_action):
             raise Unauthorized("a valid bearer token is required (Authorization: Bearer …)")
         if method == "POST" and inference:
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
@@ -187,18 +200,20 @@ class RequestGuard:
                     + (" or as multipart/form-data" if path.endswith(PREDICT_SUFFIX) else "")
                 )
 
-    def _authorised(self, method: str, headers: dict[str, str]) -> bool:
-        """The bearer token; or, for reading only, the cookie a page sign-in set."""
+    def _authorised(self, scope: Scope, headers: dict[str, str], page_action: bool) -> bool:
+        """The bearer token; or the cookie a page sign-in set, for reading (GET) and for
+        the dashboard's own model actions (`page_action`)."""
         assert self.token is not None
         given = headers.get("authorization", "").encode("latin-1")
         if hmac.compare_digest(given, self.token):
             return True
-        if method not in ("GET", "HEAD") or self.session is None:
+        reading = scope["method"] in ("GET", "HEAD")
+        if not (reading or page_action) or self.session is None:
             return False
         cookie = SimpleCookie()
         with contextlib.suppress(CookieError):
             cookie.load(headers.get("cookie", ""))
-        morsel = cookie.get(SESSION_COOKIE)
+        morsel = cookie.get(session_cookie(scope))
         if morsel is None:
             return False
         return hmac.compare_digest(morsel.value.encode(), self.session.encode())
@@ -217,7 +232,7 @@ class RequestGuard:
         assert self.token is not None and self.session is not None
         if not hmac.compare_digest(f"Bearer {page_token}".encode(), self.token):
             raise Unauthorized("the token in the address is not this server's")
-        cookie = f"{SESSION_COOKIE}={self.session}; Path=/; HttpOnly; SameSite=Strict"
+        cookie = f"{session_cookie(scope)}={self.session}; Path=/; HttpOnly; SameSite=Strict"
         headers = [
             (b"location", scope["path"].encode("latin-1")),
             (b"set-cookie", cookie.encode("latin-1")),

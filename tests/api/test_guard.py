@@ -170,7 +170,9 @@ def test_token_guards_every_route_but_health_and_is_never_echoed_nor_logged(serv
     assert secret not in logged
 
 
-def test_a_page_signs_in_with_the_token_in_its_address_and_then_only_reads(server_factory):
+def test_a_page_signs_in_with_the_token_in_its_address_and_then_reads_and_acts_on_models(
+    server_factory,
+):
     secret = "s3cret; token,value"  # characters a cookie could not hold as they are
     live = server_factory(device="simulated:1GiB", models=(sim(),), token=secret)
     with httpx.Client(base_url=live.url) as browser:
@@ -184,6 +186,8 @@ def test_a_page_signs_in_with_the_token_in_its_address_and_then_only_reads(serve
         assert signed.status_code == 303 and signed.headers["location"] == "/dashboard"
         cookie = signed.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and secret not in cookie
+        port = live.url.rsplit(":", 1)[1]
+        assert cookie.startswith(f"vramgate_session_{port}=")  # two servers, two cookies
         page = browser.get("/dashboard")
         assert page.status_code == 200 and "<canvas" in page.text
         assert browser.get("/status").json()["state"] == "ready"
@@ -193,11 +197,21 @@ def test_a_page_signs_in_with_the_token_in_its_address_and_then_only_reads(serve
         calls = live.service.registry.get("sim").forward_calls
         assert browser.post("/v1/embeddings", json=BODY).status_code == 401
         assert browser.post("/admin/pause").status_code == 401
+        assert browser.post("/admin/models/sim/unload").status_code == 401  # no page origin
         assert live.service.state.paused is False
         assert live.service.registry.get("sim").forward_calls == calls
+        # The dashboard's own model buttons: a same-origin POST under /admin/models/.
+        page = {"Origin": live.url}
+        assert browser.post("/admin/pause", headers=page).status_code == 401
+        assert browser.post("/v1/embeddings", json=BODY, headers=page).status_code == 401
+        other = {"Origin": "http://127.0.0.1:1"}  # another local server's page
+        assert browser.post("/admin/models/sim/unload", headers=other).status_code == 403
+        unloaded = browser.post("/admin/models/sim/unload", headers=page)
+        assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
 
     for forged in (b"0" * 64, b"\xe9t\xe9", b"%E2%82%AC", b"a=b; c"):
-        r = httpx.get(live.url + "/status", headers={b"Cookie": b"vramgate_session=" + forged})
+        name = f"vramgate_session_{live.url.rsplit(':', 1)[1]}=".encode()
+        r = httpx.get(live.url + "/status", headers={b"Cookie": name + forged})
         assert r.status_code == 401, forged
     for address in ("/dashboard?token=%E2%82%AC", "/dashboard?token=%FF", "/docs?token="):
         assert httpx.get(live.url + address).status_code == 401, address
