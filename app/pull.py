@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
-
-from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file
+from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file, tomllib
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 COPY_CHUNK = 8 * 2**20

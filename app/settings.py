@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,11 +34,6 @@ from app.simulated_spec import (
     SimulatedBucket,
     SimulatedGeneration,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 APP_NAME = "vramgate"
 ENV_PREFIX = "VRAMGATE_"

@@ -301,8 +301,9 @@ class DriverNotLoaded(FakeNvml):
     def nvmlInit(self) -> None:
         import pynvml
 
-        # pynvml's own class for NVML_ERROR_DRIVER_NOT_LOADED (a driver installed, not running)
-        raise pynvml.NVMLError_DriverNotLoaded(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        # NVML_ERROR_DRIVER_NOT_LOADED (a driver installed, not running), raised as pynvml's
+        # _nvmlCheckReturn raises it: NVMLError(code) makes the code's own subclass
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
 
 
 def test_auto_falls_back_to_the_cpu_on_any_nvml_error(tmp_path, caplog):
