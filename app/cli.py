@@ -28,6 +28,7 @@ from app.errors import (
     DeviceUnavailable,
 )
 from app.ports import port_free
+from app.pull import PIP_COMMAND
 from app.settings import (
     ENV_PREFIX,
     ConfigSource,
@@ -323,6 +324,11 @@ def run_until_stopped(server: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_given = sys.argv[1:] if argv is None else argv
+    if getattr(sys, "frozen", False) and args_given[:1] == [PIP_COMMAND]:  # the bundle's pip
+        from pip._internal.cli.main import main as pip_main
+
+        return int(pip_main(args_given[1:]))
 
     parser = build_parser()
     args = parser.parse_args(argv)

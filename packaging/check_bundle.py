@@ -4,7 +4,7 @@
 
 For the CUDA flavour: every CUDA library the build environment has (cuBLAS, cuBLASLt,
 cudart, each cuDNN sub-library, ...) is in the bundle at its package-relative place; for
-every flavour: the executable is there, no driver library is, and the size is reported.
+every flavour: both executables are there, no driver library is, and the size is reported.
 Exit status 1 on any problem.
 """
 
@@ -45,9 +45,11 @@ def contents_dir(bundle: Path) -> Path:
 
 def check(bundle: Path, flavour: str, site: Path, platform: Platform) -> Report:
     report = Report()
-    exe = bundle / ("vramgate.exe" if platform == "windows" else "vramgate")
-    if not exe.is_file():
-        report.errors.append(f"no executable at {exe}")
+    suffix = ".exe" if platform == "windows" else ""
+    for name in ("vramgate", "vramgate-cli"):  # the double-click one, the console one
+        exe = bundle / f"{name}{suffix}"
+        if not exe.is_file():
+            report.errors.append(f"no executable at {exe}")
     files = [p for p in bundle.rglob("*") if p.is_file()]
     report.files = len(files)
     report.size_bytes = sum(p.stat().st_size for p in files)

@@ -1,8 +1,10 @@
-"""Smoke test of a built bundle: start `vramgate serve`, wait for /health, get a real
-embedding from the embedded model, stop it cleanly. Standard library only, so CI on any
-runner can run it right after the build.
+"""Smoke test of a built bundle, through its console executable `vramgate-cli`: `--help`
+prints; the bundled pip runs; with `--gguf FILE`, `pull` converts that GGUF into the
+models folder; `serve` answers /health, gives a real embedding from the embedded model
+and (with a GGUF) streams a chat from the pulled model; it stops cleanly. Standard
+library only, so CI on any runner can run it right after the build.
 
-    python packaging/smoke_test.py dist/vramgate [--timeout 300]
+    python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf] [--timeout 300]
 
 Prints one JSON line with the figures; exit status 1 on any failure.
 """
@@ -72,6 +74,45 @@ def embedding_dims(url: str) -> int:
     return dims
 
 
+def streamed_chat(url: str, model: str) -> int:
+    """A streamed chat (server-sent events, as OpenAI's clients read them): its chunks."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+    }
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    chunks, done = 0, False
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunks += 1
+    if not done or chunks < 2:
+        raise RuntimeError(f"the chat stream ended after {chunks} chunks without [DONE]")
+    return chunks
+
+
+def run_cli(cli: Path, *args: str, timeout: float = 600) -> str:
+    done = subprocess.run(
+        [str(cli), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"vramgate-cli {' '.join(args)} exited {done.returncode}:\n"
+            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    return done.stdout
+
+
 def shut_down(server: subprocess.Popen, url: str) -> int:
     call(url + "/admin/shutdown", {})
     try:
@@ -83,36 +124,42 @@ def shut_down(server: subprocess.Popen, url: str) -> int:
     return code
 
 
-def smoke(bundle: Path, timeout: float) -> dict:
-    exe = bundle / ("vramgate.exe" if sys.platform == "win32" else "vramgate")
+def smoke(bundle: Path, timeout: float, gguf: Path | None = None) -> dict:
+    suffix = ".exe" if sys.platform == "win32" else ""
+    cli = bundle / f"vramgate-cli{suffix}"
+    if not (bundle / f"vramgate{suffix}").is_file():
+        raise RuntimeError(f"{bundle} has no windowed executable vramgate{suffix}")
+    if "usage: vramgate" not in run_cli(cli, "--help"):
+        raise RuntimeError("vramgate-cli --help printed no usage")
+    pip_version = run_cli(cli, "_pip", "--version").strip()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     scratch = Path(tempfile.mkdtemp(prefix="vramgate-smoke-"))
+    config = scratch / "config.toml"
+    figures: dict = {"bundle": str(bundle), "pip": pip_version.split(" from ")[0]}
+    if gguf is not None:
+        started = time.monotonic()
+        models = str(scratch / "models")
+        run_cli(cli, "pull", str(gguf), "--config", str(config), "--models-dir", models)
+        figures["gguf_pull_s"] = round(time.monotonic() - started, 1)
     log = scratch / "output.txt"
     with log.open("w") as output:  # a file: an unread pipe could block the server
         server = subprocess.Popen(
             [
-                str(exe),
-                "serve",
-                "--port",
-                str(port),
-                "--device",
-                "cpu",
-                "--data-dir",
-                str(scratch / "data"),
-                "--log-dir",
-                str(scratch / "log"),
+                str(cli), "serve", "--config", str(config), "--port", str(port),
+                "--device", "cpu", "--data-dir", str(scratch / "data"),
+                "--log-dir", str(scratch / "log"),
             ],
             stdout=output,
             stderr=subprocess.STDOUT,
-        )
+        )  # fmt: skip
         try:
-            return {
-                "bundle": str(bundle),
-                "time_to_ready_s": round(wait_ready(server, url, log, timeout), 1),
-                "embedding_dims": embedding_dims(url),
-                "exit_code": shut_down(server, url),
-            }
+            figures["time_to_ready_s"] = round(wait_ready(server, url, log, timeout), 1)
+            figures["embedding_dims"] = embedding_dims(url)
+            if gguf is not None:
+                figures["chat_chunks"] = streamed_chat(url, gguf.stem)
+            figures["exit_code"] = shut_down(server, url)
+            return figures
         finally:
             if server.poll() is None:
                 server.kill()
@@ -123,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--gguf", type=Path, default=None, help="a GGUF to pull and chat with")
     args = parser.parse_args(argv)
     try:
-        figures = smoke(args.bundle, args.timeout)
+        figures = smoke(args.bundle, args.timeout, args.gguf)
     except RuntimeError as error:
         print(f"smoke test FAILED: {error}", file=sys.stderr)
         return 1

@@ -139,3 +139,67 @@ def save_model_wheel(model: Path, wheel: Path) -> Path:
             if path.is_file():
                 archive.write(path, f"{package}/{model.name}/{path.relative_to(model)}")
     return wheel
+
+
+def save_random_llama_gguf(folder: Path, gguf_file: Path) -> Path:
+    """The random Llama of `save_random_llama` (in `folder`) written as a GGUF file, as
+    llama.cpp's converter writes one: tensors under GGUF's names (gguf's own name map),
+    the query and key rows permuted as llama.cpp does, float32, and the byte-level BPE
+    tokenizer as a "gpt2" token list with its merges and the chat template."""
+    import json
+
+    import gguf
+    import numpy as np
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"] | {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    rope = getattr(config, "rope_theta", None) or (config.rope_parameters or {}).get(
+        "rope_theta", 10000.0
+    )
+
+    def permute(weights: np.ndarray, heads: int) -> np.ndarray:
+        rows = weights.shape[0] // heads // 2
+        grouped = weights.reshape(heads, 2, rows, *weights.shape[1:])
+        return grouped.swapaxes(1, 2).reshape(weights.shape)
+
+    writer = gguf.GGUFWriter(str(gguf_file), "llama")
+    writer.add_name(folder.name)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(rope))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])  # control, normal
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+    writer.add_pad_token_id(config.pad_token_id)
+    writer.add_chat_template(settings.get("chat_template") or CHAT_TEMPLATE)
+    for name, tensor in model.state_dict().items():
+        weights = tensor.float().numpy()
+        if name.endswith("q_proj.weight"):
+            weights = permute(weights, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            weights = permute(weights, config.num_key_value_heads)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(f"no GGUF name for {name}")
+        writer.add_tensor(gguf_name, weights)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return gguf_file

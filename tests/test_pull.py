@@ -16,7 +16,7 @@ import pytest
 from app.pull import PullError, add_to_config, parse_source, pull
 from app.settings import ModelSpec, load_settings
 from tests.live import clean_env, make_settings
-from tests.random_models import save_random_llama
+from tests.random_models import save_random_llama, save_random_llama_gguf
 
 VRAMGATE = [sys.executable, "-m", "app"]
 
@@ -230,3 +230,31 @@ def test_the_conversion_check_compares_with_the_unconverted_model(tmp_path):
     tokenizer.save_pretrained(tmp_path / "overflow")
     with pytest.raises(PullError, match="differs from the GGUF"):
         check_conversion(want, ids, tmp_path / "overflow")
+
+
+def test_a_local_gguf_is_converted_checked_and_matches_the_model_it_was_written_from(
+    tmp_path, llama
+):
+    """A GGUF written here from the random Llama (as llama.cpp writes one): pulled, it is
+    converted to a safetensors folder whose logits equal the original model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf_file = save_random_llama_gguf(llama, tmp_path / "tiny-gguf.gguf")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(gguf_file), settings, tmp_path / "config.toml")
+    assert spec.name == "tiny-gguf" and spec.kind == "generation"
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(llama).eval()(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.float32)(ids).logits
+    assert float((want - got).abs().max()) < 0.05  # float16 rounding of the saved folder
+
+
+def test_the_bundle_runs_its_own_pip_through_its_console_executable(tmp_path):
+    from app.pull import pip_command
+
+    assert pip_command("/venv/bin/python", frozen=False) == ["/venv/bin/python", "-m", "pip"]
+    windowed = tmp_path / "vramgate.exe"
+    (tmp_path / "vramgate-cli.exe").touch()
+    assert pip_command(str(windowed), frozen=True) == [str(tmp_path / "vramgate-cli.exe"), "_pip"]

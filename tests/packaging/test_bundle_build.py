@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.random_models import save_random_llama, save_random_llama_gguf
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "windows-bundle.yml"
 STEPS = ("pyinstaller app.spec", "packaging/check_bundle.py", "packaging/smoke_test.py")
@@ -42,7 +44,7 @@ def pyinstaller(tmp_path: Path, flavour: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cpu_bundle_builds_checks_and_serves_a_real_embedding(tmp_path):
+def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf(tmp_path):
     started = time.monotonic()
     build = pyinstaller(tmp_path, "cpu")
     build_s = time.monotonic() - started
@@ -55,8 +57,10 @@ def test_cpu_bundle_builds_checks_and_serves_a_real_embedding(tmp_path):
         text=True,
     )
     assert check.returncode == 0, check.stdout
+    model = save_random_llama(tmp_path / "tiny-chat", context=256)
+    gguf = save_random_llama_gguf(model, tmp_path / "tiny-chat.gguf")
     smoke = subprocess.run(
-        [sys.executable, "packaging/smoke_test.py", str(bundle)],
+        [sys.executable, "packaging/smoke_test.py", str(bundle), "--gguf", str(gguf)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -65,9 +69,10 @@ def test_cpu_bundle_builds_checks_and_serves_a_real_embedding(tmp_path):
     assert smoke.returncode == 0, smoke.stderr
     figures = json.loads(smoke.stdout)
     assert figures["embedding_dims"] == 384 and figures["exit_code"] == 0
+    assert figures["chat_chunks"] >= 2 and figures["pip"].startswith("pip ")
     print(
         f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
-        f"ready in {figures['time_to_ready_s']}s"
+        f"ready in {figures['time_to_ready_s']}s; GGUF pulled in {figures['gguf_pull_s']}s"
     )
     shutil.rmtree(tmp_path / "build", ignore_errors=True)
 

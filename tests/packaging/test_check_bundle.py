@@ -21,7 +21,7 @@ def build_env(tmp_path: Path) -> Path:
 
 def bundle_with(tmp_path: Path, site: Path, *, drop: str | None = None) -> Path:
     bundle = tmp_path / "dist" / "vramgate"
-    tree(bundle, {".": ["vramgate"], "_internal": ["base_library.zip"]})
+    tree(bundle, {".": ["vramgate", "vramgate-cli"], "_internal": ["base_library.zip"]})
     for lib in site.rglob("*.so*"):
         if drop is None or drop not in lib.name:
             dest = bundle / "_internal" / lib.parent.relative_to(site)
@@ -33,7 +33,7 @@ def test_complete_cuda_bundle_passes_and_reports_its_size(tmp_path, capsys):
     site = build_env(tmp_path)
     bundle = bundle_with(tmp_path, site)
     report = check(bundle, "cuda", site, "linux")
-    assert report.errors == [] and report.cuda_libraries == 11 and report.files == 13
+    assert report.errors == [] and report.cuda_libraries == 11 and report.files == 14
     assert main([str(bundle), "--flavour", "cuda", "--site", str(site), "--platform", "linux"]) == 0
     assert "bundle check passed" in capsys.readouterr().out
 
@@ -54,12 +54,20 @@ def test_bundle_without_cudnn_at_all_fails(tmp_path):
 
 
 def test_a_driver_library_in_the_bundle_fails(tmp_path):
-    bundle = tree(tmp_path / "vramgate", {".": ["vramgate"], "_internal": ["libcuda.so.1"]})
+    bundle = tree(
+        tmp_path / "vramgate", {".": ["vramgate", "vramgate-cli"], "_internal": ["libcuda.so.1"]}
+    )
     report = check(bundle, "cpu", tmp_path, "linux")
     assert report.errors == ["driver libraries must not be bundled: libcuda.so.1"]
 
 
 def test_a_cuda_build_environment_without_cuda_is_reported(tmp_path):
-    bundle = tree(tmp_path / "vramgate", {".": ["vramgate"]})
+    bundle = tree(tmp_path / "vramgate", {".": ["vramgate", "vramgate-cli"]})
     report = check(bundle, "cuda", tmp_path / "empty-site", "linux")
     assert "the build environment has no cublas library" in report.errors
+
+
+def test_a_bundle_without_its_console_executable_fails(tmp_path):
+    bundle = tree(tmp_path / "vramgate", {".": ["vramgate.exe"], "_internal": ["python311.dll"]})
+    report = check(bundle, "cpu", tmp_path, "windows")
+    assert report.errors == [f"no executable at {bundle / 'vramgate-cli.exe'}"]
