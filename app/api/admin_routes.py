@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import shutil
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -14,8 +15,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.service import InferenceService
-from app.errors import Conflict, Forbidden, InvalidRequest
-from app.pull import EventProgress, PullError, parse_source, pull
+from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound
+from app.pull import EventProgress, PullError, parse_source, pull, remove_from_config
 from app.settings import MODEL_NAME_PATTERN, ConfigSource
 
 
@@ -119,6 +120,13 @@ async def pull_model(request: Request, body: PullBody) -> StreamingResponse:
     and serve it. The answer streams progress as NDJSON, in the shape of Ollama's pull:
     `{"status": ...}` for steps, with `total` and `completed` bytes while copying, then
     `{"status": "success", "model": NAME}` or `{"error": ...}`. One pull at a time."""
+    events = start_pull(request, body)
+    return StreamingResponse(ndjson(events), media_type="application/x-ndjson")
+
+
+def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any] | None]:
+    """Start a pull in the background (it goes on if the caller leaves); its events come
+    through the queue, None last. Bad input is refused here, before anything starts."""
     source = _config_source(request)
     try:
         parse_source(body.source)
@@ -132,7 +140,6 @@ async def pull_model(request: Request, body: PullBody) -> StreamingResponse:
     def emit(event: dict[str, Any]) -> None:  # on the pulling thread
         loop.call_soon_threadsafe(events.put_nowait, event)
 
-    progress = EventProgress(emit)
     service = _service(request)
 
     async def work() -> None:
@@ -140,7 +147,7 @@ async def pull_model(request: Request, body: PullBody) -> StreamingResponse:
             settings = await asyncio.to_thread(source.settings)
             spec = await asyncio.to_thread(
                 pull, body.source, settings, source.file, name=body.name, kind=body.kind,
-                force=body.force, progress=progress,
+                force=body.force, progress=EventProgress(emit),
             )  # fmt: skip
             service.lifecycle.apply((await asyncio.to_thread(source.settings)).models)
             events.put_nowait({"status": "success", "model": spec.name, "kind": spec.kind})
@@ -150,15 +157,13 @@ async def pull_model(request: Request, body: PullBody) -> StreamingResponse:
             events.put_nowait(None)
             request.app.state.pulling = None
 
-    request.app.state.pulling = asyncio.create_task(
-        work(), name="pull"
-    )  # runs on if the caller goes
+    request.app.state.pulling = asyncio.create_task(work(), name="pull")
+    return events
 
-    async def stream() -> AsyncIterator[str]:
-        while (event := await events.get()) is not None:
-            yield json.dumps(event) + "\n"
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+async def ndjson(events: asyncio.Queue[dict[str, Any] | None]) -> AsyncIterator[str]:
+    while (event := await events.get()) is not None:
+        yield json.dumps(event) + "\n"
 
 
 def _config_source(request: Request) -> ConfigSource:
@@ -166,3 +171,22 @@ def _config_source(request: Request) -> ConfigSource:
     if source is None:
         raise Conflict("this server's models were not read from a config file; restart it")
     return source
+
+
+async def delete_model(request: Request, name: str) -> None:
+    """Take a model out of the server's config and delete its folder if it is in the
+    models folder (as `vramgate rm --force`); it serves nothing from now and is unloaded
+    once idle. 404 when the config has no such model."""
+    source = _config_source(request)
+    settings = await asyncio.to_thread(source.settings)
+    spec = next((m for m in settings.models if m.name == name), None)
+    if spec is None:
+        raise ModelNotFound(f"model {name!r} is not in {source.file}", param="model")
+    try:
+        await asyncio.to_thread(remove_from_config, source.file, name, settings.models)
+    except PullError as exc:
+        raise Conflict(str(exc)) from exc
+    models_dir = settings.resolved_models_dir.resolve()
+    if spec.path is not None and spec.path.resolve().is_relative_to(models_dir):
+        await asyncio.to_thread(shutil.rmtree, spec.path, True)
+    _service(request).lifecycle.apply((await asyncio.to_thread(source.settings)).models)

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
-from app.api import admin_routes, openai_routes, ops_routes, vision_routes
+from app.api import admin_routes, ollama_routes, openai_routes, ops_routes, vision_routes
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
@@ -93,7 +93,13 @@ def create_app(
     app.state.request_shutdown = on_shutdown_request
     app.state.models_source = models_source
     app.state.pulling = None  # the pull under way (one at a time)
-    routers = (openai_routes.router, vision_routes.router, ops_routes.router, admin_routes.router)
+    routers = (
+        openai_routes.router,
+        vision_routes.router,
+        ops_routes.router,
+        admin_routes.router,
+        ollama_routes.router,
+    )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     install_error_handlers(app)

@@ -68,8 +68,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def error_response(error: VramgateError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+OLLAMA_PREFIX = "/api/"
+
+
+def error_response(error: VramgateError, request: Request | None = None) -> JSONResponse:
+    """The error in OpenAI's shape; on Ollama's routes (/api/...) in Ollama's: `error` is
+    the message (its clients raise it as is), `code` our stable code beside it."""
+    body = error.body()
+    if request is not None and request.url.path.startswith(OLLAMA_PREFIX):
+        body = {"error": error.message, "code": error.code}
+    return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 
 def from_validation_errors(errors: Sequence[Any]) -> VramgateError:
@@ -99,22 +107,22 @@ def from_http(exc: HTTPException) -> VramgateError:
 
 async def _vramgate_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, VramgateError)
-    return error_response(exc)
+    return error_response(exc, request)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(from_validation_errors(exc.errors()))
+    return error_response(from_validation_errors(exc.errors()), request)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return error_response(from_http(exc))
+    return error_response(from_http(exc), request)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(InternalError("internal server error"))
+    return error_response(InternalError("internal server error"), request)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,0 +1,191 @@
+"""Ollama's API (app.api.ollama_routes) through the official `ollama` Python client,
+unchanged, pointed at a live vramgate: a small random Llama ("tiny", its free text is
+noise) and the embedded all-MiniLM-L6-v2, read from a config file the server can pull
+into. Answers are checked against the OpenAI routes' for the same request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import pytest
+from ollama import Client, ResponseError
+from openai import OpenAI
+
+from app.settings import ConfigSource, ModelSpec
+from tests.live import Live, live_server, make_settings
+from tests.random_models import save_model_wheel, save_random_bert, save_random_llama
+
+MINILM = "all-MiniLM-L6-v2"
+ASK = [{"role": "user", "content": "Tell me about cats."}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[tuple[Live, Client, OpenAI]]:
+    root = tmp_path_factory.mktemp("ollama")
+    tiny = save_random_llama(root / "tiny", context=1024)
+    config = root / "config.toml"
+    config.write_text(
+        f'[[models]]\nname = "{MINILM}"\nkind = "embedding"\n\n'
+        f'[[models]]\nname = "tiny"\nkind = "generation"\npath = {json.dumps(str(tiny))}\n'
+    )
+    source = ConfigSource(config, {"device": "cpu", "models_dir": root / "models"})
+    settings = make_settings(root, device="cpu", models=source.settings().models)
+    with live_server(settings, models_source=source) as live:
+        yield live, Client(host=live.url), OpenAI(base_url=live.url + "/v1", api_key="x")
+
+
+def test_version_tags_show_and_ps(served):
+    live, client, _ = served
+    assert httpx.get(live.url + "/api/version").json()["version"]
+    names = [m.model for m in client.list().models]
+    assert names == [MINILM, "tiny"]
+    assert all(m.size and m.size > 0 and m.digest for m in client.list().models)
+    shown = client.show("tiny")
+    assert shown.capabilities == ["completion", "tools"]
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert "{%" in (shown.template or "")  # its chat template
+    assert client.show(MINILM).capabilities == ["embedding"]
+    with pytest.raises(ResponseError) as missing:
+        client.show("nothing")
+    assert missing.value.status_code == 404 and "nothing" in missing.value.error
+
+
+def test_chat_streamed_and_whole_is_the_openai_routes_answer(served):
+    _, client, openai = served
+    options = {"temperature": 0, "num_predict": 6}
+    whole = client.chat(model="tiny", messages=ASK, options=options, stream=False)
+    same = openai.chat.completions.create(model="tiny", messages=ASK, max_tokens=6, temperature=0)
+    assert whole.message.content == same.choices[0].message.content
+    assert whole.done and whole.done_reason == "length" and whole.eval_count == 6
+    assert whole.prompt_eval_count == same.usage.prompt_tokens
+    assert whole.total_duration >= whole.eval_duration > 0
+    parts = list(client.chat(model="tiny", messages=ASK, options=options, stream=True))
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].eval_count == 6 and parts[-1].done_reason == "length"
+    running = [m.model for m in client.ps().models]
+    assert running == [MINILM, "tiny"]
+
+
+def test_generate_applies_the_chat_template_and_raw_does_not(served):
+    _, client, openai = served
+    options = {"temperature": 0, "num_predict": 5}
+    templated = client.generate(model="tiny", prompt="Tell me about cats.", options=options)
+    chat = client.chat(model="tiny", messages=ASK, options=options)
+    assert templated.response == chat.message.content and templated.eval_count == 5
+    raw = client.generate(model="tiny", prompt="Once upon", options=options, raw=True)
+    legacy = openai.completions.create(
+        model="tiny", prompt="Once upon", max_tokens=5, temperature=0
+    )
+    assert raw.response == legacy.choices[0].text
+    streamed = "".join(
+        p.response for p in client.generate(model="tiny", prompt="Once upon", options=options,
+                                            raw=True, stream=True)
+    )  # fmt: skip
+    assert streamed == raw.response
+
+
+def test_format_takes_a_json_schema_and_the_answer_follows_it(served):
+    _, client, _ = served
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "lives": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["name", "lives"],
+        "additionalProperties": False,
+    }
+    options = {"temperature": 0, "num_predict": 200}
+    answer = client.chat(model="tiny", messages=ASK, format=schema, options=options)
+    assert answer.done_reason == "stop"  # the grammar ended it, not the token limit
+    jsonschema.validate(json.loads(answer.message.content), schema)
+    whole = client.generate(model="tiny", prompt="A cat:", format="json", options=options)
+    assert isinstance(json.loads(whole.response), dict)
+
+
+def test_embed_one_and_many_as_the_openai_route_does(served):
+    _, client, openai = served
+    many = client.embed(model=MINILM, input=["a cat", "a dog"])
+    want = [
+        d.embedding for d in openai.embeddings.create(model=MINILM, input=["a cat", "a dog"]).data
+    ]
+    assert len(many.embeddings) == 2 and len(many.embeddings[0]) == 384
+    assert max(abs(a - b) for a, b in zip(many.embeddings[1], want[1], strict=True)) < 1e-6
+    assert many.prompt_eval_count and many.prompt_eval_count > 0
+    one = client.embed(model=MINILM, input="a cat")
+    assert one.embeddings[0] == many.embeddings[0]
+    older = client.embeddings(model=MINILM, prompt="a cat")
+    assert list(older.embedding) == list(one.embeddings[0])
+    with pytest.raises(ResponseError) as wrong:
+        client.embed(model="tiny", input="a cat")
+    assert wrong.value.status_code == 400
+
+
+def test_what_is_not_supported_is_a_400_that_says_so(served):
+    live, client, _ = served
+    picture = {"role": "user", "content": "what is this?", "images": ["aGVsbG8="]}
+    with pytest.raises(ResponseError) as images:
+        client.chat(model="tiny", messages=[picture])
+    assert images.value.status_code == 400 and "images" in images.value.error
+    bad = httpx.post(live.url + "/api/chat", json={"model": "tiny", "messages": []})
+    assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+
+
+def test_pull_with_progress_then_delete(served, tmp_path):
+    live, client, _ = served
+    model = save_random_bert(tmp_path / "src/tiny-embed", hidden=32, layers=1, heads=2, max_seq=64)
+    wheel = save_model_wheel(model, tmp_path / "tiny_embed-1.0-py3-none-any.whl")
+    events = list(client.pull(str(wheel), stream=True))
+    assert events[-1].status == "success"
+    counted = [e for e in events if e.total]
+    assert counted and counted[-1].completed == counted[-1].total
+    assert "tiny-embed" in [m.model for m in client.list().models]
+    folder = live.app.state.models_source.settings().resolved_models_dir / "tiny-embed"
+    assert (folder / "config.json").is_file()
+    assert len(client.embed(model="tiny-embed", input="a cat").embeddings[0]) == 32
+    assert client.delete("tiny-embed").status == "success"
+    assert "tiny-embed" not in [m.model for m in client.list().models]
+    assert not folder.exists()
+    with pytest.raises(ResponseError) as gone:
+        client.delete("tiny-embed")
+    assert gone.value.status_code == 404
+
+
+@pytest.mark.slow
+def test_smollm2_through_the_ollama_client_answers_and_follows_a_schema(smollm2, tmp_path):
+    models = (
+        ModelSpec(name=MINILM, kind="embedding"),
+        ModelSpec(name="smollm2", kind="generation", path=smollm2),
+    )
+    settings = make_settings(tmp_path, device="cpu", models=models)
+    with live_server(settings) as live:
+        client = Client(host=live.url)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        options = {"temperature": 0, "num_predict": 12}
+        whole = client.chat(model="smollm2", messages=question, options=options)
+        assert "Paris" in whole.message.content
+        streamed = client.chat(model="smollm2", messages=question, options=options, stream=True)
+        assert "".join(p.message.content for p in streamed) == whole.message.content
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+            "required": ["city", "country"],
+        }
+        shaped = client.chat(
+            model="smollm2",
+            messages=question,
+            format=schema,
+            options={"temperature": 0, "num_predict": 60},
+        )
+        answer = json.loads(shaped.message.content)
+        jsonschema.validate(answer, schema)
+        assert "Paris" in answer["city"]
+        generated = client.generate(model="smollm2", prompt="What is the capital of France?",
+                                    options=options)  # fmt: skip
+        assert "Paris" in generated.response
+        assert len(client.embed(model=MINILM, input=["a", "b", "c"]).embeddings) == 3
+        assert [m.model for m in client.ps().models] == [MINILM, "smollm2"]
