@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from app.errors import (
     EXIT_WEDGED,
     DeviceUnavailable,
 )
-from app.ports import port_free
+from app.ports import listener, port_free
 from app.pull import PIP_COMMAND
 from app.settings import (
     ENV_PREFIX,
@@ -262,8 +263,10 @@ def serve(settings: Settings, models_source: ConfigSource | None = None) -> int:
         log.error("%s", exc)
         logging.shutdown()
         return EXIT_INVALID_SETTINGS
-    server = draining_server(uvicorn_config(app, settings), app.state.service.begin_stop)
-    run_until_stopped(server)
+    config = uvicorn_config(app, settings)
+    server = draining_server(config, app.state.service.begin_stop)
+    extra = ollama_listener(settings)
+    run_until_stopped(server, [config.bind_socket(), extra] if extra else None)
     log.info("vramgate stopped (exit code %d)", exit_code)
     logging.shutdown()
     if exit_code == EXIT_WEDGED:  # a wedged thread would keep the interpreter from exiting
@@ -308,14 +311,31 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _StopSignal(signum)
 
 
-def run_until_stopped(server: Any) -> None:
+def ollama_listener(settings: Settings) -> socket.socket | None:
+    """The second listener, on `ollama_port`; a port in use is said, not a crash."""
+    if settings.ollama_port is None:
+        return None
+    try:
+        return listener(settings.host, settings.ollama_port)
+    except OSError as exc:
+        log.warning(
+            "not listening on port %d for Ollama's API: it is in use (is Ollama running?): "
+            "%s; Ollama's API is served on port %d only",
+            settings.ollama_port,
+            exc,
+            settings.port,
+        )
+        return None
+
+
+def run_until_stopped(server: Any, sockets: list[socket.socket] | None = None) -> None:
     """Run uvicorn; a stop signal (Ctrl+C, SIGTERM) after its graceful shutdown is a
     normal exit. uvicorn re-raises the signal it caught once it has shut down; our own
     handler turns that into an exception we end on, so the log is flushed and the exit
     code is ours."""
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=sockets)
     except (_StopSignal, KeyboardInterrupt):
         pass
     finally:

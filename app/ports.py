@@ -38,3 +38,19 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def listener(host: str, port: int) -> socket.socket:
+    """A socket listening on (host, port), bound as the probe binds (raises OSError when
+    the port is taken)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        for option, value in probe_options():
+            sock.setsockopt(socket.SOL_SOCKET, option, value)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -139,6 +139,13 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
     port: int = Field(8450, ge=0, le=65535, description="TCP port (0 picks a free one)")
+    ollama_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="also listen on this port (Ollama's is 11434), for programs that speak "
+        "only Ollama's API and cannot be pointed elsewhere; off by default",
+    )
     device: str = Field(
         "auto", description="auto | cpu | cuda[:N] | simulated:<size> such as simulated:8GiB"
     )

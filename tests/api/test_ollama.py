@@ -6,6 +6,8 @@ into. Answers are checked against the OpenAI routes' for the same request."""
 from __future__ import annotations
 
 import json
+import socket
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +17,7 @@ from ollama import Client, ResponseError
 from openai import OpenAI
 
 from app.settings import ConfigSource, ModelSpec
-from tests.live import Live, live_server, make_settings
+from tests.live import Live, ServerProcess, free_port, live_server, make_settings
 from tests.random_models import save_model_wheel, save_random_bert, save_random_llama
 
 MINILM = "all-MiniLM-L6-v2"
@@ -189,3 +191,46 @@ def test_smollm2_through_the_ollama_client_answers_and_follows_a_schema(smollm2,
         assert "Paris" in generated.response
         assert len(client.embed(model=MINILM, input=["a", "b", "c"]).embeddings) == 3
         assert [m.model for m in client.ps().models] == [MINILM, "smollm2"]
+
+
+def _serve_with_ollama_port(tmp_path, port: int) -> ServerProcess:
+    return ServerProcess(
+        [
+            sys.executable, "-m", "app", "serve", "--device", "simulated:1GiB",
+            "--model", "sim=simulated", "--ollama-port", str(port),
+            "--data-dir", str(tmp_path / "d"), "--log-dir", str(tmp_path / "l"),
+        ]
+    )  # fmt: skip
+
+
+def test_a_second_listener_on_the_ollama_port_serves_behind_the_same_guard(tmp_path):
+    second = free_port()
+    server = _serve_with_ollama_port(tmp_path, second)
+    try:
+        server.wait_ready(120)
+        client = Client(host=f"http://127.0.0.1:{second}")
+        assert [m.model for m in client.list().models] == ["sim"]
+        other = f"http://127.0.0.1:{second}/api/tags"
+        assert httpx.get(other, headers={"Host": "evil.example"}).status_code == 403
+        page = {"Origin": "http://evil.example", "Content-Type": "application/json"}
+        refused = httpx.post(f"http://127.0.0.1:{second}/api/embed", headers=page,
+                             content=b'{"model": "sim", "input": "w"}')  # fmt: skip
+        assert refused.status_code == 403
+        assert httpx.get(server.url + "/api/tags").status_code == 200  # the main port too
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_ollama_port_in_use_is_said_and_the_server_runs_on(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = _serve_with_ollama_port(tmp_path, port)
+        try:
+            server.wait_ready(120)
+            assert httpx.get(server.url + "/api/tags").status_code == 200
+        finally:
+            assert server.stop() == 0
+        output = server.process.stdout.read()
+    assert f"not listening on port {port} for Ollama's API: it is in use" in output
