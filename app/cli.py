@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--name", default=None, help="model name (default: from the source)")
     pull.add_argument(
         "--kind",
-        choices=("embedding", "generation"),
+        choices=("embedding", "generation", "rerank"),
         default=None,
         help="model kind (default: detected from the files)",
     )

@@ -31,6 +31,7 @@ from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_fi
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 COPY_CHUNK = 8 * 2**20
 MAX_LOGIT_DIFF = 0.05  # float16 rounding of dequantised weights, measured in logits
+Kind = Literal["embedding", "generation", "rerank"]
 
 
 class PullError(Exception):
@@ -204,14 +205,16 @@ def locate(fetched: Path) -> Path:
     raise PullError(f"found no model (config.json or .gguf) in {fetched}")
 
 
-def detect_kind(model: Path) -> Literal["embedding", "generation"]:
+def detect_kind(model: Path) -> Kind:
     if model.suffix.lower() == ".gguf":
         return "generation"
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "rerank"  # a cross-encoder (sentence-transformers' CrossEncoder folder)
     if (model / "modules.json").is_file() or (model / "sentence_bert_config.json").is_file():
         return "embedding"
-    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    architectures = config.get("architectures") or []
-    if any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return "generation"
     return "embedding"
 
@@ -294,8 +297,7 @@ def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, 
 
 
 def remove_from_config(config_file: Path, name: str, current: tuple[ModelSpec, ...]) -> None:
-    """Take the [[models]] table named `name` (with its sub-tables) out of the config,
-    leaving every other line as it was."""
+    """Take the [[models]] table `name` (and its sub-tables) out; every other line stays."""
     listed = read_config_file(config_file).get("models")
     if listed is None:
         raise PullError(
@@ -365,7 +367,7 @@ def pull(
     config_file: Path,
     *,
     name: str | None = None,
-    kind: Literal["embedding", "generation"] | None = None,
+    kind: Kind | None = None,
     force: bool = False,
     progress: Progress | None = None,
 ) -> ModelSpec:

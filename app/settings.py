@@ -64,7 +64,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=MODEL_NAME_PATTERN)
-    kind: Literal["embedding", "generation", "vision", "simulated"] = "embedding"
+    kind: Literal["embedding", "generation", "vision", "rerank", "simulated"] = "embedding"
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)

@@ -203,3 +203,30 @@ def save_random_llama_gguf(folder: Path, gguf_file: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return gguf_file
+
+
+def save_random_cross_encoder(folder: Path) -> Path:
+    """A random BERT cross-encoder (one label) saved as sentence-transformers saves a
+    CrossEncoder: its own `save`, after loading the plain transformers folder as users'
+    cross-encoders are made. Initialised wide, so that pairs get distinct scores."""
+    import tempfile
+
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    with tempfile.TemporaryDirectory() as scratch:
+        plain = Path(scratch)
+        vocab = [*VOCAB, *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]  # words spell out
+        # transformers 5 takes the vocabulary itself (a vocab_file alone leaves 5 tokens)
+        tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)})
+        tokenizer.save_pretrained(plain)
+        torch.manual_seed(0)
+        config = BertConfig(
+            vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=128, num_labels=1,
+            initializer_range=0.1,
+        )  # fmt: skip
+        BertForSequenceClassification(config).save_pretrained(plain)
+        CrossEncoder(str(plain), device="cpu").save(str(folder))
+    return folder

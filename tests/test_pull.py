@@ -16,7 +16,11 @@ import pytest
 from app.pull import PullError, add_to_config, parse_source, pull
 from app.settings import ModelSpec, load_settings
 from tests.live import clean_env, make_settings
-from tests.random_models import save_random_llama, save_random_llama_gguf
+from tests.random_models import (
+    save_random_cross_encoder,
+    save_random_llama,
+    save_random_llama_gguf,
+)
 
 VRAMGATE = [sys.executable, "-m", "app"]
 
@@ -258,3 +262,10 @@ def test_the_bundle_runs_its_own_pip_through_its_console_executable(tmp_path):
     windowed = tmp_path / "vramgate.exe"
     (tmp_path / "vramgate-cli.exe").touch()
     assert pip_command(str(windowed), frozen=True) == [str(tmp_path / "vramgate-cli.exe"), "_pip"]
+
+
+def test_a_cross_encoder_folder_is_pulled_as_a_rerank_model(tmp_path):
+    folder = save_random_cross_encoder(tmp_path / "src" / "tiny-ce")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(folder), settings, tmp_path / "config.toml")
+    assert (spec.name, spec.kind) == ("tiny-ce", "rerank")

@@ -13,7 +13,14 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
-from app.api import admin_routes, ollama_routes, openai_routes, ops_routes, vision_routes
+from app.api import (
+    admin_routes,
+    ollama_routes,
+    openai_routes,
+    ops_routes,
+    rerank_routes,
+    vision_routes,
+)
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
@@ -99,6 +106,7 @@ def create_app(
         ops_routes.router,
         admin_routes.router,
         ollama_routes.router,
+        rerank_routes.router,
     )
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)

@@ -39,7 +39,13 @@ from app.settings import Settings, is_loopback_host
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 * 1024
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
-JSON_ROUTES = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
+JSON_ROUTES = {
+    "/v1/embeddings",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/rerank",
+    "/rerank",
+}
 PREDICT_SUFFIX = "/predict"  # POST /v1/models/{model}/predict: JSON or a multipart upload
 OPEN_ROUTES = {"/health"}  # answered without a token; it reveals nothing sensitive
 PAGES = {"/dashboard", "/docs"}  # pages a browser opens: they may sign in (`_sign_in`)

@@ -8,14 +8,15 @@ server, never count against the queue limit, and never touch a model's keep-aliv
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
 from app.core.requests import ValidGenerationRequest
-from app.errors import ExceedsDevice, OutOfMemory
+from app.errors import ExceedsDevice, OutOfMemory, VramgateError
 from app.models.base import ModelHandler
 from app.models.decoding import SamplingParams
-from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel
+from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel, Reranker
 
 if TYPE_CHECKING:
     from app.core.service import InferenceService
@@ -29,8 +30,9 @@ async def exercise(
     """A model's warm-up requests (each too big for this device skipped), or its
     probe: one tiny request."""
     if isinstance(handler, OneShotModel):
-        capability: type[OneShotModel[Any]]
-        capability = Embedder if isinstance(handler, Embedder) else ImageModel
+        capability: type[OneShotModel[Any]] = next(
+            kind for kind in (Embedder, ImageModel, Reranker) if isinstance(handler, kind)
+        )
         inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
         for batch in inputs:
             with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
@@ -50,3 +52,17 @@ async def exercise(
                 await generation.outcome()
             finally:
                 generation.close()
+
+
+async def probe_loop(service: InferenceService) -> None:
+    """The readiness check's tiny real inference on a loaded model, every
+    `health_interval`, so a wedged worker shows. With every model unloaded (the user's
+    choice) nothing can wedge."""
+    while True:
+        await asyncio.sleep(service.settings.health_interval)
+        loaded = [n for n, e in service.registry.entries.items() if e.state == "ready"]
+        if not loaded:
+            service.health.alive()
+            continue
+        with contextlib.suppress(VramgateError):
+            await exercise(service, loaded[0], service.registry.get(loaded[0]), probe_only=True)

@@ -39,3 +39,13 @@ class ValidGenerationRequest:
     echo: bool = False  # completions: the answer begins with the prompt
     parallel_tool_calls: bool = True  # False: at most one tool call in an answer
     keep_alive: float | None = None
+
+
+@dataclass(frozen=True)
+class ValidRerankRequest:
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None = None  # None: every document
+    return_documents: bool = False
+    keep_alive: float | None = None

@@ -17,14 +17,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from app.core.exercise import exercise
+from app.core.exercise import exercise, probe_loop
 from app.core.failures import FailureMapper
 from app.core.health import Health
 from app.core.keep_alive import InFlight
 from app.core.lifecycle import ModelLifecycle
 from app.core.memory import MemoryView
 from app.core.pricing import Handler, Pricer
-from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest, ValidImageRequest
+from app.core.requests import (
+    ValidEmbeddingRequest,
+    ValidGenerationRequest,
+    ValidImageRequest,
+    ValidRerankRequest,
+)
 from app.core.scheduler import Limits, Scheduler
 from app.core.snapshot import CoreSnapshot
 from app.core.state import ServerState
@@ -45,7 +50,7 @@ from app.history import History
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.decoding import TokenStream
-from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel
+from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel, Reranker
 from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
 from app.settings import Settings
@@ -137,7 +142,7 @@ class InferenceService:
         await self.lifecycle.start()
         self.health.alive()
         if self.state.serving:
-            self._tasks.append(asyncio.create_task(self._probe_loop(), name="probe"))
+            self._tasks.append(asyncio.create_task(probe_loop(self), name="probe"))
 
     def begin_stop(self, drain_s: float = DRAIN_S) -> None:
         """The moment a stop is asked for: refuse new work, fail the waiting (503), and
@@ -185,18 +190,6 @@ class InferenceService:
                 self.book.save()
                 last_save = self.clock()
 
-    async def _probe_loop(self) -> None:
-        """The readiness check's tiny real inference on a loaded model, so a wedged
-        worker shows. With every model unloaded (the user's choice) nothing can wedge."""
-        while True:
-            await asyncio.sleep(self.settings.health_interval)
-            loaded = [n for n, e in self.registry.entries.items() if e.state == "ready"]
-            if not loaded:
-                self.health.alive()
-                continue
-            with contextlib.suppress(VramgateError):
-                await exercise(self, loaded[0], self.registry.get(loaded[0]), probe_only=True)
-
     def _fatal(self, exc: BaseException, code: int = EXIT_FATAL_DEVICE) -> None:
         if self.state.phase == "failed":
             return
@@ -235,6 +228,15 @@ class InferenceService:
         handler = await self.serving(request.model, ImageModel, probe=False, keep_alive=keep)
         model_wait_s = self.clock() - arrived
         return await self.one_shot(request.model, handler, request.images, watch, model_wait_s)
+
+    async def rerank(
+        self, request: ValidRerankRequest, watch: ClientWatch | None = None
+    ) -> InferenceResult:
+        """Relevance scores of the documents for the query, in the documents' order."""
+        keep, arrived = request.keep_alive, self.clock()
+        handler = await self.serving(request.model, Reranker, probe=False, keep_alive=keep)
+        pairs = [(request.query, document) for document in request.documents]
+        return await self.one_shot(request.model, handler, pairs, watch, self.clock() - arrived)
 
     async def generate(
         self, request: ValidGenerationRequest, watch: ClientWatch | None, *, probe: bool = False
@@ -286,8 +288,7 @@ class InferenceService:
         *,
         probe: bool = False,
     ) -> InferenceResult:
-        """`model_wait_s`: how long the request waited for its model to load (part of
-        its queue wait)."""
+        """`model_wait_s`: its wait for its model to load (part of its queue wait)."""
         self.in_flight[model] += 1
         try:
             return await self._run_one_shot(model, handler, inputs, watch, probe, model_wait_s)

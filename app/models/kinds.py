@@ -4,6 +4,7 @@
 - `ImageModel`: encoded images → class scores or images (`/v1/models/{name}/predict`).
 - `Generator`: a prompt or chat → text, token by token (`/v1/chat/completions`,
   `/v1/completions`).
+- `Reranker`: (query, document) pairs → relevance scores (`/v1/rerank`).
 
 A one-shot model (embedder or image model) is split at the resource boundary:
 `preprocess` runs on the CPU pool (tokenise or decode, bucket), `forward` on the
@@ -119,6 +120,20 @@ class ImageModel(OneShotModel[bytes]):
         return [self.warmup_image()]
 
 
+Pair = tuple[str, str]  # (query, document)
+
+
+class Reranker(OneShotModel[Pair]):
+    """(query, document) pairs to relevance scores (a cross-encoder): `postprocess`
+    gives a float32 array, one score per pair, in the caller's order."""
+
+    def warmup_inputs(self) -> list[list[Pair]]:
+        return [[("warm up", "a document to warm up with")]]
+
+    def probe_input(self) -> list[Pair]:
+        return [("ok", "ok")]
+
+
 class Generator(ModelHandler):
     """A prompt or a chat to text, decoded step by step into a TokenStream."""
 
@@ -150,5 +165,6 @@ LACKING: dict[type[ModelHandler], str] = {
     Embedder: "it has no embeddings",
     ImageModel: "it does not take images",
     Generator: "it does not generate text",
+    Reranker: "it does not rerank (it is no cross-encoder)",
 }
 CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)

@@ -13,6 +13,7 @@ from app.models.base import ModelHandler
 from app.models.causal_lm import CausalLMHandler
 from app.models.embedding import EmbeddingHandler
 from app.models.kinds import CAPABILITIES, LACKING
+from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
 from app.settings import ModelSpec
@@ -33,6 +34,8 @@ def make_handler(spec: ModelSpec, image_bounds: tuple[int, int] = (4096, 2**24))
         handler = CausalLMHandler(spec)
     elif spec.kind == "vision":
         handler = VisionHandler(spec, *image_bounds)
+    elif spec.kind == "rerank":
+        handler = RerankHandler(spec)
     else:
         handler = EmbeddingHandler(spec)
     if not isinstance(handler, CAPABILITIES):
