@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+# Letters, and letters inside a word: any lower-case word spells out (no [UNK] for words)
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *LETTERS, *(f"##{c}" for c in LETTERS)]
 
 
 def save_random_bert(
@@ -24,8 +26,9 @@ def save_random_bert(
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    # transformers 5 takes the vocabulary itself (a vocab_file alone leaves 5 tokens)
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(VOCAB)})
+    tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=len(VOCAB),
@@ -217,8 +220,7 @@ def save_random_cross_encoder(folder: Path) -> Path:
 
     with tempfile.TemporaryDirectory() as scratch:
         plain = Path(scratch)
-        vocab = [*VOCAB, *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]  # words spell out
-        # transformers 5 takes the vocabulary itself (a vocab_file alone leaves 5 tokens)
+        vocab = VOCAB
         tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)})
         tokenizer.save_pretrained(plain)
         torch.manual_seed(0)

@@ -132,3 +132,13 @@ def test_batched_results_equal_unbatched_ones(dtype, request):
         cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
     print(f"{dtype}: lowest cosine batched vs alone {min(cosines):.6f}")
     assert min(cosines) >= TOLERANCE[dtype]
+
+
+def test_the_random_berts_tokenizer_spells_words_out(tmp_path):
+    """The test models' tokenizer must see words (a vocabulary left at 5 tokens read every
+    word as [UNK], and every text of one length embedded alike)."""
+    from transformers import AutoTokenizer
+
+    folder = save_random_bert(tmp_path / "b", hidden=16, layers=1, heads=2, max_seq=32)
+    tokens = AutoTokenizer.from_pretrained(folder).tokenize("cats sleep")
+    assert tokens == ["c", "##a", "##t", "##s", "s", "##l", "##e", "##e", "##p"]
