@@ -49,6 +49,7 @@ from app.core.service import InferenceService
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.manage import folder_bytes, model_folder
+from app.models.base import read_json_object
 from app.models.decoding import DecodeResult
 from app.models.tools import read_calls
 
@@ -135,7 +136,7 @@ async def show(request: Request) -> dict[str, Any]:
     name = (await _body(request, NamedBody)).target
     row = _entry(service, name)
     folder = _folder(service, name)
-    config = _json(folder / "config.json") if folder is not None else {}
+    config = read_json_object(folder / "config.json") if folder is not None else {}
     template = _template(folder)
     generation = row["kind"] in ("generation", "simulated")
     capabilities = ["completion", "tools"] if generation else ["embedding"]
@@ -163,16 +164,8 @@ def _template(folder: Path | None) -> str:
     own = folder / "chat_template.jinja"
     if own.is_file():
         return own.read_text(encoding="utf-8")
-    template = _json(folder / "tokenizer_config.json").get("chat_template")
+    template = read_json_object(folder / "tokenizer_config.json").get("chat_template")
     return template if isinstance(template, str) else ""
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 @router.get("/ps")

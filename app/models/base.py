@@ -80,6 +80,30 @@ def next_pow2(value: int, floor: int = 1) -> int:
     return size
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object; {} where there is none (missing, unreadable, not an object)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def length_bucketed(payload: list[Any], lengths: list[int], max_batch: int) -> Prepared:
+    """Inputs of `lengths` tokens bucketed by (longest, rounded up to a power of two, at
+    least 16) × (count, likewise): how embedders and rerankers are priced and batched."""
+    longest = max(lengths)
+    seq = next_pow2(longest, 16)
+    batch = next_pow2(min(len(lengths), max_batch))
+    return Prepared(
+        Bucket(f"s{seq}xb{batch}", seq * batch),
+        payload,
+        sum(lengths),
+        count=len(lengths),
+        longest=longest,
+    )
+
+
 class ModelHandler(ABC):
     """What every model is: weights that load, unload and describe themselves. What a
     model can *do* is one of the capability contracts of app.models.kinds (an embedder,

@@ -23,11 +23,10 @@ from transformers import AutoModel, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Bucket, Prepared, next_pow2, weight_file_bytes
+from app.models.base import Prepared, length_bucketed, weight_file_bytes
 from app.models.kinds import Embedder, TextOrIds
 from app.settings import ModelSpec
 
-MIN_SEQ_BUCKET = 16
 
 
 def embedded_model_path() -> Path:
@@ -140,16 +139,7 @@ class EmbeddingHandler(Embedder):
         return list(ids[: self._max_seq])
 
     def _prepared(self, ids: list[list[int]]) -> Prepared:
-        longest = max(len(x) for x in ids)
-        seq = next_pow2(longest, MIN_SEQ_BUCKET)
-        batch = next_pow2(min(len(ids), self.spec.max_batch))
-        return Prepared(
-            Bucket(f"s{seq}xb{batch}", seq * batch),
-            ids,
-            sum(len(x) for x in ids),
-            count=len(ids),
-            longest=longest,
-        )
+        return length_bucketed(ids, [len(x) for x in ids], self.spec.max_batch)
 
     def merge(self, parts: list[Prepared]) -> Prepared | None:
         if len(parts) == 1:

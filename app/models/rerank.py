@@ -13,7 +13,6 @@ concurrent rerank requests batch.
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +21,14 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from app.engine.device import Device
-from app.models.base import Bucket, Prepared, next_pow2, weight_file_bytes
+from app.models.base import Prepared, length_bucketed, read_json_object, weight_file_bytes
 from app.models.kinds import Pair, Reranker
 from app.settings import ModelSpec
 
-MIN_SEQ_BUCKET = 16
 ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": torch.sigmoid,
     "torch.nn.modules.linear.Identity": lambda x: x,
 }
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 class RerankHandler(Reranker):
@@ -80,10 +70,9 @@ class RerankHandler(Reranker):
         self._segments = "token_type_ids" in self._tokenizer.model_input_names
 
     def _activation_of(self, labels: int) -> Any:
-        named = _read_json(self.path / "config_sentence_transformers.json").get("activation_fn")
-        named = named or _read_json(self.path / "config.json").get("sentence_transformers", {}).get(
-            "activation_fn"
-        )
+        own = read_json_object(self.path / "config_sentence_transformers.json")
+        config = read_json_object(self.path / "config.json").get("sentence_transformers", {})
+        named = own.get("activation_fn") or config.get("activation_fn")
         if named is not None:
             if named not in ACTIVATIONS:
                 raise ValueError(f"{self.path}: activation {named!r} is not one vramgate knows")
@@ -109,16 +98,7 @@ class RerankHandler(Reranker):
         return self._prepared(list(zip(encoded["input_ids"], types, strict=True)))
 
     def _prepared(self, rows: list[tuple[list[int], list[int]]]) -> Prepared:
-        longest = max(len(ids) for ids, _ in rows)
-        seq = next_pow2(longest, MIN_SEQ_BUCKET)
-        batch = next_pow2(min(len(rows), self.spec.max_batch))
-        return Prepared(
-            Bucket(f"s{seq}xb{batch}", seq * batch),
-            rows,
-            sum(len(ids) for ids, _ in rows),
-            count=len(rows),
-            longest=longest,
-        )
+        return length_bucketed(rows, [len(ids) for ids, _ in rows], self.spec.max_batch)
 
     def merge(self, parts: list[Prepared]) -> Prepared | None:
         if len(parts) == 1:
