@@ -21,7 +21,7 @@ from app.api import (
     rerank_routes,
     vision_routes,
 )
-from app.api.errors import ERROR_RESPONSES, install_error_handlers
+from app.api.errors import ERROR_RESPONSES, OLLAMA_ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
 from app.core.service import InferenceService
@@ -109,7 +109,8 @@ def create_app(
         rerank_routes.router,
     )
     for router in routers:
-        app.include_router(router, responses=ERROR_RESPONSES)
+        errors = OLLAMA_ERROR_RESPONSES if router is ollama_routes.router else ERROR_RESPONSES
+        app.include_router(router, responses=errors)
     install_error_handlers(app)
     return app
 

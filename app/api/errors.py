@@ -67,15 +67,25 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, text in _ERROR_STATUSES.items()
 }
 
+OLLAMA_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}, "code": {"type": "string"}},
+}
+# Ollama's routes answer errors in Ollama's shape (see `error_response`).
+OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": OLLAMA_ERROR_SCHEMA}}}
+    for status, text in _ERROR_STATUSES.items()
+}
 
 OLLAMA_PREFIX = "/api/"
 
 
-def error_response(error: VramgateError, request: Request | None = None) -> JSONResponse:
-    """The error in OpenAI's shape; on Ollama's routes (/api/...) in Ollama's: `error` is
-    the message (its clients raise it as is), `code` our stable code beside it."""
+def error_response(error: VramgateError, path: str = "") -> JSONResponse:
+    """The error in OpenAI's shape; on Ollama's routes (`path` under /api/) in Ollama's:
+    `error` is the message (its clients raise it as is), `code` our stable code beside it."""
     body = error.body()
-    if request is not None and request.url.path.startswith(OLLAMA_PREFIX):
+    if path.startswith(OLLAMA_PREFIX):
         body = {"error": error.message, "code": error.code}
     return JSONResponse(body, status_code=error.status, headers=error.headers())
 
@@ -107,22 +117,22 @@ def from_http(exc: HTTPException) -> VramgateError:
 
 async def _vramgate_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, VramgateError)
-    return error_response(exc, request)
+    return error_response(exc, request.url.path)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(from_validation_errors(exc.errors()), request)
+    return error_response(from_validation_errors(exc.errors()), request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return error_response(from_http(exc), request)
+    return error_response(from_http(exc), request.url.path)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(InternalError("internal server error"), request)
+    return error_response(InternalError("internal server error"), request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -60,10 +60,12 @@ def session_cookie(scope: Scope) -> str:
     return f"{SESSION_COOKIE}_{server[1]}" if server[1] else SESSION_COOKIE
 
 
-async def refuse(send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]]) -> None:
+async def refuse(
+    send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]], path: str = ""
+) -> None:
     from app.api.errors import error_response
 
-    response = error_response(error)
+    response = error_response(error, path)
     await send(
         {
             "type": "http.response.start",
@@ -108,7 +110,8 @@ class RequestGuard:
             return
         raw = scope["headers"]
         if len(raw) > MAX_HEADERS or sum(len(k) + len(v) for k, v in raw) > MAX_HEADER_BYTES:
-            await refuse(send, HeadersTooLarge("too many or too large request headers"), [])
+            too_many = HeadersTooLarge("too many or too large request headers")
+            await refuse(send, too_many, [], scope["path"])
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(raw)}
         origin = headers.get("origin")
@@ -121,7 +124,7 @@ class RequestGuard:
                 await self._sign_in(scope, page_token, send)
                 return
         except VramgateError as error:
-            await refuse(send, error, cors_headers)
+            await refuse(send, error, cors_headers, scope["path"])
             return
         if scope["method"] == "OPTIONS" and cors:  # a CORS preflight from an allowed origin
             await send({"type": "http.response.start", "status": 204, "headers": cors_headers})
@@ -131,7 +134,7 @@ class RequestGuard:
         if declared is None or not declared.isdigit():  # chunked: counted as it streams in
             receive = self._limited(receive)
         elif int(declared) > self.max_body:
-            await refuse(send, BodyTooLarge(self._body_detail()), cors_headers)
+            await refuse(send, BodyTooLarge(self._body_detail()), cors_headers, scope["path"])
             return
         # else the HTTP server holds the body to its declared length: nothing to count
 

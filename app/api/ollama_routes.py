@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -56,6 +55,8 @@ from app.models.tools import read_calls
 router = APIRouter(prefix="/api", tags=["ollama"])
 OLLAMA_VERSION = "0.12.0"  # the version of Ollama's API these routes follow
 NDJSON = "application/x-ndjson"
+FOREVER = datetime(9999, 1, 1, tzinfo=UTC)  # expires_at of a model kept for good
+LONGEST_S = 3e11  # ~9500 years: any keep-alive longer is for good
 B = TypeVar("B", bound=BaseModel)
 
 
@@ -180,11 +181,9 @@ async def ps(request: Request) -> dict[str, Any]:
         left = row["unloads_in_s"]
         if left is None:  # busy: its keep-alive starts when it is idle again
             left = row["keep_alive_s"]
-        expires = (
-            datetime(9999, 1, 1, tzinfo=UTC)
-            if left is None or math.isinf(left)
-            else datetime.now(UTC) + timedelta(seconds=left)
-        )
+        expires = FOREVER
+        if left is not None and left < LONGEST_S:  # a keep-alive of 1e300 s is for good too
+            expires = datetime.now(UTC) + timedelta(seconds=left)
         models.append(
             {
                 "name": row["name"],

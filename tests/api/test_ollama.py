@@ -234,3 +234,12 @@ def test_an_ollama_port_in_use_is_said_and_the_server_runs_on(tmp_path):
             assert server.stop() == 0
         output = server.process.stdout.read()
     assert f"not listening on port {port} for Ollama's API: it is in use" in output
+
+
+def test_ps_with_a_keep_alive_longer_than_any_date(served):
+    """Found by the fuzz test: a keep_alive of 1e300 s overflowed expires_at (500)."""
+    _, client, _ = served
+    client.embed(model=MINILM, input="a cat", keep_alive=1e300)
+    running = {m.model: m for m in client.ps().models}
+    assert running[MINILM].expires_at is not None and running[MINILM].expires_at.year == 9999
+    client.embed(model=MINILM, input="a cat", keep_alive=-1)
