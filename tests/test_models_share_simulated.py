@@ -146,3 +146,29 @@ def test_simulated_a_game_starts_idle_models_give_memory_back_and_reload_after(s
     print(f"b's next request, with its reload: {(time.perf_counter() - again) * 1000:.0f} ms")
     assert states(live)["b"] in ("warming", "ready")
     assert device.oom_count == 0
+
+
+def test_simulated_a_model_that_leaves_less_than_the_headroom_is_not_given_back_at_once(
+    server_factory,
+):
+    """A big model on a small GPU leaves jobs less than `headroom` by itself: that is no
+    other program's doing, and unloading it at every idle moment would reload it for
+    every request. Only memory taken after it loaded is given back."""
+    big = ModelSpec(
+        name="big",
+        kind="simulated",
+        weights=int(3.6 * GiB),
+        load="startup",
+        buckets=(SimulatedBucket(size=16, bytes=50 * MiB, run_ms=5),),
+    )
+    live = server_factory(device="simulated:4GiB", models=(big,), headroom=512 * MiB)
+    assert embed(live, "big").status_code == 200
+    time.sleep(0.5)  # ten housekeeping rounds
+    assert states(live) == {"big": "ready"} and evictions(live, "pressure") == 0
+    live.service.device.set_external(300 * MiB)  # now another program takes some
+    wait_until(lambda: states(live)["big"] == "unloaded", 2, "given back")
+    assert evictions(live, "pressure") == 1
+    live.service.device.set_external(0)  # it quits: the next request loads the model
+    assert embed(live, "big").status_code == 200
+    time.sleep(0.5)
+    assert states(live) == {"big": "ready"} and evictions(live, "pressure") == 1

@@ -38,6 +38,7 @@ from app.settings import ModelSpec
 log = logging.getLogger("vramgate.lifecycle")
 
 LOAD_POLL_S = 0.02  # how often a request waiting for its model looks again
+PRESSURE_MARGIN = 64 * 2**20  # the pool moving this little is noise, not another program
 WarmUp = Callable[[str, ModelHandler], Awaitable[None]]
 
 
@@ -90,6 +91,10 @@ class ModelLifecycle:
         self._tasks: set[asyncio.Task[None]] = set()
         self.gave_back: GaveBack | None = None  # the last memory given to other programs
         self._retiring: dict[str, ModelSpec | None] = {}  # going once idle (None: for good)
+        # The most our own models have left jobs since our last load or unload (less a
+        # margin): a pool below the headroom by our own doing is no other program's; a
+        # pool that falls below this is
+        self._settled_pool = headroom
 
     def _own_keep_alive(self, default_s: float, name: str) -> float:
         entry = self.registry.entries.get(name)
@@ -152,10 +157,12 @@ class ModelLifecycle:
         """Unload idle models for a ticket that waits for memory only they hold, or to
         give memory back to other programs (housekeeping; see app.core.eviction)."""
         waiting = [(t.owner, t.nbytes) for t in self._scheduler.gate.waiting]
+        pool = self._memory.pool_bytes()  # the most it was since our last load or unload:
+        self._settled_pool = max(self._settled_pool, pool - PRESSURE_MARGIN)
         need = eviction.need(
             waiting,
-            self._memory.pool_bytes(),
-            self.headroom,
+            pool,
+            min(self.headroom, self._settled_pool),
             self._scheduler.running_models(),
             sum(self._freeing.values()),
         )
@@ -242,6 +249,13 @@ class ModelLifecycle:
         before the unload would count them twice)."""
         self._memory.baseline = max(0, self._memory.baseline - freed)
         self._memory.snapshot(fresh=True)
+        self._settle()
+
+    def _settle(self) -> None:
+        """After a load or an unload: the pool our own models leave jobs, less a margin
+        for noise, is the floor below which other programs are taking memory."""
+        self._memory.snapshot(fresh=True)
+        self._settled_pool = max(0, self._memory.pool_bytes() - PRESSURE_MARGIN)
 
     async def start(self) -> None:
         """Load every model, take the weights baseline, warm each up."""
@@ -253,6 +267,7 @@ class ModelLifecycle:
                 continue
             await self._load_admitted(name)  # each load sees the weights before it
             self._memory.baseline = self._memory.snapshot(fresh=True).ours_allocated
+            self._settle()
         self._state.phase = "warming"
         for name, entry in self.registry.entries.items():
             if entry.state == "warming":
@@ -322,6 +337,7 @@ class ModelLifecycle:
                 entry.loaded_bytes = entry.weights_bytes
             if loaded:  # out of the pool before the permit goes back, or the next load
                 self._memory.baseline += entry.loaded_bytes  # would see them as free
+                self._settle()
         finally:
             self._scheduler.release(permit)
         return loaded
