@@ -181,15 +181,21 @@ def _settings(args: argparse.Namespace) -> tuple[Settings, Path]:
     return load_settings({"models_dir": models_dir} if models_dir else {}, config_file), config_file
 
 
-def status_command(args: argparse.Namespace) -> int:
-    server = Server(load_settings(), args.url)
+def _running_status(server: Server, command: str, why: str = "") -> dict[str, Any] | None:
+    """A running server's /status; None (said on stderr) when it errs or nothing answers."""
     try:
         status = server.call("/status")
     except ServerError as exc:
-        _err(f"vramgate status: {exc}")
-        return 1
+        _err(f"vramgate {command}: {exc}")
+        return None
     if status is None:
-        _err(f"vramgate is not answering at {server.url}")
+        _err(f"vramgate is not answering at {server.url}{why}")
+    return status
+
+
+def status_command(args: argparse.Namespace) -> int:
+    status = _running_status(Server(load_settings(), args.url), "status")
+    if status is None:
         return 1
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return 0
@@ -219,14 +225,8 @@ def list_command(args: argparse.Namespace) -> int:
 
 def ps_command(args: argparse.Namespace) -> int:
     settings, _ = _settings(args)
-    server = Server(settings, args.url)
-    try:
-        status = server.call("/status")
-    except ServerError as exc:
-        _err(f"vramgate ps: {exc}")
-        return 1
+    status = _running_status(Server(settings, args.url), "ps", ": no model is loaded")
     if status is None:
-        _err(f"vramgate is not answering at {server.url}: no model is loaded")
         return 1
     print(ps_models(status))
     return 0
