@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,18 @@ def read_json_object(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def merged_rows(
+    parts: list[Prepared], max_batch: int, prepare: Callable[[list[Any]], Prepared]
+) -> Prepared | None:
+    """Several requests' rows as one forward (`prepare` buckets them), or None when they
+    are more than `max_batch` together."""
+    if len(parts) == 1:
+        return parts[0]
+    if sum(p.count for p in parts) > max_batch:
+        return None
+    return prepare([row for p in parts for row in p.payload])
 
 
 def length_bucketed(payload: list[Any], lengths: list[int], max_batch: int) -> Prepared:

@@ -23,7 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Prepared, length_bucketed, weight_file_bytes
+from app.models.base import Prepared, length_bucketed, merged_rows, weight_file_bytes
 from app.models.kinds import Embedder, TextOrIds
 from app.settings import ModelSpec
 
@@ -141,11 +141,7 @@ class EmbeddingHandler(Embedder):
         return length_bucketed(ids, [len(x) for x in ids], self.spec.max_batch)
 
     def merge(self, parts: list[Prepared]) -> Prepared | None:
-        if len(parts) == 1:
-            return parts[0]
-        if sum(p.count for p in parts) > self.spec.max_batch:
-            return None
-        return self._prepared([ids for p in parts for ids in p.payload])
+        return merged_rows(parts, self.spec.max_batch, self._prepared)
 
     def forward(self, prepared: Prepared) -> Any:
         """Inputs sorted by length and run in chunks of `max_batch`, each padded only to

@@ -21,7 +21,13 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from app.engine.device import Device
-from app.models.base import Prepared, length_bucketed, read_json_object, weight_file_bytes
+from app.models.base import (
+    Prepared,
+    length_bucketed,
+    merged_rows,
+    read_json_object,
+    weight_file_bytes,
+)
 from app.models.kinds import Pair, Reranker
 from app.settings import ModelSpec
 
@@ -101,11 +107,7 @@ class RerankHandler(Reranker):
         return length_bucketed(rows, [len(ids) for ids, _ in rows], self.spec.max_batch)
 
     def merge(self, parts: list[Prepared]) -> Prepared | None:
-        if len(parts) == 1:
-            return parts[0]
-        if sum(p.count for p in parts) > self.spec.max_batch:
-            return None
-        return self._prepared([row for p in parts for row in p.payload])
+        return merged_rows(parts, self.spec.max_batch, self._prepared)
 
     def forward(self, prepared: Prepared) -> Any:
         self.forward_calls += 1
