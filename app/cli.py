@@ -244,7 +244,7 @@ def serve(settings: Settings, models_source: ConfigSource | None = None) -> int:
 
     def on_fatal() -> None:
         nonlocal exit_code
-        exit_code = app.state.service.state.exit_code or EXIT_FATAL_DEVICE
+        exit_code = app.state.fleet.exit_code or EXIT_FATAL_DEVICE
         if server is not None:
             server.should_exit = True
 
@@ -264,7 +264,7 @@ def serve(settings: Settings, models_source: ConfigSource | None = None) -> int:
         logging.shutdown()
         return EXIT_INVALID_SETTINGS
     config = uvicorn_config(app, settings)
-    server = draining_server(config, app.state.service.begin_stop)
+    server = draining_server(config, app.state.fleet.begin_stop)
     extra = ollama_listener(settings)
     run_until_stopped(server, [config.bind_socket(), extra] if extra else None)
     log.info("vramgate stopped (exit code %d)", exit_code)

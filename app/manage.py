@@ -152,6 +152,13 @@ def format_status(status: dict[str, Any]) -> str:
         f" {queue['running']}/{pool['slots']} running, {queue['depth']} waiting"
         f" (oldest {queue['oldest_wait_s']:.1f}s)",
     ]
+    gpus = status.get("devices") or []
+    for gpu in gpus if len(gpus) > 1 else []:  # the lines above add them up
+        lines.append(
+            f"  {gpu['id']:<12} {gpu['name']}: {_gib(gpu['used_bytes'])} of "
+            f"{_gib(gpu['total_bytes'])} used, pool {_gib(gpu['pool_bytes'])}, "
+            f"{gpu['running']} running, {gpu['queue_depth']} waiting; {', '.join(gpu['models'])}"
+        )
     for model in status["models"]:
         lines.append(
             f"model    {model['name']}: {model['state']}, {model['kind']}, {model['dtype']},"

@@ -22,20 +22,29 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Metrics:
-    """Names are listed in the README; labels are bounded (model names, error codes)."""
+    """Names are listed in the README; labels are bounded (model names, error codes, the
+    server's device ids)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = PromCounter(
-            "vramgate_requests", "Requests by model and outcome", ["model", "outcome"], registry=r
+            "vramgate_requests",
+            "Requests by model, outcome and the device that served them",
+            ["model", "outcome", "device"],
+            registry=r,
         )
         self.rejections = PromCounter(
             "vramgate_rejections", "Requests refused or failed, by reason", ["reason"], registry=r
         )
-        self.ooms = PromCounter("vramgate_oom", "Out-of-memory errors during a job", registry=r)
+        self.ooms = PromCounter(
+            "vramgate_oom", "Out-of-memory errors during a job", ["device"], registry=r
+        )
         self.evictions = PromCounter(
-            "vramgate_evictions", "Models unloaded by vramgate, by reason", ["reason"], registry=r
+            "vramgate_evictions",
+            "Models unloaded by vramgate, by reason",
+            ["reason", "device"],
+            registry=r,
         )
         self.queue_wait = Histogram(
             "vramgate_queue_wait_seconds",
@@ -51,33 +60,43 @@ class Metrics:
             buckets=_TIME_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge("vramgate_queue_depth", "Jobs waiting", registry=r)
-        self.running = Gauge("vramgate_running_jobs", "Jobs on the device", registry=r)
-        self.pool = Gauge("vramgate_pool_bytes", "Bytes jobs may hold in total now", registry=r)
-        self.admitted = Gauge("vramgate_admitted_bytes", "Bytes held by running jobs", registry=r)
-        self.device_total = Gauge("vramgate_device_total_bytes", "Device memory", registry=r)
-        self.device_used = Gauge(
-            "vramgate_device_used_bytes", "Device memory in use by all processes", registry=r
+
+        def per_device(name: str, text: str) -> Gauge:
+            return Gauge(name, text, ["device"], registry=r)
+
+        self.queue_depth = per_device("vramgate_queue_depth", "Jobs waiting")
+        self.running = per_device("vramgate_running_jobs", "Jobs on the device")
+        self.pool = per_device("vramgate_pool_bytes", "Bytes jobs may hold in total now")
+        self.admitted = per_device("vramgate_admitted_bytes", "Bytes held by running jobs")
+        self.device_total = per_device("vramgate_device_total_bytes", "Device memory")
+        self.device_used = per_device(
+            "vramgate_device_used_bytes", "Device memory in use by all processes"
         )
-        self.device_ours = Gauge(
-            "vramgate_device_ours_bytes", "Device memory held by this server", registry=r
+        self.device_ours = per_device(
+            "vramgate_device_ours_bytes", "Device memory held by this server"
         )
         self.price = Gauge(
-            "vramgate_price_bytes", "Learned price per bucket", ["model", "bucket"], registry=r
+            "vramgate_price_bytes",
+            "Learned price per bucket",
+            ["model", "bucket", "device"],
+            registry=r,
         )
         self.ready = Gauge("vramgate_ready", "1 when the server is ready", registry=r)
         # For /status: plain counters and a window of recent latencies.
         self.served: Counter[str] = Counter()
+        self.served_by_device: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
         self.oom_count = 0
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        self._success: dict[str, tuple[Any, Any, Any]] = {}
+        self._success: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
-    def observe_success(self, model: str, wait_s: float, run_s: float, total_s: float) -> None:
-        children = self._success.get(model)
+    def observe_success(
+        self, model: str, wait_s: float, run_s: float, total_s: float, device: str = ""
+    ) -> None:
+        children = self._success.get((model, device))
         if children is None:  # a labelled child is looked up once per model, not per call
-            children = self._success[model] = (
-                self.requests.labels(model, "ok"),
+            children = self._success[model, device] = (
+                self.requests.labels(model, "ok", device),
                 self.queue_wait.labels(model),
                 self.run_time.labels(model),
             )
@@ -86,15 +105,16 @@ class Metrics:
         queue_wait.observe(wait_s)
         run_time.observe(run_s)
         self.served[model] += 1
+        self.served_by_device[device] += 1
         self.latencies.append(total_s)
 
-    def observe_failure(self, model: str, reason: str) -> None:
-        self.requests.labels(model, reason).inc()
+    def observe_failure(self, model: str, reason: str, device: str = "") -> None:
+        self.requests.labels(model, reason, device).inc()
         self.rejections.labels(reason).inc()
         self.rejected[reason] += 1
 
-    def observe_oom(self) -> None:
-        self.ooms.inc()
+    def observe_oom(self, device: str = "") -> None:
+        self.ooms.labels(device).inc()
         self.oom_count += 1
 
     def latency_summary(self) -> dict[str, float]:

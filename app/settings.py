@@ -48,9 +48,12 @@ def is_reserved_name(name: str) -> bool:
     return name.split(".")[0].upper() in _RESERVED
 
 
+_SIZE = r"\d+(\.\d+)?\s*[KMGT]i?B"
 _DEVICE_PATTERN = re.compile(
-    r"^(auto|cpu|cuda(:\d{1,2})?|simulated:(?P<size>\d+(\.\d+)?\s*[KMGT]i?B))$"
+    rf"^(auto|cpu|cuda(:\d{{1,2}}(,\d{{1,2}})*)?|simulated:(?P<sizes>{_SIZE}(\s*,\s*{_SIZE})*))$"
 )
+# a model's own device: one of the server's (cuda:1, simulated:0, cpu)
+DEVICE_ID_PATTERN = r"^(cpu|cuda:\d{1,2}|simulated:\d{1,2})$"
 _BYTES = TypeAdapter(ByteSize)
 
 
@@ -79,6 +82,10 @@ class ModelSpec(BaseModel):
     # vision: what the model returns, and (for a weights file) its torchvision architecture
     output: Literal["classes", "image"] = "classes"
     arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    # where it runs, of the server's devices (None: where it fits with the most room),
+    # and on how many devices a copy of it serves (requests go where they fit soonest)
+    device: str | None = Field(default=None, pattern=DEVICE_ID_PATTERN)
+    replicas: int = Field(default=1, ge=1, le=16)
 
     buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
     load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
@@ -147,7 +154,9 @@ class Settings(BaseSettings):
         "only Ollama's API and cannot be pointed elsewhere; off by default",
     )
     device: str = Field(
-        "auto", description="auto | cpu | cuda[:N] | simulated:<size> such as simulated:8GiB"
+        "auto",
+        description="auto (every CUDA GPU, else the CPU) | cpu | cuda:N | cuda:0,1 | "
+        "simulated:<size>[,<size>...] such as simulated:8GiB,4GiB (fake GPUs)",
     )
     reserve: ByteSize | None = Field(
         None,
@@ -281,8 +290,11 @@ class Settings(BaseSettings):
     def _check_device(cls, value: str) -> str:
         match = _DEVICE_PATTERN.match(value.strip())
         if not match:
-            raise ValueError(f"device {value!r} is not auto, cpu, cuda[:N] or simulated:<size>")
-        if match.group("size") and parse_bytes(match.group("size")) <= 0:
+            raise ValueError(
+                f"device {value!r} is not auto, cpu, cuda[:N[,N...]] or simulated:<size>[,...]"
+            )
+        sizes = match.group("sizes")
+        if sizes and any(parse_bytes(size.strip()) <= 0 for size in sizes.split(",")):
             raise ValueError("a simulated device needs a positive size")
         return value.strip()
 
@@ -309,10 +321,11 @@ class Settings(BaseSettings):
 
         return self.log_dir or Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
 
-    def simulated_capacity(self) -> int | None:
+    def simulated_capacities(self) -> tuple[int, ...]:
+        """The simulated devices' sizes (empty: the device is not simulated)."""
         match = _DEVICE_PATTERN.match(self.device)
-        size = match.group("size") if match else None
-        return parse_bytes(size) if size else None
+        sizes = match.group("sizes") if match else None
+        return tuple(parse_bytes(size.strip()) for size in sizes.split(",")) if sizes else ()
 
     def redacted(self) -> dict[str, Any]:
         """The resolved settings for the start-up log line; the token never appears."""

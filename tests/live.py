@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.api.app import create_app
+from app.core.fleet import Fleet
 from app.core.service import InferenceService
 from app.engine.device import Device
 from app.settings import Settings, load_settings
@@ -39,8 +40,13 @@ class Live:
     fatal_calls: list[float] = field(default_factory=list)
 
     @property
+    def fleet(self) -> Fleet:
+        return self.app.state.fleet
+
+    @property
     def service(self) -> InferenceService:
-        return self.app.state.service
+        """The first device's service (the only one, unless the test asks for several)."""
+        return self.fleet.lanes[0]
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
@@ -100,7 +106,7 @@ def live_server(
         port = server.servers[0].sockets[0].getsockname()[1]
         live = Live(f"http://127.0.0.1:{port}", app, server, fatal_calls)
         if ready:
-            wait_until(lambda: live.service.ready, 180, "readiness")
+            wait_until(lambda: live.fleet.ready, 180, "readiness")
         yield live
     finally:
         server.should_exit = True

@@ -57,7 +57,7 @@ def test_minilm_preloads_smollm2_loads_on_its_first_chat_goes_after_keep_alive_a
         assert status["models"][1]["weights_bytes"] == 0
         assert states()["all-MiniLM-L6-v2"] == "ready"  # its own keep-alive is 5 minutes
         metrics = httpx.get(live.url + "/metrics", timeout=30).text
-        assert 'vramgate_evictions_total{reason="keep_alive"} 1.0' in metrics
+        assert 'vramgate_evictions_total{device="cpu",reason="keep_alive"} 1.0' in metrics
 
         again, again_s = ask()  # loads it again
         assert again == first

@@ -10,6 +10,7 @@ import random
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import ModelSpec, SimulatedBucket
 from tests.live import wait_until
@@ -30,9 +31,12 @@ def model(name: str, *, run_ms: float = 10, load: str = "demand") -> ModelSpec:
 
 def evictions(live, reason: str) -> float:
     text = httpx.get(live.url + "/metrics", timeout=30).text
-    line = f'vramgate_evictions_total{{reason="{reason}"}}'
-    found = [float(row.split()[-1]) for row in text.splitlines() if row.startswith(line)]
-    return found[0] if found else 0.0
+    return sum(  # on every device
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vramgate_evictions_total" and sample.labels["reason"] == reason
+    )
 
 
 def states(live) -> dict[str, str]:

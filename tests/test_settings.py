@@ -30,7 +30,7 @@ def test_defaults_are_local_and_safe(tmp_path, monkeypatch):
 def test_file_then_env_then_cli(config, monkeypatch):
     from_file = load_settings({}, config)
     assert (from_file.port, from_file.max_queue, from_file.models[0].name) == (9001, 7, "sim")
-    assert from_file.simulated_capacity() == 4 * 2**30
+    assert from_file.simulated_capacities() == (4 * 2**30,)
     monkeypatch.setenv("VRAMGATE_PORT", "9002")
     assert load_settings({}, config).port == 9002
     assert load_settings({"port": "9003"}, config).port == 9003

@@ -83,6 +83,18 @@ def _gib(value: float) -> str:
     return f"{value / GiB:.1f}"
 
 
+def _fullest(gpus: list[dict[str, Any]]) -> float:
+    """The largest share of memory in use on one GPU (0..1)."""
+    return min(1.0, max(g["used_bytes"] / max(g["total_bytes"], 1) for g in gpus))
+
+
+def _device_line(gpu: dict[str, Any]) -> str:
+    return (
+        f"{gpu['id']} {gpu['name']}: {_gib(gpu['used_bytes'])} of {_gib(gpu['total_bytes'])} GiB"
+        f" · {gpu['running']} running · {gpu['queue_depth']} waiting"
+    )
+
+
 def view_of(
     status: dict[str, Any] | None,
     *,
@@ -101,11 +113,17 @@ def view_of(
     total = max(device["total_bytes"], 1)
     used = device["used_bytes"]
     state = state_of(status, queue_full_delta)
-    icon = IconView(state, min(1.0, used / total), queue["depth"])
-    tooltip = (
-        f"VRAM {_gib(used)} / {_gib(total)} GiB · {queue['running']} running · "
-        f"{queue['depth']} waiting"
+    gpus = status.get("devices") or []
+    icon = IconView(
+        state, _fullest(gpus) if len(gpus) > 1 else min(1.0, used / total), queue["depth"]
     )
+    memory = f"VRAM {_gib(used)} / {_gib(total)} GiB"
+    if len(gpus) > 1:  # every GPU's figures: the icon shows the fullest
+        memory = (
+            " · ".join(f"{g['id']} {_gib(g['used_bytes'])}/{_gib(g['total_bytes'])}" for g in gpus)
+            + " GiB"
+        )
+    tooltip = f"{memory} · {queue['running']} running · {queue['depth']} waiting"
     if state not in ("ready", "busy"):
         tooltip += f" · {state}"
     if restarts:
@@ -118,6 +136,7 @@ def view_of(
         f"VRAM {_gib(used)} of {_gib(total)} GiB (vramgate {_gib(device['used_by_us_bytes'])})",
         f"{queue['running']} running · {queue['depth']} waiting · served "
         f"{status['counters']['served']}",
+        *(_device_line(g) for g in (gpus if len(gpus) > 1 else [])),
         *(f"⚠ {warning}" for warning in warnings),
     )
     notice = gave_back_notice(status.get("gave_back"))

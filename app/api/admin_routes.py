@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.service import InferenceService
+from app.core.fleet import Fleet
 from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound
 from app.pull import EventProgress, PullError, parse_source, pull, remove_from_config
 from app.settings import MODEL_NAME_PATTERN, ConfigSource
@@ -34,20 +34,20 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(loopba
 ModelName = Path(max_length=64, pattern=MODEL_NAME_PATTERN)
 
 
-def _service(request: Request) -> InferenceService:
-    return request.app.state.service
+def _fleet(request: Request) -> Fleet:
+    return request.app.state.fleet
 
 
 @router.post("/pause")
 async def pause(request: Request) -> dict[str, Any]:
     """New inference requests get 503 `paused` until resumed; running ones finish."""
-    _service(request).state.paused = True
+    _fleet(request).set_paused(True)
     return {"paused": True}
 
 
 @router.post("/resume")
 async def resume(request: Request) -> dict[str, Any]:
-    _service(request).state.paused = False
+    _fleet(request).set_paused(False)
     return {"paused": False}
 
 
@@ -67,24 +67,21 @@ async def unload(
 ) -> dict[str, Any]:
     """Let the model's running jobs finish for `wait_s`, end the rest (streams get an
     error event, waiting requests 503), then free its weights."""
-    freed = await _service(request).lifecycle.unload(name, wait_s)
-    return {
-        "model": name,
-        "state": _service(request).registry.entry(name).state,
-        "freed_bytes": freed,
-    }
+    fleet = _fleet(request)
+    freed = await fleet.unload(name, wait_s)
+    return {"model": name, "state": fleet.model_row(name)["state"], "freed_bytes": freed}
 
 
 @router.post("/models/{name}/load")
 async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
-    service = _service(request)
-    await service.lifecycle.load(name)
-    entry = service.registry.entry(name)
+    fleet = _fleet(request)
+    await fleet.load(name)
+    row = fleet.model_row(name)
     return {
         "model": name,
-        "state": entry.state,
-        "weights_bytes": entry.weights_bytes,
-        "error": entry.error,
+        "state": row["state"],
+        "weights_bytes": row["weights_bytes"],
+        "error": row["error"],
     }
 
 
@@ -98,9 +95,9 @@ async def reread(request: Request) -> dict[str, Any]:
         settings = await asyncio.to_thread(source.settings)
     except (ValueError, OSError) as exc:
         raise InvalidRequest(f"the config does not read: {exc}") from exc
-    service = _service(request)
-    changes = service.lifecycle.apply(settings.models)
-    served = [e["name"] for e in service.registry.describe() if not e["retired"]]
+    fleet = _fleet(request)
+    changes = fleet.apply(settings.models)
+    served = [row["name"] for row in fleet.models() if not row["retired"]]
     return {**changes, "models": served}
 
 
@@ -140,7 +137,7 @@ def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any]
     def emit(event: dict[str, Any]) -> None:  # on the pulling thread
         loop.call_soon_threadsafe(events.put_nowait, event)
 
-    service = _service(request)
+    fleet = _fleet(request)
 
     async def work() -> None:
         try:
@@ -149,7 +146,7 @@ def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any]
                 pull, body.source, settings, source.file, name=body.name, kind=body.kind,
                 force=body.force, progress=EventProgress(emit),
             )  # fmt: skip
-            service.lifecycle.apply((await asyncio.to_thread(source.settings)).models)
+            fleet.apply((await asyncio.to_thread(source.settings)).models)
             events.put_nowait({"status": "success", "model": spec.name, "kind": spec.kind})
         except (PullError, ValueError, OSError) as exc:
             events.put_nowait({"error": str(exc)})
@@ -189,4 +186,4 @@ async def delete_model(request: Request, name: str) -> None:
     models_dir = settings.resolved_models_dir.resolve()
     if spec.path is not None and spec.path.resolve().is_relative_to(models_dir):
         await asyncio.to_thread(shutil.rmtree, spec.path, True)
-    _service(request).lifecycle.apply((await asyncio.to_thread(source.settings)).models)
+    _fleet(request).apply((await asyncio.to_thread(source.settings)).models)

@@ -24,36 +24,24 @@ from app.api import (
 from app.api.errors import ERROR_RESPONSES, OLLAMA_ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
-from app.core.service import InferenceService
-from app.engine.choose import make_device
+from app.core.fleet import Fleet, build_fleet
+from app.engine.choose import make_devices
 from app.engine.device import Device
-from app.engine.executor import Executor
 from app.logconfig import set_snapshot_provider
-from app.metrics import Metrics
-from app.models.registry import ModelRegistry
-from app.sched.budget import BudgetBook
-from app.settings import DEFAULT_MAX_STREAMS, ConfigSource, Settings
+from app.settings import ConfigSource, Settings
 
 log = logging.getLogger("vramgate.app")
-PRICES_FILE = "prices.json"
 
 
-def build_service(
+def build_core(
     settings: Settings,
     device: Device | None = None,
     on_fatal: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
-) -> InferenceService:
-    device = device or make_device(settings)
-    slots = settings.max_concurrent or device.default_slots
-    streams = settings.max_streams or DEFAULT_MAX_STREAMS
-    executor = Executor(device, slots=slots, stream_slots=streams, cpu_threads=settings.cpu_threads)
-    book = BudgetBook(settings.resolved_data_dir / PRICES_FILE)
-    bounds = (settings.max_image_side, settings.max_image_pixels)
-    registry = ModelRegistry(settings.models, device, bounds)
-    return InferenceService(
-        settings, device, registry, book, executor, Metrics(), on_fatal=on_fatal, clock=clock
-    )
+) -> Fleet:
+    """The server's core: one service per device (`device`: that one alone, for tests)."""
+    devices = [device] if device is not None else make_devices(settings)
+    return build_fleet(settings, devices, on_fatal, clock)
 
 
 def create_app(
@@ -71,22 +59,24 @@ def create_app(
     `models_source`: the config the server reads its model list from again (POST
     /admin/models/reread) and pulls into (POST /admin/models/pull)."""
 
-    service = build_service(settings, device, on_fatal)
+    fleet = build_core(settings, device, on_fatal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        log.info(
-            "device %s; %d slot(s); torch threads %d",
-            service.device.name,
-            service.executor.slots,
-            service.executor.torch_threads,
-        )
-        set_snapshot_provider(service.memory_line)
-        await service.start()
+        for lane in fleet.lanes:
+            log.info(
+                "device %s (%s); %d slot(s); torch threads %d",
+                lane.device.id,
+                lane.device.name,
+                lane.executor.slots,
+                lane.executor.torch_threads,
+            )
+        set_snapshot_provider(fleet.memory_line)
+        await fleet.start()
         try:
             yield
         finally:
-            await service.stop()
+            await fleet.stop()
             set_snapshot_provider(None)
 
     app = VramgateApp(
@@ -96,7 +86,7 @@ def create_app(
         summary="Local inference that admits work by measured VRAM bytes.",
         lifespan=lifespan,
     )
-    app.state.service = service
+    app.state.fleet = fleet
     app.state.request_shutdown = on_shutdown_request
     app.state.models_source = models_source
     app.state.pulling = None  # the pull under way (one at a time)

@@ -43,8 +43,8 @@ from app.api.schemas import (
     validate_embedding_request,
     validate_generation_request,
 )
+from app.core.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
-from app.core.service import InferenceService
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.manage import folder_bytes, model_folder
@@ -60,8 +60,8 @@ LONGEST_S = 3e11  # ~9500 years: any keep-alive longer is for good
 B = TypeVar("B", bound=BaseModel)
 
 
-def _service(request: Request) -> InferenceService:
-    return request.app.state.service
+def _fleet(request: Request) -> Fleet:
+    return request.app.state.fleet
 
 
 async def _body(request: Request, model: type[B]) -> B:
@@ -85,9 +85,8 @@ async def version() -> dict[str, str]:
     return {"version": OLLAMA_VERSION, "vramgate": __version__}
 
 
-def _entry(service: InferenceService, name: str) -> dict[str, Any]:
-    service.registry.entry(name)  # 404 for a model it does not serve
-    return next(row for row in service.lifecycle.describe() if row["name"] == name)
+def _entry(fleet: Fleet, name: str) -> dict[str, Any]:
+    return fleet.model_row(name)  # 404 for a model it does not serve
 
 
 def _details(row: dict[str, Any]) -> dict[str, Any]:
@@ -104,19 +103,19 @@ def _digest(row: dict[str, Any]) -> str:
     return hashlib.sha256(f"{row['name']}:{row.get('path', '')}".encode()).hexdigest()
 
 
-def _folder(service: InferenceService, name: str) -> Path | None:
-    return model_folder(service.registry.entries[name].handler.spec)
+def _folder(fleet: Fleet, name: str) -> Path | None:
+    return model_folder(fleet.spec(name))
 
 
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
     """The served models: size on disk, when the folder changed."""
-    service = _service(request)
+    fleet = _fleet(request)
     models = []
-    for row in service.lifecycle.describe():
+    for row in fleet.models():
         if row["retired"]:
             continue
-        folder = _folder(service, row["name"])
+        folder = _folder(fleet, row["name"])
         changed = folder.stat().st_mtime if folder is not None and folder.exists() else 0
         models.append(
             {
@@ -133,10 +132,10 @@ async def tags(request: Request) -> dict[str, Any]:
 
 @router.post("/show")
 async def show(request: Request) -> dict[str, Any]:
-    service = _service(request)
+    fleet = _fleet(request)
     name = (await _body(request, NamedBody)).target
-    row = _entry(service, name)
-    folder = _folder(service, name)
+    row = _entry(fleet, name)
+    folder = _folder(fleet, name)
     config = read_json_object(folder / "config.json") if folder is not None else {}
     template = _template(folder)
     generation = row["kind"] in ("generation", "simulated")
@@ -172,10 +171,10 @@ def _template(folder: Path | None) -> str:
 @router.get("/ps")
 async def ps(request: Request) -> dict[str, Any]:
     """The loaded models: their memory, and until when they stay (keep-alive)."""
-    service = _service(request)
-    on_gpu = service.device.kind == "cuda"
+    fleet = _fleet(request)
+    on_gpu = fleet.lanes[0].device.kind == "cuda"
     models = []
-    for row in service.lifecycle.describe():
+    for row in fleet.models():
         if not row["loaded"]:
             continue
         left = row["unloads_in_s"]
@@ -224,11 +223,11 @@ async def delete(request: Request) -> Response:
 # -- embeddings --------------------------------------------------------------------------
 @router.post("/embed")
 async def embed(request: Request) -> Response:
-    service, started = _service(request), time.perf_counter()
+    fleet, started = _fleet(request), time.perf_counter()
     body = await _body(request, EmbedBody)
-    valid = validate_embedding_request(body.as_openai(), service.settings)
+    valid = validate_embedding_request(body.as_openai(), fleet.settings)
     with client_watch(request) as watch:
-        result = await service.embed(valid, watch)
+        result = await fleet.embed(valid, watch)
     answer = {
         "model": body.model,
         "embeddings": result.output,
@@ -242,12 +241,12 @@ async def embed(request: Request) -> Response:
 @router.post("/embeddings")
 async def embeddings(request: Request) -> Response:
     """The older route: one `prompt`, one `embedding`."""
-    service = _service(request)
+    fleet = _fleet(request)
     body = await _body(request, EmbeddingsBody)
     openai = EmbeddingRequest(model=body.model, input=body.prompt, keep_alive=body.keep_alive)
-    valid = validate_embedding_request(openai, service.settings)
+    valid = validate_embedding_request(openai, fleet.settings)
     with client_watch(request) as watch:
-        result = await service.embed(valid, watch)
+        result = await fleet.embed(valid, watch)
     return _json_response({"embedding": result.output[0]}, result.cost)
 
 
@@ -272,11 +271,11 @@ async def generate(request: Request) -> Response:
 async def _generate(
     request: Request, model: str, openai: ChatRequest | CompletionRequest, *, chat: bool = True
 ) -> Response:
-    service, started = _service(request), time.perf_counter()
-    valid = validate_generation_request(openai, service.settings)
+    fleet, started = _fleet(request), time.perf_counter()
+    valid = validate_generation_request(openai, fleet.settings)
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:
-        generation = (await admit_choices(service, valid, watch))[0]
+        generation = (await admit_choices(fleet, valid, watch))[0]
         if not valid.stream:
             watch.on_leave(generation.close)
             try:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: parse → validated request → service → encode."""
+"""OpenAI-compatible routes: parse → validated request → the core (fleet) → encode."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from app.api.schemas import (
     validate_embedding_request,
     validate_generation_request,
 )
+from app.core.fleet import Fleet
 from app.core.requests import ValidEmbeddingRequest
-from app.core.service import InferenceService
 from app.core.watch import ClientWatch
 from app.core.work import InferenceResult
 from app.errors import ClientGone
@@ -33,8 +33,8 @@ RequestT = TypeVar("RequestT", bound=BaseModel)
 _STARTED = int(time.time())
 
 
-def _service(request: Request) -> InferenceService:
-    return request.app.state.service
+def _fleet(request: Request) -> Fleet:
+    return request.app.state.fleet
 
 
 def disconnected(request: Request) -> Callable[[], Awaitable[None]]:
@@ -96,7 +96,7 @@ def request_schemas() -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    entries = _service(request).registry.describe()
+    entries = _fleet(request).models()
     data = [
         {
             "id": e["name"],
@@ -116,14 +116,14 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def create_embeddings(request: Request) -> Response:
     """Also served by `HotRoutes` (see HOT_ROUTES), past the framework's layers."""
 
-    service = _service(request)
+    fleet = _fleet(request)
     try:
         body = EmbeddingRequest.model_validate_json(await read_body(request))
     except ValidationError as exc:
         raise from_validation_errors(exc.errors()) from None
-    valid = validate_embedding_request(body, service.settings)
+    valid = validate_embedding_request(body, fleet.settings)
     with client_watch(request) as watch:
-        result = await service.embed(valid, watch)
+        result = await fleet.embed(valid, watch)
     return Response(
         encode_embeddings(valid, result),
         media_type="application/json",
@@ -199,11 +199,11 @@ async def create_completion(request: Request) -> Response:
 async def _complete(
     request: Request, body: ChatRequest | CompletionRequest, kind: str, prefix: str
 ) -> Response:
-    service = _service(request)
-    valid = validate_generation_request(body, service.settings)
+    fleet = _fleet(request)
+    valid = validate_generation_request(body, fleet.settings)
     reply = Reply(valid, kind, prefix)
     with client_watch(request) as watch:
-        generations = await admit_choices(service, valid, watch)
+        generations = await admit_choices(fleet, valid, watch)
         if not valid.stream:
             return await reply.respond(generations, watch)
     # the stream's response reads the connection itself: the watch has ended

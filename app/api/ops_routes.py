@@ -9,36 +9,27 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.core.service import InferenceService
-from app.core.snapshot import status_document
+from app.core.fleet import Fleet
 
 router = APIRouter(tags=["ops"])
 
 
-def _service(request: Request) -> InferenceService:
-    return request.app.state.service
+def _fleet(request: Request) -> Fleet:
+    return request.app.state.fleet
 
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     """200 when ready to serve; 503 while loading, after a device failure, or when wedged."""
-    service = _service(request)
-    ready = service.ready
-    body = {"live": True, "ready": ready, "state": service.state.phase}
+    fleet = _fleet(request)
+    ready = fleet.ready
+    body = {"live": True, "ready": ready, "state": fleet.phase}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    service = _service(request)
-    return status_document(
-        service.view(),
-        service.device.describe(),
-        service.lifecycle.describe(),
-        service.book.snapshot(),
-        service.metrics,
-        service.lifecycle.gave_back_view(),
-    )
+    return _fleet(request).status()
 
 
 @router.get(
@@ -47,16 +38,15 @@ async def status(request: Request) -> dict[str, Any]:
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
 
-    service = _service(request)
-    m = service.metrics
-    service.view().set_gauges(m, service.book.snapshot())
-    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    fleet = _fleet(request)
+    fleet.set_gauges()
+    return Response(generate_latest(fleet.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/history")
 async def history(request: Request) -> dict[str, Any]:
     """The last minutes of once-a-second samples, and the recent rejections."""
-    return _service(request).history.as_dict()
+    return _fleet(request).history.as_dict()
 
 
 @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
+from app.core.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
-from app.core.service import InferenceService
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
@@ -42,12 +42,12 @@ def choice_requests(valid: ValidGenerationRequest) -> list[ValidGenerationReques
 
 
 async def admit_choices(
-    service: InferenceService, valid: ValidGenerationRequest, watch: ClientWatch
+    fleet: Fleet, valid: ValidGenerationRequest, watch: ClientWatch
 ) -> list[AdmittedGeneration]:
     """Every choice admitted, or none: a choice that is refused closes the others."""
     if valid.n == 1:
-        return [await service.generate(valid, watch)]
-    tasks = [asyncio.ensure_future(service.generate(one, watch)) for one in choice_requests(valid)]
+        return [await fleet.generate(valid, watch)]
+    tasks = [asyncio.ensure_future(fleet.generate(one, watch)) for one in choice_requests(valid)]
     failed: list[BaseException] = []
     try:
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.api.errors import from_validation_errors
 from app.api.openai_routes import client_watch, read_body
 from app.api.schemas import MAX_CHARS_HARD, KeepAlive
+from app.core.fleet import Fleet
 from app.core.requests import ValidRerankRequest
-from app.core.service import InferenceService
 from app.errors import InvalidRequest
 from app.settings import MODEL_NAME_PATTERN
 
@@ -48,24 +48,24 @@ class RerankRequest(BaseModel):
 
 
 async def rerank(request: Request) -> Response:
-    service: InferenceService = request.app.state.service
+    fleet: Fleet = request.app.state.fleet
     try:
         body = RerankRequest.model_validate_json(await read_body(request))
     except ValidationError as exc:
         raise from_validation_errors(exc.errors()) from None
     documents = body.texts()
     chars = len(body.query) * len(documents) + sum(len(d) for d in documents)
-    if chars > service.settings.max_input_chars:
+    if chars > fleet.settings.max_input_chars:
         raise InvalidRequest(
             f"the query with each document has {chars} characters; at most "
-            f"{service.settings.max_input_chars} are allowed",
+            f"{fleet.settings.max_input_chars} are allowed",
             param="documents",
         )
     valid = ValidRerankRequest(
         body.model, body.query, documents, body.top_n, body.return_documents, body.keep_alive
     )
     with client_watch(request) as watch:
-        result = await service.rerank(valid, watch)
+        result = await fleet.rerank(valid, watch)
     ranked = sorted(range(len(documents)), key=lambda i: -float(result.output[i]))
     results: list[dict[str, Any]] = []
     for index in ranked[: body.top_n or len(documents)]:

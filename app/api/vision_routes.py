@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from app.api.errors import from_validation_errors
 from app.api.openai_routes import client_watch, read_body
 from app.api.schemas import PredictRequest
+from app.core.fleet import Fleet
 from app.core.requests import ValidImageRequest
-from app.core.service import InferenceService
 from app.core.work import InferenceResult
 from app.durations import parse_keep_alive
 from app.errors import InvalidRequest
@@ -60,13 +60,13 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 async def predict(
     request: Request, model: str = PathParam(max_length=64, pattern=MODEL_NAME_PATTERN)
 ) -> Response:
-    service: InferenceService = request.app.state.service
-    valid = await read_images(request, model, service.settings)
+    fleet: Fleet = request.app.state.fleet
+    valid = await read_images(request, model, fleet.settings)
     with client_watch(request) as watch:
-        result = await service.predict(valid, watch)
+        result = await fleet.predict(valid, watch)
     headers = {**result.cost.headers(), "X-Content-Type-Options": "nosniff"}
     if isinstance(result.output, np.ndarray):
-        labels = service.registry.serving(model, ImageModel).labels
+        labels = fleet.handler(model, ImageModel).labels
         body = scores_body(model, result, labels, valid.top_k)
         return Response(orjson.dumps(body), media_type="application/json", headers=headers)
     if len(result.output) == 1:

@@ -50,7 +50,7 @@ class FailureMapper:
     ) -> VramgateError:
         """`wait_s`: the queue's estimated wait now, the retry hint of an OOM."""
         if self._device.is_oom(exc):
-            self._metrics.observe_oom()
+            self._metrics.observe_oom(self._device.id)
             log.warning("out of memory in %s/%s: %s", key.model, key.bucket, exc)
             drop_references(exc)  # the failed run's tensors, before the cache is emptied
             self._device.empty_cache()

@@ -76,6 +76,7 @@ class InferenceService:
         *,
         on_fatal: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        history: History | None = None,  # shared by the devices' services (app.core.fleet)
     ) -> None:
         self.settings = settings
         self.device = device
@@ -113,10 +114,10 @@ class InferenceService:
             clock=clock,
             keep_alive_s=settings.keep_alive,
             headroom=int(settings.headroom),
-            on_unloaded=lambda _, reason: metrics.evictions.labels(reason).inc(),
+            on_unloaded=lambda _, reason: metrics.evictions.labels(reason, device.id).inc(),
         )
         self.memory.reclaimable = self.lifecycle.reclaimable
-        self.history = History()
+        self.history = history if history is not None else History()
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- what it looks like ------------------------------------------------------------
@@ -174,12 +175,9 @@ class InferenceService:
         self.executor.shutdown(wait=False)
 
     async def _housekeeping(self) -> None:
-        last_save = last_sample = self.clock()
+        last_save = self.clock()
         while True:
             await asyncio.sleep(HOUSEKEEPING_S)
-            if self.clock() - last_sample >= 1.0:
-                last_sample = self.clock()
-                self.history.add_sample(self.view().sample())
             self.health.watchdog()
             self.scheduler.expire()
             self.scheduler.pump()
@@ -360,8 +358,8 @@ class InferenceService:
     def _job(self, model: str, handler: Handler, prepared: Any, stream: TokenStream | None) -> Job:
         key = self.pricer.key(model, handler, prepared)
         quote = self.pricer.quote(handler, key, prepared)
-        future = asyncio.get_running_loop().create_future()
-        return Job(model, handler, prepared, key, quote, future, stream=stream)
+        done = asyncio.get_running_loop().create_future()
+        return Job(model, handler, prepared, key, quote, done, stream=stream, device=self.device.id)
 
     async def serving(
         self, model: str, capability: type[H], *, probe: bool, keep_alive: float | None = None
@@ -391,10 +389,11 @@ class InferenceService:
     def _served(self, job: Job, result: JobResult, started: float) -> None:
         self.health.alive()
         waited, run_s = job.waited_s, result.measurement.run_s
-        self.metrics.observe_success(job.model, waited, run_s, self.clock() - started)
+        total_s = self.clock() - started
+        self.metrics.observe_success(job.model, waited, run_s, total_s, self.device.id)
         log_request(job, result, "ok")
 
     def _refused(self, model: str, exc: VramgateError) -> None:
         label = model if model in self.registry.entries else "unknown"  # bounded labels
-        self.metrics.observe_failure(label, exc.metric_label)
+        self.metrics.observe_failure(label, exc.metric_label, self.device.id)
         self.history.add_rejection(label, exc.code, exc.message)

@@ -61,6 +61,26 @@ class CoreSnapshot:
             estimated_wait_s=gate.estimated_wait_s(),
         )
 
+    @classmethod
+    def combined(cls, parts: list[CoreSnapshot]) -> CoreSnapshot:
+        """Several devices' pictures as one: their bytes, slots and queues added up; the
+        least advanced phase, ready when all are (`parts` is not empty)."""
+        if len(parts) == 1:
+            return parts[0]
+        memory = MemorySnapshot(
+            *(sum(getattr(p.memory, name) for p in parts) for name in MemorySnapshot.fields())
+        )
+        added = {name: sum(getattr(p, name) for p in parts) for name in _ADDED}
+        return cls(
+            phase=min((p.phase for p in parts), key=_PHASE_ORDER.index),
+            paused=any(p.paused for p in parts),
+            ready=all(p.ready for p in parts),
+            memory=memory,
+            oldest_wait_s=max(p.oldest_wait_s for p in parts),
+            estimated_wait_s=min(p.estimated_wait_s for p in parts),
+            **added,
+        )
+
     def sample(self) -> Sample:
         """The dashboard history's once-a-second sample."""
         snap = self.memory
@@ -84,20 +104,50 @@ class CoreSnapshot:
             f"admitted={self.admitted // mib}MiB running={self.running} queued={self.depth}"
         )
 
-    def set_gauges(self, metrics: Metrics, prices: list[dict[str, Any]]) -> None:
-        """/metrics' gauges as of this picture."""
+    def set_gauges(self, metrics: Metrics, device: str) -> None:
+        """/metrics' gauges of one device as of this picture."""
         snap = self.memory
-        metrics.queue_depth.set(self.depth)
-        metrics.running.set(self.running)
-        metrics.pool.set(self.pool)
-        metrics.admitted.set(self.admitted)
-        metrics.device_total.set(snap.total)
-        metrics.device_used.set(snap.total - snap.free)
-        metrics.device_ours.set(snap.ours)
-        metrics.ready.set(1 if self.ready else 0)
-        for row in prices:
-            if row["price_bytes"] is not None:
-                metrics.price.labels(row["model"], row["bucket"]).set(row["price_bytes"])
+        metrics.queue_depth.labels(device).set(self.depth)
+        metrics.running.labels(device).set(self.running)
+        metrics.pool.labels(device).set(self.pool)
+        metrics.admitted.labels(device).set(self.admitted)
+        metrics.device_total.labels(device).set(snap.total)
+        metrics.device_used.labels(device).set(snap.total - snap.free)
+        metrics.device_ours.labels(device).set(snap.ours)
+
+    def device_view(self) -> dict[str, Any]:
+        """One device's figures in /status `devices`."""
+        snap = self.memory
+        return {
+            "total_bytes": snap.total,
+            "used_bytes": snap.total - snap.free,
+            "used_by_others_bytes": snap.used_by_others,
+            "used_by_us_bytes": snap.ours,
+            "free_bytes": snap.free,
+            "reserve_bytes": self.reserve,
+            "weights_bytes": self.weights,
+            "pool_bytes": self.pool,
+            "capacity_bytes": self.capacity,
+            "admitted_bytes": self.admitted,
+            "queue_depth": self.depth,
+            "running": self.running,
+            "running_streams": self.running_streams,
+            "estimated_wait_s": round(self.estimated_wait_s, 3),
+        }
+
+
+# What several devices' pictures add up, and the phases from the least advanced on.
+_ADDED = ["reserve", "weights", "pool", "capacity", "admitted", "slots", "stream_slots"]
+_ADDED += ["depth", "max_queue", "running", "running_streams"]
+_PHASE_ORDER = ["failed", "stopping", "starting", "loading", "warming", "degraded", "ready"]
+
+
+def set_price_gauges(metrics: Metrics, prices: list[dict[str, Any]]) -> None:
+    """The learned prices in /metrics, by model, bucket and device (the book's key)."""
+    for row in prices:
+        if row["price_bytes"] is not None:
+            labels = (row["model"], row["bucket"], row.get("device", ""))
+            metrics.price.labels(*labels).set(row["price_bytes"])
 
 
 def status_document(
@@ -107,10 +157,12 @@ def status_document(
     prices: list[dict[str, Any]],
     metrics: Metrics,
     gave_back: dict[str, Any] | None = None,
+    devices: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The /status document: the one JSON the tray, the dashboard and `vramgate status`
     read. `device` is the device's own description, `models` the lifecycle's (the
-    registry's, with keep-alive), `gave_back` the last memory given to other programs."""
+    registry's, with keep-alive), `gave_back` the last memory given to other programs,
+    `devices` each device's own figures (`core` adds them up)."""
     snap = core.memory
     return {
         "version": __version__,
@@ -147,10 +199,12 @@ def status_document(
             {**model, "prices": [p for p in prices if p["model"] == model["name"]]}
             for model in models
         ],
+        "devices": devices or [],
         "gave_back": gave_back,
         "counters": {
             "served": sum(metrics.served.values()),
             "served_by_model": dict(metrics.served),
+            "served_by_device": dict(metrics.served_by_device),
             "rejected": dict(metrics.rejected),
             "ooms": metrics.oom_count,
         },

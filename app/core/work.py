@@ -39,6 +39,7 @@ class Job:
     result: asyncio.Future[JobResult]
     stream: TokenStream | None = None  # a generation: its text flows here while it runs
     waited_s: float = 0.0  # waiting for its model and in the queue, once admitted
+    device: str = ""  # the id of the device it runs on
 
     @property
     def label(self) -> str:
@@ -57,6 +58,7 @@ class Cost:
     run_s: float
     peak_bytes: int
     batch: int = 1  # requests that ran together in one forward, this one included
+    device: str = ""  # the id of the device it ran on
 
     @staticmethod
     def combined(costs: list[Cost]) -> Cost:
@@ -71,6 +73,7 @@ class Cost:
             max(c.run_s for c in costs),
             sum(c.peak_bytes for c in costs),
             max(c.batch for c in costs),
+            ",".join(dict.fromkeys(c.device for c in costs)),
         )
 
     def headers(self) -> dict[str, str]:
@@ -81,6 +84,7 @@ class Cost:
             "X-Vramgate-Queue-Ms": f"{self.queue_s * 1000:.1f}",
             "X-Vramgate-Run-Ms": f"{self.run_s * 1000:.1f}",
             "X-Vramgate-Batch": str(self.batch),
+            "X-Vramgate-Device": self.device,
         }
 
 
@@ -94,6 +98,7 @@ def cost_of(result: JobResult, job: Job) -> Cost:
         measurement.run_s,
         measurement.peak_bytes,
         result.batch,
+        job.device,
     )
 
 
@@ -126,6 +131,7 @@ class AdmittedGeneration:
             "X-Vramgate-Price-Bytes": str(sum(g.job.quote.nbytes for g in generations)),
             "X-Vramgate-Price-Source": first.quote.source,
             "X-Vramgate-Queue-Ms": f"{max(g.job.waited_s for g in generations) * 1000:.1f}",
+            "X-Vramgate-Device": ",".join(dict.fromkeys(g.job.device for g in generations)),
         }
 
     async def deltas(self) -> AsyncIterator[str]:

@@ -51,6 +51,7 @@ class CudaDevice(Device):
         self._nvml = nvml
         self._handle = nvml_handle_for(nvml, self._cuda, index, visible)
         self.index = index
+        self.id = f"cuda:{index}"
         self.torch_device = torch.device("cuda", index)
         self.name = self._cuda.get_device_name(index)
         self._pid = os.getpid()

@@ -19,6 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import psutil
@@ -70,10 +71,15 @@ class MemorySnapshot:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclass_fields(cls))
+
 
 class Device(ABC):
     kind: str
     name: str
+    id: str  # names this device among the server's: cpu, cuda:1, simulated:0
     torch_device: torch.device
     default_reserve: int
     default_slots: int
@@ -143,6 +149,7 @@ class Device(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {
+            "id": self.id,
             "kind": self.kind,
             "name": self.name,
             "torch_device": str(self.torch_device),
@@ -169,6 +176,7 @@ class CpuDevice(Device):
     def __init__(self, warnings: tuple[str, ...] = (), *, sample_peak: bool = False) -> None:
         self.warnings = warnings
         self.torch_device = torch.device("cpu")
+        self.id = "cpu"
         self.name = f"{psutil.cpu_count(logical=True)}-thread CPU"
         self._process = psutil.Process()
         # Linux: reads per batch at a few µs, under the GIL
@@ -303,8 +311,9 @@ class SimulatedDevice(Device):
     default_reserve = 0
     default_slots = 8
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, index: int = 0) -> None:
         self.capacity = capacity
+        self.id = f"simulated:{index}"
         self.name = f"Simulated {capacity / GiB:.1f} GiB"
         self.torch_device = torch.device("cpu")
         self._lock = threading.Lock()  # guards every counter below

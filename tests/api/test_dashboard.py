@@ -184,3 +184,46 @@ def test_dashboard_models_view_pulls_with_progress_and_loads_and_unloads(tmp_pat
     assert loaded["name"] == "tiny-embed" and loaded["state"] == "ready"
     assert loaded["weights_bytes"] > 0 and memory.endswith("MiB")
     assert final["state"] == "unloaded" and final["weights_bytes"] == 0
+
+
+def test_dashboard_devices_view_shows_each_simulated_gpu_and_its_models(server_factory, request):
+    """Two simulated GPUs (`simulated:2GiB,1GiB`): the Devices table has a row per device
+    with its own memory, queue, models and served count, as /status gives them."""
+    from playwright.sync_api import sync_playwright
+
+    bucket = SimulatedBucket(size=16, bytes=100 * MiB, run_ms=2)
+    both = ModelSpec(name="both", kind="simulated", replicas=2, load="startup", buckets=(bucket,))
+    big = ModelSpec(
+        name="big", kind="simulated", weights=1200 * MiB, load="startup", buckets=(bucket,)
+    )
+    live = server_factory(device="simulated:1GiB,2GiB", models=(both, big))
+    with httpx.Client(base_url=live.url, timeout=60) as http:
+        for _ in range(20):
+            assert http.post("/v1/embeddings", json={"model": "both", "input": "w"}).is_success
+    expected = {d["id"]: d for d in live.status()["devices"]}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(live.url + "/dashboard")
+        page.wait_for_function(
+            "document.querySelectorAll('#devices tbody tr').length == 2", timeout=15000
+        )
+        rows = [
+            page.locator(f"#devices tbody tr:nth-child({i}) td").all_inner_texts() for i in (1, 2)
+        ]
+        models = page.locator("#models tbody tr td:first-child").all_inner_texts()
+        target = DOCS / "devices.png" if request.config.getoption("--update-docs") else None
+        path = target or Path(live.service.settings.resolved_log_dir) / "devices.png"
+        page.locator("#devices-section").screenshot(path=str(path))
+        browser.close()
+
+    assert [r[0] for r in rows] == ["simulated:0", "simulated:1"]
+    assert rows[0][1] == "Simulated 1.0 GiB" and rows[1][1] == "Simulated 2.0 GiB"
+    assert rows[0][9] == "both" and rows[1][9] == "both, big"  # big fits only on the 2 GiB
+    served = {row[0]: int(row[10]) for row in rows}
+    assert served == {key: expected[key]["served"] for key in served}
+    assert sum(served.values()) >= 20
+    assert "both (simulated:0, simulated:1)" in models and "big (simulated:1)" in models

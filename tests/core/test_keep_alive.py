@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from app.api.app import build_service
+from app.api.app import build_core
 from app.core.exercise import exercise
 from app.core.requests import ValidEmbeddingRequest
 from app.durations import parse_keep_alive
@@ -51,7 +51,7 @@ def run(tmp_path, scenario, *, keep_alive: float = 60, model_keep_alive: float |
     )
 
     async def main() -> None:
-        service = build_service(settings, clock=clock)
+        service = build_core(settings, clock=clock).lanes[0]
         await service.start()
         try:
             await until(lambda: service.registry.entries["sim"].state == "ready")
@@ -84,7 +84,7 @@ async def unloads_now(service) -> bool:
 
 
 def evictions(service) -> float:
-    return service.metrics.evictions.labels("keep_alive")._value.get()
+    return service.metrics.evictions.labels("keep_alive", service.device.id)._value.get()
 
 
 def test_an_idle_model_goes_after_its_keep_alive_and_comes_back_on_demand(tmp_path):

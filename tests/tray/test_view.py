@@ -93,3 +93,25 @@ def test_memory_given_back_to_other_programs_is_a_notice_once_and_a_menu_line():
     later = view_of(status(gave_back={**gave_back, "at": 1700000060.0})).notice
     assert later != view.notice
     assert view_of(STATUS).notice is None
+
+
+def gpu(index: int, used_gib: float, total_gib: float, name: str, waiting: int = 0) -> dict:
+    return {
+        "id": f"cuda:{index}",
+        "name": name,
+        "used_bytes": int(used_gib * GiB),
+        "total_bytes": int(total_gib * GiB),
+        "running": 1,
+        "queue_depth": waiting,
+    }
+
+
+def test_two_gpus_the_gauge_shows_the_fullest_and_the_tooltip_each():
+    gpus = [gpu(0, 6.0, 24.0, "RTX 4090"), gpu(1, 7.0, 8.0, "GTX 1080", waiting=5)]
+    doc = status(devices=gpus, device__total_bytes=32 * GiB, device__used_bytes=13 * GiB)
+    view = view_of(doc)
+    # the sum would read 13/32 = 0.41; the 1080 is 7/8 full, which is what limits work there
+    assert view.icon.vram_fraction == pytest.approx(7 / 8)
+    assert view.tooltip == "cuda:0 6.0/24.0 · cuda:1 7.0/8.0 GiB · 2 running · 5 waiting"
+    assert "cuda:1 GTX 1080: 7.0 of 8.0 GiB · 1 running · 5 waiting" in view.lines
+    assert len(view.tooltip) <= 127

@@ -1,0 +1,352 @@
+"""The server's devices: one InferenceService per device, and where each request goes.
+
+Each device is a lane of its own: its pool, gate, queue, executor, learned-price key and
+the models placed on it (app.core.placement), so one GPU's queue never waits for
+another's memory. A model placed on several devices (`replicas`) is a copy on each; a
+request goes to the copy whose device admits it soonest. The routes talk to the fleet
+only; /status and /metrics show every device, and their sums.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from app.core.placement import Load, Placement, Room, Wanted, place, soonest
+from app.core.requests import (
+    ValidEmbeddingRequest,
+    ValidGenerationRequest,
+    ValidImageRequest,
+    ValidRerankRequest,
+)
+from app.core.service import DRAIN_S, InferenceService
+from app.core.snapshot import CoreSnapshot, set_price_gauges, status_document
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, InferenceResult
+from app.engine.device import Device
+from app.engine.executor import Executor
+from app.errors import ModelNotFound
+from app.history import History
+from app.metrics import Metrics
+from app.models.base import ModelHandler
+from app.models.registry import ModelRegistry, make_handler
+from app.sched.budget import BudgetBook
+from app.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
+
+log = logging.getLogger("vramgate.fleet")
+
+PRICES_FILE = "prices.json"
+H = TypeVar("H", bound=ModelHandler)
+# a model's state across its copies: the first of these that one of them is in
+_STATE_ORDER = ["ready", "warming", "loading", "unloading", "unloaded", "waiting", "failed"]
+
+
+class Fleet:
+    def __init__(
+        self,
+        settings: Settings,
+        lanes: list[InferenceService],
+        placement: Placement,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`lanes`: one service per device, sharing `settings`, the price book, the
+        metrics and the history; `placement`: the devices each model was put on."""
+        self.settings = settings
+        self.lanes = lanes
+        self.placement = placement
+        self.metrics = lanes[0].metrics
+        self.book = lanes[0].book
+        self.history = lanes[0].history
+        self._clock = clock
+        self._by_id = {lane.device.id: lane for lane in lanes}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- where a request goes -----------------------------------------------------------
+    def lane_for(self, model: str) -> InferenceService:
+        """The device that admits a request for `model` soonest, of those serving it (an
+        unknown model: the first device, whose registry answers 404)."""
+        lanes = [lane for lane in self.lanes if _serves(lane, model)]
+        if len(lanes) <= 1:
+            return lanes[0] if lanes else self.lanes[0]
+        loads = [_load_of(lane, model) for lane in lanes]
+        return self._by_id[soonest(loads)]
+
+    async def embed(self, request: ValidEmbeddingRequest, watch: ClientWatch) -> InferenceResult:
+        return await self.lane_for(request.model).embed(request, watch)
+
+    async def predict(self, request: ValidImageRequest, watch: ClientWatch) -> InferenceResult:
+        return await self.lane_for(request.model).predict(request, watch)
+
+    async def rerank(self, request: ValidRerankRequest, watch: ClientWatch) -> InferenceResult:
+        return await self.lane_for(request.model).rerank(request, watch)
+
+    async def generate(
+        self, request: ValidGenerationRequest, watch: ClientWatch | None
+    ) -> AdmittedGeneration:
+        return await self.lane_for(request.model).generate(request, watch)
+
+    def handler(self, model: str, capability: type[H]) -> H:
+        """A serving copy's handler (what describes the model: labels, dimensions)."""
+        return self.lane_for(model).registry.serving(model, capability)
+
+    # -- start and stop -----------------------------------------------------------------
+    async def start(self) -> None:
+        for lane in self.lanes:
+            await lane.start()
+        self._tasks.append(asyncio.create_task(self._sample(), name="history"))
+
+    def begin_stop(self, drain_s: float = DRAIN_S) -> None:
+        for lane in self.lanes:
+            lane.begin_stop(drain_s)
+
+    async def stop(self, drain_s: float = DRAIN_S) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*(lane.stop(drain_s) for lane in self.lanes))
+
+    async def _sample(self) -> None:
+        """The dashboard history's once-a-second samples, of every device together."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.history.add_sample(self.view().sample())
+
+    # -- what it looks like -------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return all(lane.ready for lane in self.lanes)
+
+    @property
+    def phase(self) -> str:
+        return self.view().phase
+
+    @property
+    def exit_code(self) -> int:
+        return max(lane.state.exit_code for lane in self.lanes)
+
+    @property
+    def paused(self) -> bool:
+        return any(lane.state.paused for lane in self.lanes)
+
+    def set_paused(self, paused: bool) -> None:
+        for lane in self.lanes:
+            lane.state.paused = paused
+
+    def view(self) -> CoreSnapshot:
+        """Every device's picture added up (one device: its own)."""
+        return CoreSnapshot.combined([lane.view() for lane in self.lanes])
+
+    def memory_line(self) -> str:
+        """A compact snapshot of every device for log lines."""
+        if len(self.lanes) == 1:
+            return self.lanes[0].memory_line()
+        return " | ".join(f"{lane.device.id} {lane.memory_line()}" for lane in self.lanes)
+
+    def status(self) -> dict[str, Any]:
+        """The /status document: the sums on top, each device under `devices`."""
+        views = [lane.view() for lane in self.lanes]
+        return status_document(
+            CoreSnapshot.combined(views),
+            self._describe_devices(),
+            self.models(),
+            self.book.snapshot(),
+            self.metrics,
+            self.gave_back_view(),
+            [self._device_row(lane, view) for lane, view in zip(self.lanes, views, strict=True)],
+        )
+
+    def set_gauges(self) -> None:
+        """/metrics' gauges: each device's, with a `device` label."""
+        for lane in self.lanes:
+            lane.view().set_gauges(self.metrics, lane.device.id)
+        self.metrics.ready.set(1 if self.ready else 0)
+        set_price_gauges(self.metrics, self.book.snapshot())
+
+    def _describe_devices(self) -> dict[str, Any]:
+        if len(self.lanes) == 1:
+            return self.lanes[0].device.describe()
+        first = self.lanes[0].device
+        return {
+            "id": ",".join(lane.device.id for lane in self.lanes),
+            "kind": first.kind,
+            "name": f"{len(self.lanes)} devices: " + ", ".join(d.name for d in self._devices()),
+            "torch_device": first.describe()["torch_device"],
+            "warnings": [w for d in self._devices() for w in d.warnings],
+        }
+
+    def _device_row(self, lane: InferenceService, view: CoreSnapshot) -> dict[str, Any]:
+        served = self.metrics.served_by_device.get(lane.device.id, 0)
+        models = [name for name, devices in self.placement.items() if lane.device.id in devices]
+        return {**lane.device.describe(), **view.device_view(), "models": models, "served": served}
+
+    def _devices(self) -> list[Device]:
+        return [lane.device for lane in self.lanes]
+
+    def models(self) -> list[dict[str, Any]]:
+        """Each model once, in config order: its best state over its copies, the bytes
+        they hold together, and each copy's own figures under `replicas`."""
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for lane in self.lanes:
+            for row in lane.lifecycle.describe():
+                rows.setdefault(row["name"], []).append({**row, "device": lane.device.id})
+        return [_merged(copies) for copies in rows.values()]
+
+    def model_row(self, name: str) -> dict[str, Any]:
+        """One served model's row (404 for a model not served)."""
+        self.lane_for(name).registry.entry(name)  # raises ModelNotFound
+        return next(row for row in self.models() if row["name"] == name)
+
+    def spec(self, name: str) -> ModelSpec:
+        return self.lane_for(name).registry.entry(name).handler.spec
+
+    def gave_back_view(self) -> dict[str, Any] | None:
+        given = [view for lane in self.lanes if (view := lane.lifecycle.gave_back_view())]
+        return max(given, key=lambda view: view["at"]) if given else None
+
+    # -- managing models ----------------------------------------------------------------
+    def _copies(self, name: str) -> list[InferenceService]:
+        lanes = [lane for lane in self.lanes if _serves(lane, name)]
+        if not lanes:
+            raise ModelNotFound(f"model {name!r} does not exist", param="model")
+        return lanes
+
+    async def load(self, name: str) -> None:
+        await asyncio.gather(*(lane.lifecycle.load(name) for lane in self._copies(name)))
+
+    async def unload(self, name: str, wait_s: float) -> int:
+        copies = self._copies(name)
+        freed = await asyncio.gather(*(lane.lifecycle.unload(name, wait_s) for lane in copies))
+        return sum(freed)
+
+    def apply(self, specs: tuple[ModelSpec, ...]) -> dict[str, list[str]]:
+        """Serve the models `specs` lists from now (a reread config): models already
+        placed stay on their devices, new ones go where they fit (see `place`)."""
+        self.placement = place_models(self.settings, specs, self._devices(), self.placement)
+        changes: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+        for lane in self.lanes:
+            mine = lane_specs(specs, self.placement, lane.device.id)
+            for key, names in lane.lifecycle.apply(mine).items():
+                changes[key] += [name for name in names if name not in changes[key]]
+        moved = set(changes["added"]) & set(changes["removed"])  # to another device
+        changes["removed"] = [name for name in changes["removed"] if name not in moved]
+        return changes
+
+
+def _serves(lane: InferenceService, model: str) -> bool:
+    entry = lane.registry.entries.get(model)
+    return entry is not None and not entry.retired
+
+
+def _load_of(lane: InferenceService, model: str) -> Load:
+    gate = lane.scheduler.gate
+    return Load(
+        device=lane.device.id,
+        serving=not lane.lifecycle.away(model),
+        wait_s=gate.estimated_wait_s(),
+        queued=gate.depth + gate.running + gate.running_streams,
+        pool=gate.free_bytes(),
+    )
+
+
+def _merged(copies: list[dict[str, Any]]) -> dict[str, Any]:
+    best = min(copies, key=lambda row: _STATE_ORDER.index(row["state"]))
+    replicas = [
+        {key: row[key] for key in ("device", "state", "weights_bytes", "unloads_in_s")}
+        for row in copies
+    ]
+    merged = {**best, "replicas": replicas, "devices": [row["device"] for row in copies]}
+    merged["weights_bytes"] = sum(row["weights_bytes"] for row in copies)
+    merged["loaded"] = any(row["loaded"] for row in copies)
+    del merged["device"]
+    return merged
+
+
+# -- building it ---------------------------------------------------------------------
+def place_models(
+    settings: Settings,
+    specs: tuple[ModelSpec, ...],
+    devices: list[Device],
+    kept: Placement | None = None,
+) -> Placement:
+    """Where each model runs: its own `device`, or where its expected weights fit with
+    the most room (app.core.placement)."""
+    rooms = [
+        Room(device.id, max(0, device.snapshot().total - _reserve(settings, device)))
+        for device in devices
+    ]
+    wanted = [
+        Wanted(s.name, _expected_bytes(settings, s, devices[0]), s.device, s.replicas)
+        for s in specs
+    ]
+    placement = place(wanted, rooms, kept)
+    if len(devices) > 1:
+        log.info("models placed: %s", {name: list(ids) for name, ids in placement.items()})
+    return placement
+
+
+def _reserve(settings: Settings, device: Device) -> int:
+    return int(settings.reserve if settings.reserve is not None else device.default_reserve)
+
+
+def _expected_bytes(settings: Settings, spec: ModelSpec, device: Device) -> int:
+    bounds = (settings.max_image_side, settings.max_image_pixels)
+    try:
+        return make_handler(spec, bounds).expected_weights_bytes(device)
+    except Exception:  # a missing file: its load says what is wrong, on any device
+        return 0
+
+
+def lane_specs(
+    specs: tuple[ModelSpec, ...], placement: Placement, device: str
+) -> tuple[ModelSpec, ...]:
+    """The models one device serves. Only the first configured model preloads unless
+    a model says otherwise, on every device it is placed on."""
+    first = specs[0].name if specs else None
+    chosen = []
+    for spec in specs:
+        if device not in placement.get(spec.name, ()):
+            continue
+        if spec.load is None:
+            spec = spec.model_copy(update={"load": "startup" if spec.name == first else "demand"})
+        chosen.append(spec)
+    return tuple(chosen)
+
+
+def build_fleet(
+    settings: Settings,
+    devices: list[Device],
+    on_fatal: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Fleet:
+    """One service per device over shared settings, prices, metrics and history."""
+    book = BudgetBook(settings.resolved_data_dir / PRICES_FILE)
+    metrics = Metrics()
+    history = History()
+    placement = place_models(settings, settings.models, devices)
+    lanes = []
+    for device in devices:
+        slots = settings.max_concurrent or device.default_slots
+        streams = settings.max_streams or DEFAULT_MAX_STREAMS
+        executor = Executor(
+            device, slots=slots, stream_slots=streams, cpu_threads=settings.cpu_threads
+        )
+        specs = lane_specs(settings.models, placement, device.id)
+        bounds = (settings.max_image_side, settings.max_image_pixels)
+        registry = ModelRegistry(specs, device, bounds)
+        lanes.append(
+            InferenceService(
+                settings,
+                device,
+                registry,
+                book,
+                executor,
+                metrics,
+                on_fatal=on_fatal,
+                clock=clock,
+                history=history,
+            )
+        )
+    return Fleet(settings, lanes, placement, clock=clock)
