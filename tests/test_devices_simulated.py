@@ -128,6 +128,5 @@ def test_a_model_pinned_to_a_device_the_server_lacks_is_a_settings_error(tmp_pat
     settings = make_settings(
         tmp_path, device="simulated:4GiB", models=(model("m", 0, device="simulated:1"),)
     )
-    with pytest.raises(DeviceUnavailable, match="simulated:1"):
-        with live_server(settings):
-            pass
+    with pytest.raises(DeviceUnavailable, match="simulated:1"), live_server(settings):
+        pass

@@ -418,3 +418,46 @@ def test_cpu_peak_without_a_resettable_high_water_mark_is_sampled():
         time.sleep(0.05)  # a job's working memory, held for a while
     assert device.allocated() - base < 64 * MiB  # given back before the end
     assert device.peak() - base >= 240 * MiB
+
+
+def test_fake_driver_auto_takes_every_gpu_each_with_its_own_driver_handle(tmp_path, caplog):
+    """Two GPUs (CUDA numbers them fastest first, NVML by bus): `auto` takes both, and
+    each reads the driver's figures of its own card; a third that CUDA counts but cannot
+    describe is skipped, saying why."""
+    from app.engine.choose import make_devices
+
+    gib = 2**30
+    nvml = FakeNvml(total=24 * gib, free=10 * gib, ours=None)
+    auto = load_settings({"device": "auto"}, tmp_path / "none.toml")
+    devices = make_devices(auto, nvml=nvml, cuda=FakeCudaStats(0, 0))
+    assert [d.id for d in devices] == ["cuda:0", "cuda:1"]
+    assert [d._handle for d in devices] == ["gpu1", "gpu0"]  # bus 02 is CUDA's first
+
+    class ThreeCounted(FakeCudaStats):
+        def device_count(self) -> int:
+            return 3
+
+    caplog.set_level("WARNING", logger="vramgate.device")
+    devices = make_devices(auto, nvml=nvml, cuda=ThreeCounted(0, 0))
+    assert [d.id for d in devices] == ["cuda:0", "cuda:1"]
+    assert "cuda:2 cannot be used" in caplog.text
+
+    named = load_settings({"device": "cuda:1,0"}, tmp_path / "none.toml")
+    assert [d.id for d in make_devices(named, nvml=nvml, cuda=FakeCudaStats(0, 0))] == [
+        "cuda:1",
+        "cuda:0",
+    ]
+    missing = load_settings({"device": "cuda:0,5"}, tmp_path / "none.toml")
+    with pytest.raises(DeviceUnavailable, match="cuda:5 does not exist"):
+        make_devices(missing, nvml=nvml, cuda=FakeCudaStats(0, 0))
+
+
+def test_several_simulated_devices_are_numbered_in_order(tmp_path):
+    from app.engine.choose import make_devices
+
+    settings = load_settings({"device": "simulated:8GiB, 4GiB"}, tmp_path / "none.toml")
+    devices = make_devices(settings)
+    assert [(d.id, d.capacity) for d in devices] == [
+        ("simulated:0", 8 * 2**30),
+        ("simulated:1", 4 * 2**30),
+    ]
