@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from app import __version__
+from app.cluster import command as cluster_command
 from app.errors import (
     EXIT_FATAL_DEVICE,
     EXIT_INVALID_SETTINGS,
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("--models-dir", type=Path, default=None, help="where models go")
     _add_model_commands(commands, pull)
+    cluster_command.add_parser(commands, _add_settings_flags)
     return parser
 
 
@@ -366,4 +368,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(overrides, args.config)
     except ValueError as exc:
         parser.exit(EXIT_INVALID_SETTINGS, f"vramgate: invalid settings: {exc}\n")
+    if args.command == "cluster":
+        return serve_cluster(args, settings)
     return serve(settings, ConfigSource(args.config or config_path(), overrides))
+
+
+def serve_cluster(args: argparse.Namespace, settings: Settings) -> int:
+    from app.logconfig import configure_logging
+
+    configure_logging(settings)
+    settings, refused = preflight(settings)
+    return refused or cluster_command.run(args, settings)

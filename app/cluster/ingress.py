@@ -1,0 +1,202 @@
+"""The cluster's front door: every HTTP request goes to a replica, chosen by free bytes.
+
+A request is read (bounded as a single server bounds it), sent to the replica the
+router ranks first, and answered with what that replica answers, streamed as it comes.
+When a replica refuses it in a way another may not (its queue is full, the job is too
+big for its device, it is paused, stopping or failed) or dies before it answered, the
+request goes to another replica before the caller sees anything; an answer already
+streaming cannot move. `X-Vramgate-Tries` says how many replicas were asked. `GET
+/status` lists every replica with its own /status; `/replicas/{id}/...` asks one
+replica (its /metrics, its /status).
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' parameter types
+# after Ray Serve has rewritten the class's methods, away from this module's names.
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from ray.exceptions import RayError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from app.cluster import registry  # by attribute: see app.cluster.registry
+from app.cluster.asgi import Forwarded, Head
+from app.cluster.replica import REPLICA_HEADER
+
+log = logging.getLogger("vramgate.cluster")
+
+# Refusals that another replica may not give: the request moves there.
+RETRY_CODES = {"queue_full", "exceeds_device_memory", "out_of_memory", "paused"}
+RETRY_CODES |= {"shutting_down", "device_failed", "model_loading"}
+MAX_TRIES = 4  # replicas asked for one request (a dead one, a refusing one, ...)
+TRIES_HEADER = "x-vramgate-tries"  # how many replicas were asked
+STREAMED = ("text/event-stream", "application/x-ndjson")
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+
+ingress_app = FastAPI(title="vramgate cluster", openapi_url=None, docs_url=None)
+# Every name the class uses is defined above it: Ray Serve pickles the class, with the
+# globals its methods name, when the decorator runs.
+
+
+def _model_of(body: bytes) -> str | None:
+    """The `model` a JSON request names (what the router ranks replicas for)."""
+    if not body.startswith(b"{"):
+        return None
+    try:
+        model = orjson.loads(body).get("model")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
+def _error_code(body: bytes) -> str | None:
+    """The stable code of a refusal, in OpenAI's shape or Ollama's."""
+    try:
+        error = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _response(head: Head, body: bytes) -> Response:
+    return Response(body, status_code=head.status, headers=_headers(head))
+
+
+def _headers(head: Head) -> dict[str, str]:
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
+    headers.pop("content-length", None)
+    return headers
+
+
+async def _rest(answer: DeploymentResponseGenerator) -> AsyncIterator[bytes]:
+    async for part in answer:
+        if isinstance(part, bytes):
+            yield part
+
+
+def _error(status: int, code: str, message: str, retry_after: str | None = None) -> Response:
+    """An error in OpenAI's shape, with vramgate's stable code (as a replica answers)."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    error = {"message": message, "type": kind, "param": None, "code": code}
+    headers = {"Retry-After": retry_after} if retry_after else None
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
+@serve.ingress(ingress_app)
+class Ingress:
+    def __init__(self, replicas: DeploymentHandle, max_body_bytes: int) -> None:
+        self._replicas = replicas
+        self._max_body = max_body_bytes
+
+    @ingress_app.get("/status")
+    async def status(self) -> dict[str, Any]:
+        """The cluster: each replica's own figures and its /status document."""
+        replicas = []
+        for replica, stats in await self._figures():  # one at a time: calls made within
+            try:  # one request share its id, which Ray's router matches answers by
+                document = await asyncio.wait_for(self._ask(replica, "/status"), 10)
+            except (RayError, TimeoutError, ValueError):
+                document = None
+            replicas.append({**stats, "replica": replica, "status": document})
+        return {"cluster": "ray-serve", "replicas": replicas}
+
+    async def _figures(self) -> list[tuple[str, dict[str, Any]]]:
+        if not registry.ROUTERS:  # the handle makes its router on its first call
+            await self._ask(None, "/health")
+        router = next(iter(registry.ROUTERS))
+        return sorted(router.replica_figures())
+
+    async def _ask(self, replica: str | None, path: str) -> Any:
+        request = Forwarded("GET", path, headers=((b"host", b"127.0.0.1"),))
+        parts = [p async for p in self._call(request, None, (), replica)]
+        body = b"".join(p for p in parts if isinstance(p, bytes))
+        return orjson.loads(body)
+
+    def _call(
+        self, request: Forwarded, model: str | None, avoid: tuple[str, ...], pin: str | None
+    ) -> DeploymentResponseGenerator:
+        handle = self._replicas.options(stream=True)
+        answer = handle.answer.remote(request, model=model, avoid=avoid, pin=pin)
+        assert isinstance(answer, DeploymentResponseGenerator)
+        return answer
+
+    @ingress_app.api_route("/replicas/{replica}/{path:path}", methods=METHODS)
+    async def one_replica(self, request: Request, replica: str, path: str) -> Response:
+        """A request for one replica alone (its /metrics, its /status)."""
+        if replica not in {known for known, _ in await self._figures()}:
+            return _error(404, "not_found", f"no replica {replica!r} (GET /status lists them)")
+        forwarded = await self._forwarded(request, "/" + path)
+        if not isinstance(forwarded, Forwarded):
+            return forwarded
+        parts = [p async for p in self._call(forwarded, None, (), replica)]
+        head = parts[0]
+        assert isinstance(head, Head)
+        return _response(head, b"".join(p for p in parts[1:] if isinstance(p, bytes)))
+
+    @ingress_app.api_route("/{path:path}", methods=METHODS)
+    async def forward(self, request: Request, path: str) -> Response:
+        forwarded = await self._forwarded(request, "/" + path)
+        if not isinstance(forwarded, Forwarded):
+            return forwarded
+        model, failure = _model_of(forwarded.body), None
+        tried: list[str] = []
+        for attempt in range(MAX_TRIES):
+            answer = self._call(forwarded, model, tuple(tried), None)
+            try:
+                head = await answer.__anext__()
+                assert isinstance(head, Head)
+                head.headers.append((TRIES_HEADER.encode(), str(attempt + 1).encode()))
+                if (head.header("content-type") or "").startswith(STREAMED):
+                    return StreamingResponse(
+                        _rest(answer), status_code=head.status, headers=_headers(head)
+                    )
+                body = b"".join([part async for part in answer if isinstance(part, bytes)])
+            except RayError as exc:  # the replica died or is gone: another one answers
+                failure = exc
+                log.warning("a replica failed a request (try %d): %s", attempt + 1, exc)
+                await asyncio.sleep(0.05 * 2**attempt)
+                continue
+            if not self._another(head, body, tried):
+                return _response(head, body)
+        return _error(503, "device_failed", f"no replica could answer: {failure}", "1")
+
+    def _another(self, head: Head, body: bytes, tried: list[str]) -> bool:
+        """Whether a refusal goes to another replica: one that another may not give, and
+        a replica not asked yet (`tried` gains this one)."""
+        code = _error_code(body) if head.status >= 400 else None
+        replica = head.header(REPLICA_HEADER) or ""
+        if code not in RETRY_CODES or replica in tried:
+            return False
+        tried.append(replica)
+        routers = list(registry.ROUTERS)
+        known = len(routers[0].replica_figures()) if routers else MAX_TRIES
+        return len(tried) < known
+
+    async def _forwarded(self, request: Request, path: str) -> Forwarded | Response:
+        """The request as a replica needs it; a body over the bound is a 413 here."""
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self._max_body:
+            return _error(413, "request_too_large", f"the body is over {self._max_body} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self._max_body:
+                return _error(413, "request_too_large", f"the body is over {self._max_body} bytes")
+        client = request.client
+        return Forwarded(
+            request.method,
+            path,
+            request.url.query.encode(),
+            tuple(request.headers.raw),
+            bytes(body),
+            (client.host, client.port) if client else ("127.0.0.1", 0),
+        )

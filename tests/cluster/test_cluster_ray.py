@@ -1,0 +1,181 @@
+"""vramgate on Ray Serve: `vramgate cluster serve` as a person runs it (a real child
+process that starts a local Ray instance on this machine's CPUs), two replicas with a
+simulated device each (config choices), real HTTP through the ingress, the official
+openai client, and one replica killed in the middle of a flood."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.live import clean_env, free_port, wait_until
+
+pytest.importorskip("ray.serve", reason="the cluster extra (Linux only)")
+pytestmark = pytest.mark.slow
+
+CONFIG = """{settings}
+device = "simulated:2GiB"
+data_dir = "{tmp}/data"
+log_dir = "{tmp}/log"
+
+[[models]]
+name = "sim"
+kind = "simulated"
+buckets = [{{size = 16, bytes = "200MiB", run_ms = {run_ms}}}]
+
+[[models]]
+name = "chat"
+kind = "simulated"
+load = "startup"
+buckets = [{{size = 16, bytes = "100MiB", run_ms = 20}}]
+generation = {{ kv_bytes_per_token = "64KiB", fixed_bytes = "16MiB", step_ms = 5 }}
+"""
+
+
+@contextlib.contextmanager
+def cluster(tmp_path, replicas: int = 2, settings: str = "", run_ms: int = 30):
+    """`vramgate cluster serve` on a free port; stopped with Ctrl+C at the end, and
+    nothing of it left running."""
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG.format(tmp=tmp_path, settings=settings, run_ms=run_ms))
+    port = free_port()
+    argv = [sys.executable, "-m", "app", "cluster", "serve", "--config", str(config)]
+    argv += ["--replicas", str(replicas), "--gpus-per-replica", "0", "--port", str(port)]
+    env = {k: v for k, v in clean_env().items() if not k.startswith("RAY_")}
+    log = (tmp_path / "cluster.log").open("w")
+    child = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _ready(url, replicas) or child.poll() is not None, 240, "cluster")
+        assert child.poll() is None, (tmp_path / "cluster.log").read_text()[-3000:]
+        yield url
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            code = child.wait(90)
+        except subprocess.TimeoutExpired:
+            code = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # whatever of it is left
+        log.close()
+        assert code == 0, (tmp_path / "cluster.log").read_text()[-3000:]
+
+
+def _ready(url: str, replicas: int) -> bool:
+    try:
+        status = httpx.get(url + "/status", timeout=15).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    documents = [r["status"] for r in status.get("replicas", [])]
+    return len(documents) == replicas and all(d and d["ready"] for d in documents)
+
+
+async def flood(url: str, count: int, clients: int, answered: list) -> None:
+    """`count` embeddings from `clients` clients; each answer (time, status, replica)."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(count):
+        queue.put_nowait(index)
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def one_client() -> None:
+            while not queue.empty():
+                queue.get_nowait()
+                body = {"model": "sim", "input": "w w w"}
+                reply = await client.post("/v1/embeddings", json=body)
+                answered.append(
+                    (time.monotonic(), reply.status_code, reply.headers.get("x-vramgate-replica"))
+                )
+
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+
+
+def test_ray_cluster_of_two_simulated_replicas_answers_every_request_also_when_one_is_killed(
+    tmp_path,
+):
+    with cluster(tmp_path) as url:
+        replicas = {
+            r["replica"]: r for r in httpx.get(url + "/status", timeout=30).json()["replicas"]
+        }
+        assert len(replicas) == 2
+        assert all(r["status"]["device"]["kind"] == "simulated" for r in replicas.values())
+
+        # the official client, unchanged, through the ingress: a stream, and an embedding
+        client = OpenAI(base_url=url + "/v1", api_key="unused")
+        chunks = list(
+            client.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=12,
+                stream=True,
+            )
+        )
+        assert len(chunks) > 3 and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        raw = client.embeddings.with_raw_response.create(model="sim", input=["a b"])
+        assert raw.headers["x-vramgate-replica"] in replicas
+        assert len(raw.parse().data) == 1
+
+        answered: list = []
+        asyncio.run(flood(url, 300, 32, answered))
+        served = Counter(replica for _, _, replica in answered)
+        print(f"\n300 requests from 32 clients through the ingress: by replica {dict(served)}")
+        assert [code for _, code, _ in answered] == [200] * 300
+        assert set(served) == set(replicas)  # both served
+
+        # a replica dies in the middle of a flood: the rest are answered by the other
+        answered = []
+        victim = next(iter(replicas))
+
+        async def flood_and_kill() -> float:
+            run = asyncio.create_task(flood(url, 300, 32, answered))
+            while len(answered) < 60:
+                await asyncio.sleep(0.01)
+            os.kill(replicas[victim]["pid"], signal.SIGKILL)
+            killed_at = time.monotonic()
+            await run
+            return killed_at
+
+        killed_at = asyncio.run(flood_and_kill())
+        after = Counter(replica for at, _, replica in answered if at > killed_at + 1.0)
+        print(f"with {victim} killed after 60 answers: by replica after the kill {dict(after)}")
+        assert [code for _, code, _ in answered] == [200] * 300  # none lost
+        assert victim not in after and sum(after.values()) > 0
+
+
+def test_ray_cluster_a_replica_with_a_full_queue_hands_the_request_to_the_other(tmp_path):
+    """Two replicas that each take one request and queue none (max_queue 0): of three
+    clients, one is always refused by the replica it reaches. No refusal reaches a
+    caller before both replicas were asked, and requests the first refused are answered
+    by the second."""
+    with cluster(tmp_path, settings="max_queue = 0\nmax_concurrent = 1\n", run_ms=150) as url:
+        answers: list[httpx.Response] = []
+
+        async def three_clients() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+                async def one() -> None:
+                    for _ in range(10):
+                        body = {"model": "sim", "input": "w"}
+                        answers.append(await client.post("/v1/embeddings", json=body))
+
+                await asyncio.gather(one(), one(), one())
+
+        asyncio.run(three_clients())
+    tries = Counter((r.status_code, r.headers["x-vramgate-tries"]) for r in answers)
+    print(f"\n(status, replicas asked): {dict(tries)}")
+    refused = [r for r in answers if r.status_code != 200]
+    assert all(r.status_code == 503 and r.json()["error"]["code"] == "queue_full" for r in refused)
+    assert all(r.headers["x-vramgate-tries"] == "2" and "retry-after" in r.headers for r in refused)
+    assert tries[200, "2"] > 0  # the first replica refused, the second answered
