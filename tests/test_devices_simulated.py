@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.errors import DeviceUnavailable
 from app.manage import format_status
-from app.settings import ModelSpec, SimulatedBucket
+from app.settings import ConfigSource, ModelSpec, SimulatedBucket
 from tests.live import live_server, make_settings
 
 MiB, GiB = 2**20, 2**30
@@ -130,3 +130,49 @@ def test_a_model_pinned_to_a_device_the_server_lacks_is_a_settings_error(tmp_pat
     )
     with pytest.raises(DeviceUnavailable, match="simulated:1"), live_server(settings):
         pass
+
+
+TOML_MODEL = """
+[[models]]
+name = "{name}"
+kind = "simulated"
+weights = "{weights}"
+replicas = {replicas}
+buckets = [{{size = 16, bytes = "10MiB", run_ms = 1}}]
+"""
+
+
+def test_simulated_a_reread_config_places_new_models_by_room_and_moves_none(tmp_path):
+    """`pull` and `rm` reread the config: on `simulated:4GiB,8GiB` with a 3 GiB model on
+    the 8 GiB device, a new 4 GiB model goes where most room is left (5 GiB there, 4 on
+    the other), a new replicated one to both (1 GiB is left for it there); the loaded
+    model stays where it was, and each new one answers from its own device."""
+    config = tmp_path / "config.toml"
+    head = f'device = "simulated:4GiB,8GiB"\ndata_dir = "{tmp_path}/d"\nlog_dir = "{tmp_path}/l"\n'
+    config.write_text(head + TOML_MODEL.format(name="first", weights="3GiB", replicas=1))
+    source = ConfigSource(config)
+    with live_server(source.settings(), models_source=source) as live:
+        before = {row["name"]: row["devices"] for row in live.status()["models"]}
+        assert before == {"first": ["simulated:1"]}  # the most room: the 8 GiB one
+        added = TOML_MODEL.format(name="big", weights="4GiB", replicas=1)
+        added += TOML_MODEL.format(name="both", weights="256MiB", replicas=2)
+        config.write_text(config.read_text() + added)
+        changes = httpx.post(live.url + "/admin/models/reread", timeout=30).json()
+        assert changes["added"] == ["big", "both"] and changes["removed"] == []
+        rows = {row["name"]: row for row in live.status()["models"]}
+        assert rows["first"]["devices"] == ["simulated:1"]
+        assert rows["big"]["devices"] == ["simulated:1"]
+        assert sorted(rows["both"]["devices"]) == ["simulated:0", "simulated:1"]
+        with httpx.Client(base_url=live.url, timeout=60) as http:
+            reply = http.post("/v1/embeddings", json={"model": "big", "input": "w"})
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["X-Vramgate-Device"] == "simulated:1"
+            reply = http.post("/v1/embeddings", json={"model": "both", "input": "w"})
+            assert reply.status_code == 200, reply.text
+        # a copy loads where a request is sent: the 4 GiB device, whose pool is free, where
+        # the 8 GiB one holds 7 GiB of weights
+        assert reply.headers["X-Vramgate-Device"] == "simulated:0"
+        copies = {r["device"]: r["state"] for r in live.status()["models"][2]["replicas"]}
+        assert copies == {"simulated:0": "ready", "simulated:1": "unloaded"}
+        for lane in live.fleet.lanes:
+            assert lane.device.oom_count == 0

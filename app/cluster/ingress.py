@@ -35,7 +35,6 @@ RETRY_CODES = {"queue_full", "exceeds_device_memory", "out_of_memory", "paused"}
 RETRY_CODES |= {"shutting_down", "device_failed", "model_loading"}
 MAX_TRIES = 4  # replicas asked for one request (a dead one, a refusing one, ...)
 TRIES_HEADER = "x-vramgate-tries"  # how many replicas were asked
-STREAMED = ("text/event-stream", "application/x-ndjson")
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 
 ingress_app = FastAPI(title="vramgate cluster", openapi_url=None, docs_url=None)
@@ -52,6 +51,20 @@ def _model_of(body: bytes) -> str | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return model if isinstance(model, str) else None
+
+
+def streams(path: str, body: bytes) -> bool:
+    """Whether the answer may stream, from the request: OpenAI's `"stream": true`,
+    Ollama's routes unless `"stream": false`, a pull's progress. Other answers are
+    fetched in one call (a streamed call costs Ray one message per chunk)."""
+    if path == "/admin/models/pull":
+        return True
+    try:
+        asked = orjson.loads(body).get("stream") if body.startswith(b"{") else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    ollama = path.startswith("/api/") and path not in ("/api/embed", "/api/embeddings")
+    return asked is True or (ollama and asked is not False)
 
 
 def _error_code(body: bytes) -> str | None:
@@ -98,34 +111,41 @@ class Ingress:
         self._max_body = max_body_bytes
 
     @ingress_app.get("/status")
-    async def status(self) -> dict[str, Any]:
-        """The cluster: each replica's own figures and its /status document."""
-        replicas = []
+    async def status(self, request: Request) -> Response:
+        """The cluster: each replica's own figures and its /status document, asked with
+        the caller's headers, so that each replica's guard (its token) decides."""
+        replicas, headers = [], tuple(request.headers.raw)
         for replica, stats in await self._figures():  # one at a time: calls made within
             try:  # one request share its id, which Ray's router matches answers by
-                document = await asyncio.wait_for(self._ask(replica, "/status"), 10)
-            except (RayError, TimeoutError, ValueError):
-                document = None
-            replicas.append({**stats, "replica": replica, "status": document})
-        return {"cluster": "ray-serve", "replicas": replicas}
+                head, body = await asyncio.wait_for(self._ask(replica, "/status", headers), 10)
+            except (RayError, TimeoutError):
+                replicas.append({**stats, "replica": replica, "status": None})
+                continue
+            if head.status != 200:  # refused (no token, a foreign Host): that is the answer
+                return _response(head, body)
+            replicas.append({**stats, "replica": replica, "status": orjson.loads(body)})
+        return JSONResponse({"cluster": "ray-serve", "replicas": replicas})
 
     async def _figures(self) -> list[tuple[str, dict[str, Any]]]:
         if not registry.ROUTERS:  # the handle makes its router on its first call
-            await self._ask(None, "/health")
+            await self._ask(None, "/health", ((b"host", b"127.0.0.1"),))
         router = next(iter(registry.ROUTERS))
         return sorted(router.replica_figures())
 
-    async def _ask(self, replica: str | None, path: str) -> Any:
-        request = Forwarded("GET", path, headers=((b"host", b"127.0.0.1"),))
-        parts = [p async for p in self._call(request, None, (), replica)]
-        body = b"".join(p for p in parts if isinstance(p, bytes))
-        return orjson.loads(body)
+    async def _ask(
+        self, replica: str | None, path: str, headers: tuple[tuple[bytes, bytes], ...]
+    ) -> tuple[Head, bytes]:
+        """One replica's whole answer to a GET (`replica` None: any one)."""
+        head, body = await self._replicas.answer_whole.remote(
+            Forwarded("GET", path, headers=headers), pin=replica
+        )
+        return head, body
 
     def _call(
-        self, request: Forwarded, model: str | None, avoid: tuple[str, ...], pin: str | None
+        self, request: Forwarded, model: str | None, avoid: tuple[str, ...]
     ) -> DeploymentResponseGenerator:
         handle = self._replicas.options(stream=True)
-        answer = handle.answer.remote(request, model=model, avoid=avoid, pin=pin)
+        answer = handle.answer.remote(request, model=model, avoid=avoid)
         assert isinstance(answer, DeploymentResponseGenerator)
         return answer
 
@@ -137,10 +157,9 @@ class Ingress:
         forwarded = await self._forwarded(request, "/" + path)
         if not isinstance(forwarded, Forwarded):
             return forwarded
-        parts = [p async for p in self._call(forwarded, None, (), replica)]
-        head = parts[0]
-        assert isinstance(head, Head)
-        return _response(head, b"".join(p for p in parts[1:] if isinstance(p, bytes)))
+        whole = self._replicas.answer_whole.remote(forwarded, pin=replica)
+        head, body = await whole
+        return _response(head, body)
 
     @ingress_app.api_route("/{path:path}", methods=METHODS)
     async def forward(self, request: Request, path: str) -> Response:
@@ -149,25 +168,39 @@ class Ingress:
             return forwarded
         model, failure = _model_of(forwarded.body), None
         tried: list[str] = []
+        streamed = streams(forwarded.path, forwarded.body)
         for attempt in range(MAX_TRIES):
-            answer = self._call(forwarded, model, tuple(tried), None)
             try:
-                head = await answer.__anext__()
-                assert isinstance(head, Head)
+                head, rest = await self._first(forwarded, model, tuple(tried), streamed)
                 head.headers.append((TRIES_HEADER.encode(), str(attempt + 1).encode()))
-                if (head.header("content-type") or "").startswith(STREAMED):
+                if isinstance(rest, DeploymentResponseGenerator):
                     return StreamingResponse(
-                        _rest(answer), status_code=head.status, headers=_headers(head)
+                        _rest(rest), status_code=head.status, headers=_headers(head)
                     )
-                body = b"".join([part async for part in answer if isinstance(part, bytes)])
             except RayError as exc:  # the replica died or is gone: another one answers
                 failure = exc
                 log.warning("a replica failed a request (try %d): %s", attempt + 1, exc)
                 await asyncio.sleep(0.05 * 2**attempt)
                 continue
-            if not self._another(head, body, tried):
-                return _response(head, body)
+            if not self._another(head, rest, tried):
+                return _response(head, rest)
         return _error(503, "device_failed", f"no replica could answer: {failure}", "1")
+
+    async def _first(
+        self, forwarded: Forwarded, model: str | None, avoid: tuple[str, ...], streamed: bool
+    ) -> tuple[Head, bytes | DeploymentResponseGenerator]:
+        """The answer's head, and its body: whole, or (a stream that is not an error)
+        the rest of the stream to read."""
+        if not streamed:
+            whole = self._replicas.answer_whole.remote(forwarded, model=model, avoid=avoid)
+            head, body = await whole
+            return head, body
+        answer = self._call(forwarded, model, avoid)
+        head = await answer.__anext__()
+        assert isinstance(head, Head)
+        if head.status < 400:
+            return head, answer
+        return head, b"".join([part async for part in answer if isinstance(part, bytes)])
 
     def _another(self, head: Head, body: bytes, tried: list[str]) -> bool:
         """Whether a refusal goes to another replica: one that another may not give, and

@@ -53,10 +53,20 @@ class Replica:
                 part.headers.append((REPLICA_HEADER.encode(), self.id.encode()))
             yield part
 
-    def record_routing_stats(self) -> dict[str, Any]:
+    async def answer_whole(self, request: Forwarded, **routing: Any) -> tuple[Head, bytes]:
+        """The same answer in one piece: one call to the ingress instead of one per
+        chunk, for a request whose answer does not stream."""
+        parts = [part async for part in self.answer(request)]
+        head = parts[0]
+        assert isinstance(head, Head)
+        return head, b"".join(part for part in parts[1:] if isinstance(part, bytes))
+
+    async def record_routing_stats(self) -> dict[str, Any]:
         """This replica's own figures for the ingress's router: for each model it serves,
         the most bytes one of its devices could admit now and the model's largest learned
-        price; its tickets waiting and running."""
+        price; its tickets waiting and running. A coroutine, so that it reads the
+        server's state on the server's own event loop (Ray may run a plain method on
+        another thread)."""
         fleet = self._fleet
         prices: dict[str, int] = {}
         for row in fleet.book.snapshot():

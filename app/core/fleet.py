@@ -188,11 +188,11 @@ class Fleet:
     def models(self) -> list[dict[str, Any]]:
         """Each model once, in config order: its best state over its copies, the bytes
         they hold together, and each copy's own figures under `replicas`."""
-        rows: dict[str, list[dict[str, Any]]] = {}
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in self.placement}
         for lane in self.lanes:
             for row in lane.lifecycle.describe():
                 rows.setdefault(row["name"], []).append({**row, "device": lane.device.id})
-        return [_merged(copies) for copies in rows.values()]
+        return [_merged(copies) for copies in rows.values() if copies]
 
     def model_row(self, name: str) -> dict[str, Any]:
         """One served model's row (404 for a model not served)."""
@@ -232,6 +232,9 @@ class Fleet:
                 changes[key] += [name for name in names if name not in changes[key]]
         moved = set(changes["added"]) & set(changes["removed"])  # to another device
         changes["removed"] = [name for name in changes["removed"] if name not in moved]
+        order = [spec.name for spec in specs]  # the config's order, as on one device
+        for key in ("added", "changed"):
+            changes[key].sort(key=order.index)
         return changes
 
 

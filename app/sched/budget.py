@@ -254,7 +254,7 @@ class BudgetBook:
             ],
         }
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_suffix(".tmp")
+        tmp = self._path.with_suffix(f".{os.getpid()}.tmp")  # replicas may share the folder
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, self._path)  # atomic: a crash never leaves half a file
         self.dirty = False

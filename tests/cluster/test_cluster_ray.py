@@ -43,7 +43,9 @@ generation = {{ kv_bytes_per_token = "64KiB", fixed_bytes = "16MiB", step_ms = 5
 
 
 @contextlib.contextmanager
-def cluster(tmp_path, replicas: int = 2, settings: str = "", run_ms: int = 30):
+def cluster(
+    tmp_path, replicas: int = 2, settings: str = "", run_ms: int = 30, headers: dict | None = None
+):
     """`vramgate cluster serve` on a free port; stopped with Ctrl+C at the end, and
     nothing of it left running."""
     config = tmp_path / "config.toml"
@@ -58,7 +60,8 @@ def cluster(tmp_path, replicas: int = 2, settings: str = "", run_ms: int = 30):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _ready(url, replicas) or child.poll() is not None, 240, "cluster")
+        ready = lambda: _ready(url, replicas, headers or {}) or child.poll() is not None  # noqa: E731
+        wait_until(ready, 240, "cluster")
         assert child.poll() is None, (tmp_path / "cluster.log").read_text()[-3000:]
         yield url
     finally:
@@ -73,9 +76,9 @@ def cluster(tmp_path, replicas: int = 2, settings: str = "", run_ms: int = 30):
         assert code == 0, (tmp_path / "cluster.log").read_text()[-3000:]
 
 
-def _ready(url: str, replicas: int) -> bool:
+def _ready(url: str, replicas: int, headers: dict) -> bool:
     try:
-        status = httpx.get(url + "/status", timeout=15).json()
+        status = httpx.get(url + "/status", headers=headers, timeout=15).json()
     except (httpx.HTTPError, ValueError):
         return False
     documents = [r["status"] for r in status.get("replicas", [])]
