@@ -305,16 +305,14 @@ def _expected_bytes(settings: Settings, spec: ModelSpec, device: Device) -> int:
 def lane_specs(
     specs: tuple[ModelSpec, ...], placement: Placement, device: str
 ) -> tuple[ModelSpec, ...]:
-    """The models one device serves. Only the first configured model preloads unless
-    a model says otherwise, on every device it is placed on."""
+    """The models one device serves, in config order. Only the config's first model
+    preloads unless a model says otherwise; a device's lifecycle preloads its own first,
+    so a device whose first is another model is told it loads on demand (on one device
+    the specs are the config's own, so a reread compares them as they are)."""
     first = specs[0].name if specs else None
-    chosen = []
-    for spec in specs:
-        if device not in placement.get(spec.name, ()):
-            continue
-        if spec.load is None:
-            spec = spec.model_copy(update={"load": "startup" if spec.name == first else "demand"})
-        chosen.append(spec)
+    chosen = [spec for spec in specs if device in placement.get(spec.name, ())]
+    if chosen and chosen[0].name != first and chosen[0].load is None:
+        chosen[0] = chosen[0].model_copy(update={"load": "demand"})
     return tuple(chosen)
 
 
