@@ -52,7 +52,9 @@ async def flood(url: str, picks: list[str], clients: int) -> list[tuple[str, int
     for name in picks:
         queue.put_nowait(name)
     answers: list[tuple[str, int, str]] = []
-    limits = httpx.Limits(max_connections=clients)
+    # idle connections expire here before the server's keep-alive (5 s) closes them, so
+    # no request goes out on a connection the server is closing
+    limits = httpx.Limits(max_connections=clients, keepalive_expiry=2)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
         async def one_client() -> None:

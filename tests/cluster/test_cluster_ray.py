@@ -81,8 +81,11 @@ def _ready(url: str, replicas: int, headers: dict) -> bool:
         status = httpx.get(url + "/status", headers=headers, timeout=15).json()
     except (httpx.HTTPError, ValueError):
         return False
-    documents = [r["status"] for r in status.get("replicas", [])]
-    return len(documents) == replicas and all(d and d["ready"] for d in documents)
+    rows = status.get("replicas", [])
+    # each ready, and each one's routing figures (which carry its pid) reported once
+    return len(rows) == replicas and all(
+        r["status"] and r["status"]["ready"] and "pid" in r for r in rows
+    )
 
 
 async def flood(url: str, count: int, clients: int, answered: list) -> None:
@@ -90,7 +93,9 @@ async def flood(url: str, count: int, clients: int, answered: list) -> None:
     queue: asyncio.Queue[int] = asyncio.Queue()
     for index in range(count):
         queue.put_nowait(index)
-    limits = httpx.Limits(max_connections=clients)
+    # idle connections expire here before the server's keep-alive (5 s) closes them, so
+    # no request goes out on a connection the server is closing
+    limits = httpx.Limits(max_connections=clients, keepalive_expiry=2)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
         async def one_client() -> None:

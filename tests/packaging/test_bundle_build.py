@@ -44,6 +44,8 @@ def pyinstaller(tmp_path: Path, flavour: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # PyInstaller's analysis of the whole venv: 2.5 min before the
+# cluster extra's packages were installed beside it, several minutes since
 def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf(tmp_path):
     started = time.monotonic()
     build = pyinstaller(tmp_path, "cpu")
