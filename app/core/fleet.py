@@ -23,7 +23,7 @@ from app.core.requests import (
     ValidRerankRequest,
 )
 from app.core.service import DRAIN_S, InferenceService
-from app.core.snapshot import CoreSnapshot, set_price_gauges, status_document
+from app.core.snapshot import CoreSnapshot, least_advanced, set_price_gauges, status_document
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult
 from app.engine.device import Device
@@ -50,8 +50,6 @@ class Fleet:
         settings: Settings,
         lanes: list[InferenceService],
         placement: Placement,
-        *,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`lanes`: one service per device, sharing `settings`, the price book, the
         metrics and the history; `placement`: the devices each model was put on."""
@@ -61,7 +59,6 @@ class Fleet:
         self.metrics = lanes[0].metrics
         self.book = lanes[0].book
         self.history = lanes[0].history
-        self._clock = clock
         self._by_id = {lane.device.id: lane for lane in lanes}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -121,7 +118,7 @@ class Fleet:
 
     @property
     def phase(self) -> str:
-        return self.view().phase
+        return least_advanced([lane.state.phase for lane in self.lanes])
 
     @property
     def exit_code(self) -> int:
@@ -350,4 +347,4 @@ def build_fleet(
                 history=history,
             )
         )
-    return Fleet(settings, lanes, placement, clock=clock)
+    return Fleet(settings, lanes, placement)

@@ -72,7 +72,7 @@ class CoreSnapshot:
         )
         added = {name: sum(getattr(p, name) for p in parts) for name in _ADDED}
         return cls(
-            phase=min((p.phase for p in parts), key=_PHASE_ORDER.index),
+            phase=least_advanced([p.phase for p in parts]),
             paused=any(p.paused for p in parts),
             ready=all(p.ready for p in parts),
             memory=memory,
@@ -140,6 +140,12 @@ class CoreSnapshot:
 _ADDED = ["reserve", "weights", "pool", "capacity", "admitted", "slots", "stream_slots"]
 _ADDED += ["depth", "max_queue", "running", "running_streams"]
 _PHASE_ORDER = ["failed", "stopping", "starting", "loading", "warming", "degraded", "ready"]
+
+
+def least_advanced(phases: list[str]) -> str:
+    """Several devices' phases as one: failed or stopping if one is, else the least far
+    along (ready only when all are)."""
+    return min(phases, key=_PHASE_ORDER.index)
 
 
 def set_price_gauges(metrics: Metrics, prices: list[dict[str, Any]]) -> None:
