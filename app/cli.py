@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from app import __version__
 from app.cluster import command as cluster_command
+from app.engine.llama_child import RUNNER_COMMAND
 from app.errors import (
     EXIT_FATAL_DEVICE,
     EXIT_INVALID_SETTINGS,
@@ -351,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         from pip._internal.cli.main import main as pip_main
 
         return int(pip_main(args_given[1:]))
+    if getattr(sys, "frozen", False) and args_given[:1] == [RUNNER_COMMAND]:  # a model runner
+        from app.engine import llama_child
+
+        return llama_child.main()
 
     parser = build_parser()
     args = parser.parse_args(argv)

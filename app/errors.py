@@ -88,6 +88,13 @@ class WrongModelKind(InvalidRequest):
     code = "unsupported_model"
 
 
+class UnsafeSource(InvalidRequest):
+    """A pull source that could run code or read files the person did not mean to serve
+    (`pip:` with a URL, path or option; a model folder holding a link)."""
+
+    code = "unsafe_source"
+
+
 class ModelNotFound(VramgateError):
     status = 404
     error_type = "invalid_request_error"
@@ -188,6 +195,13 @@ class ShuttingDown(Overloaded):
 
 class DeviceFailed(Overloaded):
     code = "device_failed"
+
+
+class RunnerStopped(Overloaded):
+    """A model's runner process ended (or stopped answering) under a request: the
+    request fails, the server stays up, and the next request reloads the model."""
+
+    code = "model_runner_stopped"
 
 
 class QueueTimeout(VramgateError):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import platformdirs
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ByteSize,
     ConfigDict,
@@ -71,7 +72,21 @@ class ModelSpec(BaseModel):
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
-    max_context: int = Field(default=4096, ge=16, le=1_048_576)  # generation: context cap
+    # generation: the context cap (llama.cpp: each slot's cells); `context_length` too
+    max_context: int = Field(
+        default=4096,
+        ge=16,
+        le=1_048_576,
+        validation_alias=AliasChoices("max_context", "context_length"),
+    )
+    # generation: which engine runs it (auto: llama.cpp for a .gguf file where xllamacpp
+    # is installed, else torch), and llama.cpp's own knobs
+    engine: Literal["auto", "torch", "llama.cpp"] = "auto"
+    parallel: int = Field(default=4, ge=1, le=64)  # llama.cpp: requests at once (slots)
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"  # llama.cpp: KV cells' type
+    flash_attention: Literal["auto", "on", "off"] = "auto"  # llama.cpp
+    gpu_layers: int | Literal["auto"] = Field(default="auto")  # llama.cpp: auto = the gate's
+    threads: int = Field(default=0, ge=0, le=512)  # llama.cpp: CPU threads (0: its default)
     # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Reason = Literal["lru", "pressure", "keep_alive", "request"]
+Reason = Literal["lru", "pressure", "keep_alive", "request", "runner_exited"]
 
 
 @dataclass(frozen=True)

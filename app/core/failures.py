@@ -49,6 +49,8 @@ class FailureMapper:
         self, exc: BaseException, key: PriceKey, prepared: Prepared, permit: Permit, wait_s: float
     ) -> VramgateError:
         """`wait_s`: the queue's estimated wait now, the retry hint of an OOM."""
+        if isinstance(exc, VramgateError):  # the model said what went wrong (a runner)
+            return exc
         if self._device.is_oom(exc):
             self._metrics.observe_oom(self._device.id)
             log.warning("out of memory in %s/%s: %s", key.model, key.bucket, exc)

@@ -110,6 +110,23 @@ class ModelLifecycle:
             self._evict(name, "keep_alive")
         return expired
 
+    def reap(self) -> list[str]:
+        """Models whose runner process ended by itself (housekeeping): once their last
+        request has failed, they are unloaded, and the next request loads them again;
+        /status says why meanwhile. No respawn loop: crash-only."""
+        reaped = []
+        for name, entry in self.registry.entries.items():
+            if entry.state != "ready" or name in self._freeing:
+                continue
+            code = entry.handler.exited()
+            if code is None or self._scheduler.running_for(name):
+                continue
+            entry.error = f"its runner exited with code {code}; it loads again on demand"
+            log.error("model %s: %s", name, entry.error)
+            self._evict(name, "runner_exited")
+            reaped.append(name)
+        return reaped
+
     def apply(self, specs: tuple[ModelSpec, ...]) -> dict[str, list[str]]:
         """Serve the models `specs` lists from now (the config was reread, after a pull):
         new ones load on demand (or now, with `load = "startup"`); a model taken out of

@@ -134,6 +134,8 @@ class Scheduler:
         self, job: Job, done: asyncio.Future[Any], watch: ClientWatch | None, probe: bool
     ) -> None:
         nbytes, exclusive = self._pricer.admission(job.quote)
+        cells = job.handler.cell_capacity
+        self.gate.set_cells(job.model, cells)  # the loaded handler's: a reload may change it
         ticket = Ticket(
             nbytes=nbytes,
             deadline=self._clock() + self._limits.queue_timeout,
@@ -145,6 +147,8 @@ class Scheduler:
             batch_limit=job.handler.spec.max_batch,
             owner=job.model,
             payload=job,
+            cells=1 if cells else 0,
+            cell_pool=job.model,
         )
         await self._enter(Entry(ticket, job, done), watch, ignore_queue_limit=probe)
 

@@ -182,6 +182,7 @@ class InferenceService:
             self.scheduler.expire()
             self.scheduler.pump()
             self.lifecycle.unload_idle()
+            self.lifecycle.reap()
             self.lifecycle.reclaim()
             self.lifecycle.retire()
             if self.book.dirty and self.clock() - last_save > SAVE_EVERY_S:

@@ -57,28 +57,30 @@ class CudaDevice(Device):
         self._pid = os.getpid()
         self._streams = threading.local()  # each inference thread's own CUDA stream
 
-    def _ours_from_driver(self) -> int | None:
+    def _used_by_pid(self) -> dict[int, int]:
+        """Each process's memory on this GPU, as the driver reports it (Windows' WDDM
+        driver reports none: an empty answer)."""
         try:
             procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
         except self._nvml.NVMLError:
-            return None
-        for proc in procs:
-            if proc.pid == self._pid and proc.usedGpuMemory is not None:
-                return int(proc.usedGpuMemory)
-        return None
+            return {}
+        return {p.pid: int(p.usedGpuMemory) for p in procs if p.usedGpuMemory is not None}
 
     def snapshot(self) -> MemorySnapshot:
         info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
         reserved = self._cuda.memory_reserved(self.index)
         allocated = self._cuda.memory_allocated(self.index)
-        ours = self._ours_from_driver() or reserved
+        by_pid = self._used_by_pid()
+        # runners: the driver's figure per process, else what their engine reported
+        runners = sum(by_pid.get(pid, reported) for pid, reported in self.runners.items())
+        ours = (by_pid.get(self._pid) or reserved) + runners
         used = int(info.total) - int(info.free)
         return MemorySnapshot(
             total=int(info.total),
             free=int(info.free),
             used_by_others=max(0, used - ours),
             ours=ours,
-            ours_allocated=allocated,
+            ours_allocated=allocated + runners,
             free_for_us=int(info.free) + max(0, reserved - allocated),
         )
 

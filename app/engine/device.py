@@ -105,6 +105,22 @@ class Device(ABC):
     def peak(self) -> int:
         """Our allocations' high-water mark since `begin_peak`."""
 
+    def adopt(self, pid: int, nbytes: int) -> None:
+        """Count a runner process's memory on this device as ours (a model's runner,
+        app.engine.runner_process): measured per process where the device can, else the
+        `nbytes` its engine reported. Without this, a runner's memory reads as another
+        program's, and memory given back to other programs would evict our own models."""
+        self.__dict__.setdefault("_runners", {})[pid] = nbytes
+
+    def release(self, pid: int) -> None:
+        """The runner `pid` ended: its memory is no longer ours."""
+        self.__dict__.setdefault("_runners", {}).pop(pid, None)
+
+    @property
+    def runners(self) -> dict[int, int]:
+        """Our runner processes on this device: pid → the bytes their engine reported."""
+        return dict(self.__dict__.get("_runners", {}))
+
     def empty_cache(self) -> None:
         return None
 
@@ -187,7 +203,7 @@ class CpuDevice(Device):
 
     def snapshot(self) -> MemorySnapshot:
         vm = psutil.virtual_memory()
-        rss = self.allocated()
+        rss = self.allocated() + self._runners_rss()
         return MemorySnapshot(
             total=int(vm.total),
             free=int(vm.available),
@@ -196,6 +212,16 @@ class CpuDevice(Device):
             ours_allocated=rss,
             free_for_us=int(vm.available),
         )
+
+    def _runners_rss(self) -> int:
+        """Our runner processes' resident sets (one that just ended counts nothing)."""
+        total = 0
+        for pid in self.runners:
+            try:
+                total += int(psutil.Process(pid).memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return total
 
     def allocated(self) -> int:
         if self._proc is not None:
@@ -329,14 +355,15 @@ class SimulatedDevice(Device):
             self._external = max(0, nbytes)
 
     def snapshot(self) -> MemorySnapshot:
+        runners = sum(self.runners.values())  # our runners' processes hold what they said
         with self._lock:
-            free = max(0, self.capacity - self._allocated - self._external)
+            free = max(0, self.capacity - self._allocated - self._external - runners)
             return MemorySnapshot(
                 total=self.capacity,
                 free=free,
                 used_by_others=self._external,
-                ours=self._allocated,
-                ours_allocated=self._allocated,
+                ours=self._allocated + runners,
+                ours_allocated=self._allocated + runners,
                 free_for_us=free,
             )
 
@@ -354,10 +381,11 @@ class SimulatedDevice(Device):
 
     @contextlib.contextmanager
     def hold(self, nbytes: int) -> Iterator[None]:
+        runners = sum(self.runners.values())
         with self._lock:
-            if self._allocated + self._external + nbytes > self.capacity:
+            if self._allocated + self._external + runners + nbytes > self.capacity:
                 self.oom_count += 1
-                free = self.capacity - self._allocated - self._external
+                free = self.capacity - self._allocated - self._external - runners
                 raise torch.OutOfMemoryError(
                     f"simulated device out of memory: tried to allocate {nbytes} bytes "
                     f"with {free} bytes free of {self.capacity}"

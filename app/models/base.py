@@ -163,6 +163,22 @@ class ModelHandler(ABC):
         tensors = [*module.parameters(), *module.buffers()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    @property
+    def cell_capacity(self) -> int | None:
+        """How many of its requests may run at once by the model's own limit (a runner's
+        slots), each taking one cell of the gate's pool for it; None: no such limit."""
+        return None
+
+    def measured_load_bytes(self) -> int | None:
+        """What the load took as the engine itself measured it, where that is not the
+        growth of this process's allocations (a runner process's); None: that growth."""
+        return None
+
+    def exited(self) -> int | None:
+        """A runner process's exit code once it ended by itself; None while it serves
+        (and for in-process engines)."""
+        return None
+
     def unload(self) -> None:
         """Drop the weights; `load` may be called again later."""
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -13,6 +14,7 @@ from app.models.base import ModelHandler
 from app.models.causal_lm import CausalLMHandler
 from app.models.embedding import EmbeddingHandler
 from app.models.kinds import CAPABILITIES, LACKING
+from app.models.llama_cpp import LlamaCppHandler, llama_cpp_available
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
@@ -23,21 +25,46 @@ log = logging.getLogger("vramgate.registry")
 State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded", "failed"]
 
 
-def make_handler(spec: ModelSpec, image_bounds: tuple[int, int] = (4096, 2**24)) -> ModelHandler:
-    """`image_bounds`: the largest image side and pixel count accepted."""
-    handler: ModelHandler
+Bounds = tuple[int, int]  # the largest image side and pixel count accepted
+
+
+def _simulated(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
+    simulated = SimulatedHandler(spec)
+    simulated.max_side, simulated.max_pixels = bounds
+    return simulated
+
+
+# Which handler serves a spec, by (engine, kind): a new kind or engine is a row here.
+HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
+    ("simulated", "simulated"): _simulated,
+    ("torch", "generation"): lambda spec, _: CausalLMHandler(spec),
+    ("torch", "vision"): lambda spec, bounds: VisionHandler(spec, *bounds),
+    ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
+    ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),
+    ("llama.cpp", "generation"): lambda spec, _: LlamaCppHandler(spec),
+}
+
+
+def engine_for(spec: ModelSpec) -> str:
+    """The engine that runs `spec`: its own choice, else llama.cpp for a GGUF generation
+    model where xllamacpp is installed, else torch."""
     if spec.kind == "simulated":
-        simulated = SimulatedHandler(spec)
-        simulated.max_side, simulated.max_pixels = image_bounds
-        handler = simulated
-    elif spec.kind == "generation":
-        handler = CausalLMHandler(spec)
-    elif spec.kind == "vision":
-        handler = VisionHandler(spec, *image_bounds)
-    elif spec.kind == "rerank":
-        handler = RerankHandler(spec)
-    else:
-        handler = EmbeddingHandler(spec)
+        return "simulated"
+    if spec.engine != "auto":
+        return spec.engine
+    gguf = spec.path is not None and spec.path.suffix.lower() == ".gguf"
+    if gguf and ("llama.cpp", spec.kind) in HANDLERS and llama_cpp_available():
+        return "llama.cpp"
+    return "torch"
+
+
+def make_handler(spec: ModelSpec, image_bounds: Bounds = (4096, 2**24)) -> ModelHandler:
+    """`image_bounds`: the largest image side and pixel count accepted."""
+    engine = engine_for(spec)
+    build = HANDLERS.get((engine, spec.kind))
+    if build is None:
+        raise ValueError(f"model {spec.name!r}: engine {engine} does not serve {spec.kind} models")
+    handler = build(spec, image_bounds)
     if not isinstance(handler, CAPABILITIES):
         raise TypeError(f"{type(handler).__name__} fulfils no capability of app.models.kinds")
     return handler
@@ -127,7 +154,8 @@ class ModelRegistry:
             log.error("model %s failed to load: %s", name, entry.error)
             return False
         entry.load_s = time.perf_counter() - started
-        entry.loaded_bytes = max(0, self.device.allocated() - before)
+        own = entry.handler.measured_load_bytes()
+        entry.loaded_bytes = own if own is not None else max(0, self.device.allocated() - before)
         entry.weights_bytes = entry.handler.weights_bytes()
         entry.state = "warming"
         log.info(
@@ -144,10 +172,11 @@ class ModelRegistry:
         bytes our allocations shrank by."""
         entry = self.entries[name]
         before = self.device.allocated()
+        own = entry.handler.measured_load_bytes()  # a runner's: ended with its process
         entry.handler.unload()
         self.device.empty_cache()
         entry.state, entry.weights_bytes, entry.loaded_bytes = "unloaded", 0, 0
-        freed = max(0, before - self.device.allocated())
+        freed = own if own is not None else max(0, before - self.device.allocated())
         log.info("model %s unloaded (%.1f MiB freed)", name, freed / 2**20)
         return freed
 

@@ -60,6 +60,7 @@ class MemoryGate:
         self.batch_wait_s = batch_wait_s
         self._queue: list[Ticket] = []
         self._running: dict[int, Permit] = {}
+        self._cells: dict[str, int] = {}  # each cell pool's size (a runner's slots)
         self._ids = itertools.count(1)
 
     # -- what is held -----------------------------------------------------------------
@@ -86,6 +87,22 @@ class MemoryGate:
     @property
     def permits(self) -> tuple[Permit, ...]:
         return tuple(self._running.values())
+
+    def set_cells(self, pool: str, size: int | None) -> None:
+        """A model's own pool of cells (its runner's slots); None: it has none. Takes
+        effect at the next decision; permits already running keep theirs."""
+        if size is None:
+            self._cells.pop(pool, None)
+        else:
+            self._cells[pool] = size
+
+    def free_cells(self) -> dict[str, int]:
+        """Each cell pool's free cells now."""
+        free = dict(self._cells)
+        for permit in self._running.values():
+            if permit.cells and permit.cell_pool in free:
+                free[permit.cell_pool] -= permit.cells
+        return free
 
     def next_id(self) -> int:
         """A fresh ticket id, for callers that must know it before submitting."""
@@ -181,6 +198,7 @@ class MemoryGate:
             now=now,
             exclusive_running=exclusive,
             max_head_bypass=self.max_head_bypass,
+            free_cells=self.free_cells() if self._cells else None,
         )
         if not chosen:
             return []
@@ -208,6 +226,8 @@ class MemoryGate:
                 now - leader.enqueued_at,
                 tuple(t.id for t in members),
                 stream=leader.stream,
+                cells=sum(t.cells for t in members),
+                cell_pool=leader.cell_pool,
             )
             self._running[leader.id] = permit
             permits.append(permit)

@@ -11,12 +11,14 @@ has been overtaken fewer than `max_head_bypass` times, a bound that holds even w
 run-time estimates are wrong.
 
 With `free_stream_slots` (not None), stream tickets count against those instead of
-`free_slots`; a ticket whose kind has no free slot is passed over, and is no head.
+`free_slots`; a ticket whose kind has no free slot is passed over, and is no head. So is
+a ticket whose model has fewer free cells (`free_cells`, by pool) than it takes: a
+model's own limit (a runner's slots) holds back its own requests only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from app.sched.tickets import Ticket
 
@@ -34,6 +36,7 @@ def plan_admissions(
     exclusive_running: bool,
     max_head_bypass: int,
     free_stream_slots: int | None = None,
+    free_cells: Mapping[str, int] | None = None,
 ) -> list[int]:
     """Which queued tickets (indices, in order) start now (see the module's words).
     `running` holds (bytes, expected end) of the jobs on the device."""
@@ -47,12 +50,15 @@ def plan_admissions(
     chosen: list[int] = []
     head: Ticket | None = None
     shadow, spare, overtakes = 0.0, 0, 0
+    cells = dict(free_cells or {})
     for index, ticket in enumerate(queue):
         kind = 1 if separate and ticket.stream else 0
         if free[kind] <= 0:
             if free[1 - kind] <= 0:
                 break
             continue
+        if ticket.cells and cells.get(ticket.cell_pool, ticket.cells) < ticket.cells:
+            continue  # its model is full: it waits for its model, no head of the others
         fits = ticket.nbytes <= free_bytes
         if head is None:
             if ticket.exclusive:
@@ -75,6 +81,8 @@ def plan_admissions(
             chosen.append(index)
             free_bytes -= ticket.nbytes
             free[kind] -= 1
+            if ticket.cells and ticket.cell_pool in cells:
+                cells[ticket.cell_pool] -= ticket.cells
             if head is None and ticket.exclusive:
                 break
         if head is not None and head.bypassed + overtakes >= max_head_bypass:

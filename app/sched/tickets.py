@@ -27,6 +27,10 @@ class Ticket:
     stream: bool = False  # a generation stream: takes a stream slot where there are some
     batch_limit: int = 1
     owner: str = ""  # what it is for (the model); the gate never reads it
+    # A model's own units it holds while it runs (a runner's slots), out of its pool
+    # `cell_pool` (see MemoryGate.set_cells); 0: it takes none
+    cells: int = 0
+    cell_pool: str = ""
     payload: Any = field(default=None, repr=False)  # the owner's; never read by the gate
 
 
@@ -42,6 +46,8 @@ class Permit:
     waited_s: float
     members: tuple[int, ...] = ()  # the tickets admitted together, the first one leading
     stream: bool = False  # holds a stream slot, not a job slot
+    cells: int = 0  # of its model's pool (Ticket.cells)
+    cell_pool: str = ""
 
     @property
     def ticket_ids(self) -> tuple[int, ...]:

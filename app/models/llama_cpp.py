@@ -1,0 +1,354 @@
+"""Text generation on llama.cpp's engine: a GGUF file served by a runner process of its
+own (app.engine.llama_child through app.engine.runner_process), as Ollama runs its
+runners. The server talks to the runner over loopback HTTP (llama.cpp's own listener,
+bound to 127.0.0.1 and guarded by a per-load random key): `/apply-template` and
+`/tokenize` before a request is queued (so its token count is exact), `/completion`
+with those token ids to generate, streamed.
+
+What the gate sees: a model whose weights are everything the runner reserved (weights
+on the device, KV cells for `context_length` × `parallel`, compute buffers), measured
+from the engine's own log, and whose requests each take one of its `parallel` slots
+(the runner's KV is split: each slot owns `context_length` cells, so no request can
+overrun another's). A request therefore costs no further device bytes; it waits in
+vramgate's queue for a free slot, never inside llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.engine.device import Device
+from app.engine.llama_child import RUNNER_COMMAND
+from app.engine.runner_process import Footprint, RunnerFailed, RunnerProcess, runner_argv
+from app.errors import InvalidRequest, RunnerStopped
+from app.models.base import Prepared
+from app.models.decoding import (
+    Chat,
+    DecodeResult,
+    GenerationInput,
+    Prompt,
+    SamplingParams,
+    TokenLogprob,
+    TokenStream,
+    generation_prepared,
+)
+from app.models.gguf_facts import GgufFacts, read_gguf_facts
+from app.models.kinds import Generator
+from app.models.layer_split import LayerSplit, plan_split
+from app.models.tools import chat_messages, template_knows_tools
+from app.sched.budget import Geometry
+from app.settings import ModelSpec
+
+log = logging.getLogger("vramgate.llama_cpp")
+
+LOAD_TIMEOUT_S = 600.0
+STOP_GRACE_S = 5.0
+# llama.cpp's stop types (server-task.cpp): an end-of-generation token, a stop word, or
+# n_predict reached
+_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+
+
+def llama_cpp_available() -> bool:
+    """Whether xllamacpp can be imported here (found without importing it: it is loaded
+    by the runner processes only)."""
+    import importlib.util
+
+    return importlib.util.find_spec("xllamacpp") is not None
+
+
+class LlamaCppHandler(Generator):
+    kind = "generation"
+    engine = "llama.cpp"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        assert spec.path is not None, "ModelSpec checks that a generation model has a path"
+        self.path = Path(spec.path)
+        self.context = spec.max_context  # each slot's cells, once loaded
+        self.dtype = "gguf"
+        self._facts: GgufFacts | None = None
+        self._runner: RunnerProcess | None = None
+        self._http: httpx.Client | None = None
+        self._device: Device | None = None
+        self._footprint = Footprint({}, {})
+        self.split: LayerSplit | None = None
+        self.chat_template: str | None = None
+
+    # -- what it is and what it will take ----------------------------------------------
+    def facts(self) -> GgufFacts:
+        if self._facts is None:
+            self._facts = read_gguf_facts(self.path)
+        return self._facts
+
+    def _context_for(self, facts: GgufFacts) -> int:
+        trained = facts.context_length or self.spec.max_context
+        return min(trained, self.spec.max_context)
+
+    def planned_split(self, device: Device, free_bytes: int | None = None) -> LayerSplit:
+        """How many layers go to `device` for this spec (all of them on the CPU)."""
+        facts = self.facts()
+        cells = self._context_for(facts) * self.spec.parallel
+        return plan_split(
+            facts,
+            kv_type=self.spec.kv_cache_type,
+            cells=cells,
+            accelerator=device.kind != "cpu",  # a simulated GPU is split like a real one
+            free_bytes=free_bytes,
+            gpu_layers=self.spec.gpu_layers,
+        )
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        return self.planned_split(device).device_bytes
+
+    @property
+    def cell_capacity(self) -> int:
+        """Requests that may run at once: the runner's slots."""
+        return self.spec.parallel
+
+    # -- load and unload ---------------------------------------------------------------
+    def load(self, device: Device) -> None:
+        facts = self.facts()
+        self.context = self._context_for(facts)
+        free = device.snapshot().free_for_us if device.kind != "cpu" else None
+        self.split = self.planned_split(device, free)
+        key = secrets.token_urlsafe(24)
+        config = {
+            "model": str(self.path),
+            "n_ctx": self.context * self.spec.parallel,
+            "parallel": self.spec.parallel,
+            "gpu_layers": self.split.gpu_layers_arg,
+            "kv_type": self.spec.kv_cache_type.upper(),
+            "flash_attention": self.spec.flash_attention,
+            "threads": self.spec.threads,
+            "cache_ram_mib": 0,  # host RAM outside the gate's sight: off (see README)
+            "key": key,
+        }
+        env = {"CUDA_VISIBLE_DEVICES": str(getattr(device, "index", ""))}
+        if device.kind != "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a CUDA build on a CPU device stays off the GPU
+        argv = runner_argv("app.engine.llama_child", RUNNER_COMMAND)
+        runner = RunnerProcess(self.name, argv, env)
+        ready = runner.start(config, LOAD_TIMEOUT_S)
+        self._runner, self._device = runner, device
+        self._footprint = runner.footprint()
+        device.adopt(int(ready["pid"]), self.weights_bytes())
+        self._http = httpx.Client(
+            base_url=str(ready["address"]),
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=httpx.Timeout(None, connect=10.0),
+            limits=httpx.Limits(max_connections=self.spec.parallel + 4),
+        )
+        props = self._http.get("/props").json()
+        self.chat_template = props.get("chat_template") or facts.chat_template
+        log.info(
+            "model %s: runner pid %s, %s, %d cells x %d slots, %.1f MiB on %s",
+            self.name,
+            ready["pid"],
+            self.split.describe(),
+            self.context,
+            self.spec.parallel,
+            self.weights_bytes() / 2**20,
+            device.id,
+        )
+
+    def weights_bytes(self) -> int:
+        """What the runner reserved on our device (on the CPU: all it allocated)."""
+        if self._runner is None or self._device is None:
+            return 0
+        if self._device.kind == "cuda":
+            return self._footprint.device_bytes
+        if self._device.kind == "cpu":
+            return self._footprint.device_bytes + self._footprint.host_bytes
+        # a simulated GPU: a CPU build logs no GPU buffers; the split's own bytes stand in
+        return self.split.device_bytes if self.split is not None else 0
+
+    def footprint(self) -> Footprint:
+        return self._footprint
+
+    def measured_load_bytes(self) -> int | None:
+        return self.weights_bytes()
+
+    @property
+    def runner_pid(self) -> int | None:
+        return self._runner.pid if self._runner is not None else None
+
+    def exited(self) -> int | None:
+        """The runner's exit code if it ended on its own while loaded, else None."""
+        return self._runner.exited() if self._runner is not None else None
+
+    def unload(self) -> None:
+        runner, self._runner = self._runner, None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if runner is not None:
+            runner.stop(STOP_GRACE_S)
+            if self._device is not None and runner.pid is not None:
+                self._device.release(runner.pid)
+        self._footprint = Footprint({}, {})
+
+    # -- requests ----------------------------------------------------------------------
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self._http is None:
+            raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
+        try:
+            response = self._http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise self._stopped(exc) from exc
+        found = response.json()
+        if response.status_code >= 400:
+            message = found.get("error", {}).get("message", response.text)
+            raise InvalidRequest(f"model {self.name!r}: {message}", param="messages")
+        return found if isinstance(found, dict) else {}
+
+    def _stopped(self, exc: Exception) -> RunnerStopped:
+        code = self.exited()
+        said = self._runner.last_words() if self._runner is not None else ""
+        why = f"exited with {code}" if code is not None else f"did not answer ({exc})"
+        log.error("model %s: the runner %s: %s", self.name, why, said)
+        return RunnerStopped(
+            f"model {self.name!r}'s runner {why}; it is reloaded on the next request",
+            retry_after=1,
+        )
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, Chat):
+            knows = template_knows_tools(self.chat_template)
+            body: dict[str, Any] = {"messages": chat_messages(prompt.messages, prompt.tools, knows)}
+            if knows and prompt.tools:
+                body["tools"] = prompt.tools
+            text = self._post("/apply-template", body)["prompt"]
+            special = {"add_special": False, "parse_special": True}
+        else:
+            text, special = prompt, {"add_special": True, "parse_special": False}
+        return [int(t) for t in self._post("/tokenize", {"content": text, **special})["tokens"]]
+
+    def prepare_generation(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    ) -> Prepared:
+        if isinstance(prompt, Chat) and not self.chat_template:
+            raise InvalidRequest(
+                f"model {self.name!r} has no chat template; use /v1/completions", param="model"
+            )
+        ids = self.encode(prompt)
+        return generation_prepared(
+            self.name, ids, params, self.context, default_max_tokens, params.json_schema
+        )
+
+    def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
+        """Stream one completion from the runner (on a stream thread, which waits)."""
+        task: GenerationInput = prepared.payload
+        if self._http is None:
+            raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
+        body = completion_body(task)
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        final: dict[str, Any] = {}
+        try:
+            with self._http.stream("POST", "/completion", json=body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise InvalidRequest(f"model {self.name!r}: {response.text}")
+                for line in response.iter_lines():
+                    if stream.cancelled.is_set():
+                        break  # closing the connection cancels the task in llama.cpp
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise InvalidRequest(f"model {self.name!r}: {chunk['error']}")
+                    self.forward_calls += 1
+                    piece = str(chunk.get("content", ""))
+                    text.append(piece)
+                    logprobs.extend(_logprobs(chunk))
+                    stream.emit(piece)
+                    if chunk.get("stop"):
+                        final = chunk
+                        break
+        except httpx.HTTPError as exc:
+            raise self._stopped(exc) from exc
+        if not final and not stream.cancelled.is_set():
+            raise self._stopped(RuntimeError("the stream ended early"))
+        produced = int(final.get("tokens_predicted", 0))
+        return DecodeResult(
+            text="".join(text),
+            prompt_tokens=prepared.tokens,
+            completion_tokens=produced or len(logprobs) or sum(1 for t in text if t),
+            finish_reason=_FINISH.get(str(final.get("stop_type")), "cancelled")
+            if final
+            else "cancelled",
+            steps=produced + 1,
+            logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
+        )
+
+    def geometry(self, prompt_tokens: int) -> Geometry:
+        """A request costs no device bytes beyond the runner's: its KV cells were
+        reserved at load, and it waits for a slot (`cell_capacity`)."""
+        return Geometry(0, 0)
+
+    def describe(self) -> dict[str, Any]:
+        footprint = self._footprint
+        return {
+            **super().describe(),
+            "engine": self.engine,
+            "path": str(self.path),
+            "context": self.context,
+            "parallel": self.spec.parallel,
+            "kv_cache_type": self.spec.kv_cache_type,
+            "runner_pid": self.runner_pid,
+            "split": self.split.describe() if self.split is not None else None,
+            "measured": {
+                "device_bytes": footprint.device_bytes,
+                "host_bytes": footprint.host_bytes,
+                "device": footprint.device,
+                "host": footprint.host,
+            },
+        }
+
+
+def completion_body(task: GenerationInput) -> dict[str, Any]:
+    """llama.cpp's /completion request for a validated generation."""
+    p = task.params
+    body: dict[str, Any] = {
+        "prompt": task.prompt_ids,
+        "n_predict": task.max_tokens,
+        "stream": True,
+        "cache_prompt": True,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "min_p": p.min_p,
+        "stop": list(p.stop),
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "repeat_penalty": p.repetition_penalty,
+        "seed": p.seed if p.seed is not None else secrets.randbelow(2**31),
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    }
+    if p.logit_bias:
+        body["logit_bias"] = [[token, bias] for token, bias in p.logit_bias]
+    if p.logprobs is not None:
+        body["n_probs"] = max(1, p.logprobs)
+    if task.grammar is not None:
+        body["json_schema"] = json.loads(task.grammar)
+    return body
+
+
+def _logprobs(chunk: dict[str, Any]) -> list[TokenLogprob]:
+    found = []
+    for item in chunk.get("completion_probabilities") or []:
+        top = tuple(
+            (str(t.get("token", "")), float(t.get("logprob", 0.0)))
+            for t in item.get("top_logprobs") or []
+        )
+        found.append(TokenLogprob(str(item.get("token", "")), float(item["logprob"]), top))
+    return found
+
+
+__all__ = ["LlamaCppHandler", "RunnerFailed", "llama_cpp_available"]
