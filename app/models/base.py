@@ -147,6 +147,12 @@ class ModelHandler(ABC):
         unknown). The gate admits a load for this much."""
         return 0
 
+    def fitted_bytes(self, device: Device, room: int) -> int:
+        """The bytes its load will take where at most `room` can ever be given to it: a
+        model that can leave part of itself on the CPU (a GGUF's layers) plans to fit;
+        others take what they take (`expected_weights_bytes`)."""
+        return self.expected_weights_bytes(device)
+
     @abstractmethod
     def load(self, device: Device) -> None:
         """Load weights onto `device`. Runs once, in a background thread."""

@@ -78,6 +78,7 @@ class LlamaCppHandler(Generator):
         self._device: Device | None = None
         self._footprint = Footprint({}, {})
         self.split: LayerSplit | None = None
+        self._admitted: int | None = None  # the bytes the gate admitted the load for
         self.chat_template: str | None = None
 
     # -- what it is and what it will take ----------------------------------------------
@@ -106,6 +107,12 @@ class LlamaCppHandler(Generator):
     def expected_weights_bytes(self, device: Device) -> int:
         return self.planned_split(device).device_bytes
 
+    def fitted_bytes(self, device: Device, room: int) -> int:
+        """The layers that fit in `room` (all, where they do): what the gate admits the
+        load for, and the most the load will take."""
+        self._admitted = self.planned_split(device, room).device_bytes
+        return self._admitted
+
     @property
     def cell_capacity(self) -> int:
         """Requests that may run at once: the runner's slots."""
@@ -115,7 +122,10 @@ class LlamaCppHandler(Generator):
     def load(self, device: Device) -> None:
         facts = self.facts()
         self.context = self._context_for(facts)
-        free = device.snapshot().free_for_us if device.kind != "cpu" else None
+        free = None
+        if device.kind != "cpu":  # what the device has now, within what the gate admitted
+            free = device.snapshot().free_for_us
+            free = free if self._admitted is None else min(free, self._admitted)
         self.split = self.planned_split(device, free)
         key = secrets.token_urlsafe(24)
         config = {

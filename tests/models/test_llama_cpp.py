@@ -92,6 +92,55 @@ def test_the_openai_client_gets_what_llama_cpp_alone_answers(smol, smollm2_gguf)
     assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 10
 
 
+def test_schema_answers_forced_tool_calls_logprobs_n_and_completions_reach_the_runner(smol):
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    shaped = client.chat.completions.create(
+        model="smol",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    assert set(json.loads(shaped.choices[0].message.content)) == {"city"}
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": schema},
+    }
+    called = client.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "The weather in Paris?"}],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=60,
+    )
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    assert called.choices[0].finish_reason == "tool_calls"
+    scored = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2
+    )
+    tokens = scored.choices[0].logprobs.content
+    assert len(tokens) == scored.usage.completion_tokens
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+    assert "".join(t.token for t in tokens) == scored.choices[0].message.content
+    two = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=1.0, max_tokens=6, n=2, seed=7
+    )
+    assert [c.index for c in two.choices] == [0, 1]
+    completed = client.completions.create(
+        model="smol", prompt="The capital of France is", temperature=0, max_tokens=4
+    )
+    assert "Paris" in completed.choices[0].text
+
+
 def test_the_ollama_client_chats_through_the_runner(smol):
     client = ollama.Client(host=smol.url)
     answer = client.chat(
@@ -228,3 +277,42 @@ def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(
     assert set(finish) <= {"stop", "length"}
     assert deferred and max(deferred) == 0  # every wait was in vramgate's queue
     assert runner_gauge(smol, "requests_processing") == 0
+
+
+def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers_that_fit(
+    server_factory, smollm2_gguf
+):
+    """The same server path as on a GPU, on a simulated 1 GiB card: SmolLM2 with 8 slots
+    of 8,192 cells needs 1.5 GiB there with every layer; the load takes the layers that
+    fit, says the split, and the simulated card holds what the split takes."""
+    from app.models.layer_split import bytes_on_device
+
+    facts = read_gguf_facts(smollm2_gguf)
+    cells = 8192 * 8
+    whole = bytes_on_device(facts, facts.layers, "f16", cells)
+    assert 1.4 * 2**30 < whole < 1.6 * 2**30
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=smollm2_gguf,
+        context_length=8192,
+        parallel=8,
+        load="startup",
+    )
+    live = server_factory(device="simulated:1GiB", reserve=0, headroom="64MiB", models=(spec,))
+    row = model_row(live)
+    assert row["state"] == "ready", row["error"]
+    layers = facts.layers
+    fits = [n for n in range(layers + 1) if bytes_on_device(facts, n, "f16", cells) <= 2**30]
+    on_device = max(fits)
+    assert 0 < on_device < layers
+    gpu = round(100 * on_device / layers)
+    assert row["split"] == f"{100 - gpu}%/{gpu}% CPU/GPU"
+    held = bytes_on_device(facts, on_device, "f16", cells)
+    assert row["weights_bytes"] == held
+    device = live.status()["device"]
+    assert device["used_by_us_bytes"] == held <= 2**30
+    answer = OpenAI(base_url=live.url + "/v1", api_key="unused").chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=12
+    )
+    assert "Paris" in answer.choices[0].message.content
