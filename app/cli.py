@@ -4,21 +4,15 @@ commands of app.manage: `pull` (fetch a model), `list`, `ps`, `rm`, `status`."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import getpass
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from pydantic import SecretStr
 
 from app import __version__
 from app.cluster import command as cluster_command
@@ -41,6 +35,7 @@ from app.settings import (
     default_config_file,
     load_settings,
 )
+from app.token_file import resolve_token
 
 log = logging.getLogger("vramgate.cli")
 MANAGE = ("status", "pull", "list", "ps", "rm")  # their code: app.manage
@@ -162,47 +157,6 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if "models" in given:
         given["models"] = tuple(ModelSpec.parse_cli(text) for text in given["models"])
     return given
-
-
-def resolve_token(settings: Settings) -> Settings:
-    """Beyond loopback a token is required; `auto` makes one, in a file only the user
-    can read (DATA_DIR/token), and never logs it."""
-    token = settings.token.get_secret_value() if settings.token else None
-    if token is None:
-        if not settings.loopback:
-            raise ValueError(
-                f"refusing to listen on {settings.host} without a token: anyone who can reach "
-                "it could use the server; set token (or token = 'auto' to generate one)"
-            )
-        return settings
-    if token != "auto":
-        return settings
-    path = settings.resolved_data_dir / "token"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(token + "\n")
-    owner_only(path)
-    log.info("generated a token; it is in %s (readable by you only)", path)
-    return settings.model_copy(update={"token": SecretStr(token)})
-
-
-def owner_only(path: Path) -> None:
-    """Windows: the file's ACL grants its owner alone, inheritance removed, wherever
-    data_dir is (a folder outside the user's profile may let others read). POSIX: the
-    file was created with mode 0600."""
-    if sys.platform == "win32":
-        subprocess.run(owner_only_command(path), check=True, capture_output=True, timeout=30)
-
-
-def owner_only_command(path: Path, user: str | None = None, domain: str | None = None) -> list[str]:
-    user = user or getpass.getuser()
-    domain = os.environ.get("USERDOMAIN", "") if domain is None else domain
-    account = f"{domain}\\{user}" if domain else user
-    return ["icacls", str(path), "/inheritance:r", "/grant:r", f"{account}:F"]
 
 
 def preflight(settings: Settings) -> tuple[Settings, int]:

@@ -173,23 +173,24 @@ def test_a_forged_forwarded_address_does_not_change_who_the_server_sees(sim_serv
     httpx.post(server.url + "/admin/resume")
 
 
-def test_the_token_file_is_its_owners_alone_on_windows_wherever_data_dir_is():
-    from app.cli import owner_only_command
-
-    token = Path(r"D:\vramgate-data\token")
-    assert owner_only_command(token, "me", "OFFICE") == [
-        "icacls", r"D:\vramgate-data\token", "/inheritance:r", "/grant:r", r"OFFICE\me:F"
+def test_an_auto_token_is_kept_across_restarts(tmp_path):
+    """`token = "auto"` is handed to LAN clients once; a restart (the tray restarts a
+    crashed server) keeps it, so they go on working."""
+    data = tmp_path / "d"
+    argv = [
+        sys.executable, "-m", "app", "serve", "--token", "auto", "--device", "simulated:1GiB",
+        "--model", "sim=simulated", "--data-dir", str(data), "--log-dir", str(tmp_path / "l"),
     ]  # fmt: skip
-    assert owner_only_command(token, "me", "")[-1] == "me:F"
-
-
-@pytest.mark.skipif(sys.platform != "win32", reason="Windows ACLs")
-def test_on_windows_icacls_lists_the_owner_alone(tmp_path):
-    from app.cli import owner_only
-
-    token = tmp_path / "token"
-    token.write_text("x")
-    owner_only(token)
-    granted = subprocess.run(["icacls", str(token)], capture_output=True, text=True).stdout
-    entries = [line for line in granted.splitlines()[:-2] if ":" in line]
-    assert len(entries) == 1
+    given: str | None = None
+    for _ in range(2):
+        server = ServerProcess(argv)
+        try:
+            server.wait_ready(120)
+            given = given or (data / "token").read_text().strip()
+            mine = {"Authorization": f"Bearer {given}"}
+            assert httpx.get(server.url + "/status", headers=mine).status_code == 200
+        finally:
+            assert server.stop() == 0
+    assert (data / "token").read_text().strip() == given
+    if sys.platform != "win32":
+        assert (data / "token").stat().st_mode & 0o777 == 0o600

@@ -4,11 +4,12 @@ A local server is reachable from every web page the user opens. In order, before
 work: header count and size (431); the `Host` header, when bound to loopback, must name
 this machine (DNS rebinding: 403 `forbidden_host`); state-changing and inference calls
 from another web origin, `Origin: null` and `Sec-Fetch-Site: cross-site` are refused
-(CSRF: 403 `forbidden_origin`) unless the origin is in `cors_origins`; a configured
-bearer token is required everywhere but /health (401), or, to read (GET) and for the
-dashboard's model actions (same-origin POSTs under /admin/models/), the cookie a page's
-sign-in set (`GET /dashboard?token=…`, for browsers; named with the server's port);
-JSON routes take JSON only
+(CSRF: 403 `forbidden_origin`) unless the origin is in `cors_origins`, or is one of the
+desktop-app origins Ollama allows by default and the call is for Ollama's API; a
+configured bearer token is required everywhere but /health and / (401), or a page's
+session (app.api.page_sessions: its cookie opens the pages, and with its page key it
+reads (GET) and takes the dashboard's model actions, same-origin POSTs under
+/admin/models/); JSON routes take JSON only
 (415: a cross-site form or `no-cors` fetch can only send text/plain, form or multipart);
 and the body limit holds while the body streams in, chunked bodies included (413).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import hmac
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +25,12 @@ from urllib.parse import parse_qs, urlsplit
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.page_sessions import (
+    PAGE_KEY_HEADER,
+    PageSession,
+    PageSessions,
+    session_cookie,
+)
 from app.errors import (
     BodyTooLarge,
     ForbiddenHost,
@@ -47,17 +53,20 @@ JSON_ROUTES = {
     "/rerank",
 }
 PREDICT_SUFFIX = "/predict"  # POST /v1/models/{model}/predict: JSON or a multipart upload
-OPEN_ROUTES = {"/health"}  # answered without a token; it reveals nothing sensitive
+# Answered without a token: they reveal nothing sensitive (/ is Ollama's "is it
+# running", which the `ollama` CLI asks with HEAD before each command).
+OPEN_ROUTES = {"/health", "/"}
 PAGES = {"/dashboard", "/docs"}  # pages a browser opens: they may sign in (`_sign_in`)
-SESSION_COOKIE = "vramgate_session"
-PAGE_ACTIONS = "/admin/models/"  # POSTs the dashboard sends with its sign-in cookie
-
-
-def session_cookie(scope: Scope) -> str:
-    """The sign-in cookie's name, with the server's port: browsers send a host's cookies
-    to every port, and two servers on one machine must not take each other's."""
-    server = scope.get("server") or (None, None)
-    return f"{SESSION_COOKIE}_{server[1]}" if server[1] else SESSION_COOKIE
+KEYED_PAGES = {"/dashboard"}  # pages that take a page key (the others fetch no data)
+PAGE_FILES = PAGES | {"/openapi.json"}  # what a session's cookie alone opens: no data
+PAGE_ACTIONS = "/admin/models/"  # POSTs the dashboard sends with its session
+OLLAMA_API = "/api/"
+# Ollama's default origins (its envconfig.AllowedOrigins) for desktop and editor apps:
+# Electron (app://, file://), Tauri, VS Code webviews. Web pages cannot send them (a
+# browser sends `null` for a file:// page), so they open Ollama's API to those apps and
+# not to web pages. Ollama's other defaults, http(s)://localhost and 127.0.0.1 on any
+# port, are left out: they are every other local web server's pages.
+OLLAMA_APP_ORIGINS = ("app://", "file://", "tauri://", "vscode-webview://", "vscode-file://")
 
 
 async def refuse(
@@ -97,12 +106,7 @@ class RequestGuard:
         self.origins = set(settings.cors_origins)
         token = settings.token.get_secret_value() if settings.token else None
         self.token = f"Bearer {token}".encode() if token else None
-        # The cookie holds a digest of the token, not the token (any characters allowed).
-        self.session = (
-            hashlib.sha256(b"vramgate page session\0" + token.encode()).hexdigest()
-            if token
-            else None
-        )
+        self.sessions = PageSessions()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,13 +119,13 @@ class RequestGuard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(raw)}
         origin = headers.get("origin")
-        cors = origin is not None and origin.lower() in self.origins
+        cors = origin is not None and self._cors_origin(origin, scope["path"])
         cors_headers = self._cors_headers(origin) if cors else []
         page_token = self._page_token(scope)
         try:
             self._check(scope, headers, origin, cors, page_token)
             if page_token is not None:
-                await self._sign_in(scope, page_token, send)
+                await self._sign_in(scope, headers, page_token, send)
                 return
         except VramgateError as error:
             await refuse(send, error, cors_headers, scope["path"])
@@ -210,46 +214,68 @@ class RequestGuard:
                 )
 
     def _authorised(self, scope: Scope, headers: dict[str, str], page_action: bool) -> bool:
-        """The bearer token; or the cookie a page sign-in set, for reading (GET) and for
-        the dashboard's own model actions (`page_action`)."""
+        """The bearer token; or a page's session: its cookie alone opens the pages
+        themselves, and with its page key it reads (GET) and takes the dashboard's own
+        model actions (`page_action`). The cookie reaches every local web server the
+        browser visits; the key only this server's own pages."""
         assert self.token is not None
         given = headers.get("authorization", "").encode("latin-1")
         if hmac.compare_digest(given, self.token):
             return True
-        reading = scope["method"] in ("GET", "HEAD")
-        if not (reading or page_action) or self.session is None:
+        session = self._session(scope, headers)
+        if session is None:
             return False
+        reading = scope["method"] in ("GET", "HEAD")
+        if reading and scope["path"] in PAGE_FILES:
+            return True
+        return (reading or page_action) and session.key_matches(headers.get(PAGE_KEY_HEADER))
+
+    def _session(self, scope: Scope, headers: dict[str, str]) -> PageSession | None:
+        """The live session the request's cookie names, if any."""
         cookie = SimpleCookie()
         with contextlib.suppress(CookieError):
             cookie.load(headers.get("cookie", ""))
         morsel = cookie.get(session_cookie(scope))
-        if morsel is None:
-            return False
-        return hmac.compare_digest(morsel.value.encode(), self.session.encode())
+        return self.sessions.find(morsel.value) if morsel is not None else None
 
     def _page_token(self, scope: Scope) -> str | None:
         """The token in the address of `GET /dashboard?token=…` (or /docs), else None."""
-        if self.session is None or scope["method"] != "GET" or scope["path"] not in PAGES:
+        if self.token is None or scope["method"] != "GET" or scope["path"] not in PAGES:
             return None
         given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token")
         return given[0] if given else None
 
-    async def _sign_in(self, scope: Scope, page_token: str, send: Send) -> None:
+    async def _sign_in(
+        self, scope: Scope, headers: dict[str, str], page_token: str, send: Send
+    ) -> None:
         """A browser cannot send the header, so the tray opens a page once with the token
-        in its address. The right token gets a 303 to the bare page with an HttpOnly,
-        SameSite=Strict cookie that lets the page read (GET) afterwards; a wrong one 401."""
-        assert self.token is not None and self.session is not None
+        in its address. The right token gets a 303 to the bare page, with the page key in
+        its fragment (the dashboard keeps it) and, unless the browser has a live session
+        already, a new session's HttpOnly, SameSite=Strict cookie; a wrong one 401."""
+        assert self.token is not None
         if not hmac.compare_digest(f"Bearer {page_token}".encode(), self.token):
             raise Unauthorized("the token in the address is not this server's")
-        cookie = f"{session_cookie(scope)}={self.session}; Path=/; HttpOnly; SameSite=Strict"
-        headers = [
-            (b"location", scope["path"].encode("latin-1")),
-            (b"set-cookie", cookie.encode("latin-1")),
-            (b"cache-control", b"no-store"),
-            (b"referrer-policy", b"no-referrer"),
-        ]
-        await send({"type": "http.response.start", "status": 303, "headers": headers})
+        session = self._session(scope, headers)
+        answer = [(b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer")]
+        if session is None:
+            session = self.sessions.open()
+            cookie = (
+                f"{session_cookie(scope)}={session.id}; Path=/; "
+                f"Max-Age={int(self.sessions.lifetime_s)}; HttpOnly; SameSite=Strict"
+            )
+            answer.append((b"set-cookie", cookie.encode("latin-1")))
+        path = scope["path"]
+        location = f"{path}#key={session.key}" if path in KEYED_PAGES else path
+        answer.append((b"location", location.encode("latin-1")))
+        await send({"type": "http.response.start", "status": 303, "headers": answer})
         await send({"type": "http.response.body", "body": b""})
+
+    def _cors_origin(self, origin: str, path: str) -> bool:
+        """An origin let in: a listed one, or a desktop app's to Ollama's API."""
+        named = origin.lower()
+        return named in self.origins or (
+            path.startswith(OLLAMA_API) and named.startswith(OLLAMA_APP_ORIGINS)
+        )
 
     def _host_ok(self, host: str) -> bool:
         return _loopback_name(host) or host_name(host).lower() in self.hosts

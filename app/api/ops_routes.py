@@ -1,4 +1,4 @@
-"""Operations routes: /health, /status, /metrics."""
+"""Operations routes: /health, /status, /metrics, the dashboard, and Ollama's `/`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from importlib import resources
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.core.fleet import Fleet
@@ -25,6 +25,13 @@ async def health(request: Request) -> JSONResponse:
     ready = fleet.ready
     body = {"live": True, "ready": ready, "state": fleet.phase}
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def running() -> PlainTextResponse:
+    """Ollama's answer at its root: the `ollama` CLI's heartbeat (HEAD /) before each
+    command, and what programs that look for an Ollama server read."""
+    return PlainTextResponse("Ollama is running")
 
 
 @router.get("/status")

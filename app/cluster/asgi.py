@@ -27,7 +27,15 @@ class Forwarded:
     query: bytes = b""
     headers: tuple[tuple[bytes, bytes], ...] = ()
     body: bytes = b""
-    client: tuple[str, int] = ("127.0.0.1", 0)
+    # The caller's address; None where it is not known, which no check takes for
+    # loopback (the admin routes answer loopback callers only).
+    client: tuple[str, int] | None = None
+
+
+def caller_address(client: tuple[str, int] | None) -> tuple[str, int] | None:
+    """The address a replica is told the request came from: the ingress's peer as it
+    is, or None when the ingress has none (never a stand-in such as 127.0.0.1)."""
+    return (client[0], client[1]) if client else None
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.cluster import registry  # by attribute: see app.cluster.registry
-from app.cluster.asgi import Forwarded, Head
+from app.cluster.asgi import Forwarded, Head, caller_address
 from app.cluster.replica import REPLICA_HEADER
 
 log = logging.getLogger("vramgate.cluster")
@@ -224,12 +224,11 @@ class Ingress:
             body += chunk
             if len(body) > self._max_body:
                 return _error(413, "request_too_large", f"the body is over {self._max_body} bytes")
-        client = request.client
         return Forwarded(
             request.method,
             path,
             request.url.query.encode(),
             tuple(request.headers.raw),
             bytes(body),
-            (client.host, client.port) if client else ("127.0.0.1", 0),
+            caller_address(request.client),
         )

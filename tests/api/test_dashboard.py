@@ -105,8 +105,9 @@ def test_dashboard_draws_live_data_and_talks_only_to_its_server(server_factory, 
 
 def test_dashboard_signs_in_with_the_token_in_its_address(server_factory):
     """With a token set, the address the tray opens signs Chromium in; the page's own
-    reads then carry the cookie, and the token leaves the address bar."""
-    from playwright.sync_api import sync_playwright
+    reads and its model buttons then carry the session (cookie and page key), and the
+    token and the key leave the address bar."""
+    from playwright.sync_api import expect, sync_playwright
 
     secret = "dashboard-token-value"
     model = ModelSpec(
@@ -125,11 +126,18 @@ def test_dashboard_signs_in_with_the_token_in_its_address(server_factory):
         page.goto(f"{live.url}/dashboard?token={secret}")
         page.wait_for_function("document.body.dataset.updated !== undefined", timeout=15000)
         state, address = page.inner_text("#state"), page.url
+        row = "#models tbody tr[data-model='sim']"
+        page.click(f"{row} button[data-action='unload']")
+        expect(page.locator(f"{row} td:nth-child(3)")).to_have_text("unloaded", timeout=15000)
+        page.reload()  # a reload keeps the session: the key stays in the page's storage
+        page.wait_for_function("document.body.dataset.updated !== undefined", timeout=15000)
+        error = page.inner_text("#error")
         browser.close()
 
-    assert state == "ready"
+    assert state == "ready" and error == ""
     assert address == live.url + "/dashboard"
     assert statuses[:3] == [401, 303, 200] and 401 not in statuses[3:]
+    assert live.service.registry.entries["sim"].state == "unloaded"
 
 
 def test_dashboard_models_view_pulls_with_progress_and_loads_and_unloads(tmp_path, request):

@@ -4,6 +4,7 @@ nothing is enqueued or run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -11,11 +12,13 @@ import sys
 
 import httpx
 import pytest
+from ollama import Client
 
 from app.settings import ModelSpec, SimulatedBucket
 from tests.live import ServerProcess, clean_env
 
 MiB = 2**20
+PAGE_KEY = "X-Vramgate-Page-Key"  # what the dashboard sends with its cookie
 BODY = {"model": "sim", "input": "hello"}
 ROUTES = [
     ("POST", "/v1/embeddings"),
@@ -105,6 +108,63 @@ def test_same_origin_page_and_safe_reads_are_served(live):
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
+# Ollama's own default origins (its envconfig.AllowedOrigins): desktop and editor apps
+# (Electron's app://, file://, Tauri, VS Code webviews), which no web page can send.
+OLLAMA_APP_ORIGINS = [
+    "app://obsidian.md",
+    "file://",
+    "tauri://localhost",
+    "vscode-webview://1ab2cd3ef4",
+    "vscode-file://vscode-app",
+]
+
+
+@pytest.mark.parametrize("origin", OLLAMA_APP_ORIGINS)
+def test_desktop_and_editor_apps_reach_the_ollama_api_with_ollamas_default_origins(live, origin):
+    client = Client(host=live.url, headers={"Origin": origin})  # the official client
+    assert [m.model for m in client.list().models] == ["sim"]
+    assert len(client.embed(model="sim", input=["a", "b"]).embeddings) == 2
+    preflight = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    answered = httpx.options(live.url + "/api/chat", headers=preflight)
+    assert answered.status_code == 204
+    assert answered.headers["access-control-allow-origin"] == origin
+    embedded = httpx.post(live.url + "/api/embed", json=BODY, headers={"Origin": origin})
+    assert embedded.status_code == 200
+    assert embedded.headers["access-control-allow-origin"] == origin
+    # Ollama's API only: the rest of the server stays closed to them.
+    before = calls(live)
+    for method, path in ROUTES:
+        r = httpx.request(method, live.url + path, json=BODY, headers={"Origin": origin})
+        assert r.status_code == 403, (path, r.text)
+    untouched(live, before)
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://127.0.0.1:3000",  # Ollama also takes any local port: another local server
+        "http://localhost:5173",
+        "null",
+        "https://evil.example",
+        "appx://evil.example",
+        "https://app.example",
+        "chrome-extension://abcdefghijklmnop",
+    ],
+)
+def test_the_ollama_api_refuses_web_pages_origins_as_before(live, origin):
+    before = calls(live)
+    r = httpx.post(live.url + "/api/embed", json=BODY, headers={"Origin": origin})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    answered = httpx.options(live.url + "/api/chat", headers=preflight)
+    assert "access-control-allow-origin" not in answered.headers
+    untouched(live, before)
+
+
 @pytest.mark.parametrize(
     "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None]
 )
@@ -170,6 +230,15 @@ def test_token_guards_every_route_but_health_and_is_never_echoed_nor_logged(serv
     assert secret not in logged
 
 
+def signed_in(live, secret: str) -> tuple[str, str]:
+    """Sign in as the tray's address does: the session cookie (`name=value`) and the
+    page key the 303 hands the page in its address's fragment (never sent to a server)."""
+    signed = httpx.get(live.url + "/dashboard", params={"token": secret})
+    assert signed.status_code == 303, signed.text
+    key = signed.headers["location"].partition("#key=")[2]
+    return signed.headers["set-cookie"].split(";", 1)[0], key
+
+
 def test_a_page_signs_in_with_the_token_in_its_address_and_then_reads_and_acts_on_models(
     server_factory,
 ):
@@ -183,38 +252,82 @@ def test_a_page_signs_in_with_the_token_in_its_address_and_then_reads_and_acts_o
         assert not browser.cookies
 
         signed = browser.get("/dashboard", params={"token": secret})
-        assert signed.status_code == 303 and signed.headers["location"] == "/dashboard"
+        assert signed.status_code == 303 and signed.headers["location"].startswith("/dashboard#")
+        key = signed.headers["location"].split("#key=", 1)[1]
         cookie = signed.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and secret not in cookie
+        assert "Max-Age=" in cookie and key not in cookie and len(key) >= 32
         port = live.url.rsplit(":", 1)[1]
         assert cookie.startswith(f"vramgate_session_{port}=")  # two servers, two cookies
         page = browser.get("/dashboard")
         assert page.status_code == 200 and "<canvas" in page.text
-        assert browser.get("/status").json()["state"] == "ready"
-        assert browser.get("/history").status_code == 200
         assert browser.get("/docs").status_code == 200
-        # Reading only: the cookie alone neither runs a model nor changes the server.
+        assert browser.get("/openapi.json").status_code == 200  # what /docs itself reads
+        # What the page reads takes the page key too (the dashboard sends it).
+        mine = {PAGE_KEY: key}
+        assert browser.get("/status").status_code == 401
+        assert browser.get("/status", headers=mine).json()["state"] == "ready"
+        assert browser.get("/history", headers=mine).status_code == 200
+        assert browser.get("/status", headers={PAGE_KEY: key + "x"}).status_code == 401
+        assert httpx.get(live.url + "/status", headers=mine).status_code == 401  # no cookie
+        # Reading only: the session neither runs a model nor changes the server.
         calls = live.service.registry.get("sim").forward_calls
-        assert browser.post("/v1/embeddings", json=BODY).status_code == 401
-        assert browser.post("/admin/pause").status_code == 401
-        assert browser.post("/admin/models/sim/unload").status_code == 401  # no page origin
+        assert browser.post("/v1/embeddings", json=BODY, headers=mine).status_code == 401
+        assert browser.post("/admin/pause", headers=mine).status_code == 401
+        assert browser.post("/admin/models/sim/unload", headers=mine).status_code == 401
         assert live.service.state.paused is False
         assert live.service.registry.get("sim").forward_calls == calls
         # The dashboard's own model buttons: a same-origin POST under /admin/models/.
-        page = {"Origin": live.url}
+        page = {"Origin": live.url, PAGE_KEY: key}
         assert browser.post("/admin/pause", headers=page).status_code == 401
         assert browser.post("/v1/embeddings", json=BODY, headers=page).status_code == 401
-        other = {"Origin": "http://127.0.0.1:1"}  # another local server's page
+        other = {"Origin": "http://127.0.0.1:1", PAGE_KEY: key}  # another local server's page
         assert browser.post("/admin/models/sim/unload", headers=other).status_code == 403
         unloaded = browser.post("/admin/models/sim/unload", headers=page)
         assert unloaded.status_code == 200 and unloaded.json()["state"] == "unloaded"
+        # /docs signs in too, and a browser already signed in keeps its session (and key).
+        again = browser.get("/docs", params={"token": secret})
+        assert again.status_code == 303 and again.headers["location"] == "/docs"
+        assert "set-cookie" not in again.headers
+        assert browser.get("/status", headers=mine).status_code == 200
 
     for forged in (b"0" * 64, b"\xe9t\xe9", b"%E2%82%AC", b"a=b; c"):
         name = f"vramgate_session_{live.url.rsplit(':', 1)[1]}=".encode()
-        r = httpx.get(live.url + "/status", headers={b"Cookie": name + forged})
+        r = httpx.get(live.url + "/dashboard", headers={b"Cookie": name + forged})
         assert r.status_code == 401, forged
     for address in ("/dashboard?token=%E2%82%AC", "/dashboard?token=%FF", "/docs?token="):
         assert httpx.get(live.url + address).status_code == 401, address
+
+
+def test_a_session_cookie_another_local_server_receives_cannot_be_replayed(server_factory):
+    """Browsers send 127.0.0.1's cookies to every port of it: a web server the user visits
+    on another port receives the dashboard's cookie. A program replaying it forges any
+    Origin; the cookie alone still opens the static pages only. It is a random id, new at
+    each sign-in, and a restarted server (the same token) knows none of the old ones."""
+    secret = "s3cret-token-value"
+    live = server_factory(device="simulated:1GiB", models=(sim(),), token=secret)
+    leaked, key = signed_in(live, secret)
+    forged = {"Cookie": leaked, "Origin": live.url, "Sec-Fetch-Site": "same-origin"}
+    replayed = httpx.post(live.url + "/admin/models/sim/unload", headers=forged)
+    assert replayed.status_code == 401, replayed.text
+    bearer = {"Authorization": f"Bearer {secret}"}
+    model = httpx.get(live.url + "/status", headers=bearer).json()["models"][0]
+    assert model["state"] == "ready"
+    for path in ("/status", "/history", "/metrics", "/v1/models", "/api/tags"):
+        assert httpx.get(live.url + path, headers=forged).status_code == 401, path
+    assert httpx.get(live.url + "/dashboard", headers={"Cookie": leaked}).status_code == 200
+
+    value = leaked.split("=", 1)[1]
+    digest = hashlib.sha256(b"vramgate page session\0" + secret.encode()).hexdigest()
+    assert value != digest and len(value) >= 32
+    second, second_key = signed_in(live, secret)  # another browser signs in: its own
+    assert second.split("=", 1)[1] != value and second_key != key
+
+    restarted = server_factory(device="simulated:1GiB", models=(sim(),), token=secret)
+    name = f"vramgate_session_{restarted.url.rsplit(':', 1)[1]}"
+    old = {"Cookie": f"{name}={value}", PAGE_KEY: key}
+    assert httpx.get(restarted.url + "/dashboard", headers=old).status_code == 401
+    assert httpx.get(restarted.url + "/status", headers=old).status_code == 401
 
 
 def test_non_loopback_bind_without_token_refuses_to_start(tmp_path):

@@ -71,3 +71,19 @@ def test_learned_prices_survive_a_restart(tmp_path):
         restored = second.status()["models"][0]["prices"]
     samples = {p["bucket"]: p["samples"] for p in restored}
     assert learned and all(samples.get(p["bucket"], 0) >= p["samples"] for p in learned)
+
+
+def test_root_answers_as_ollama_does_for_the_ollama_cli_heartbeat(tmp_path):
+    """The `ollama` CLI checks that a server is up with `HEAD /` before each command;
+    Ollama answers `GET /` with "Ollama is running". Open like /health (it tells nothing
+    more), on every port that serves Ollama's API."""
+    settings = make_settings(tmp_path, device="simulated:1GiB", token="root-test-token")
+    with live_server(settings) as live:
+        heartbeat = httpx.head(live.url + "/")
+        assert heartbeat.status_code == 200 and heartbeat.content == b""
+        page = httpx.get(live.url + "/")
+        assert page.status_code == 200 and page.text == "Ollama is running"
+        assert page.headers["content-type"].startswith("text/plain")
+        rebinding = httpx.get(live.url + "/", headers={"Host": "evil.example"})
+        assert rebinding.status_code == 403  # the guard still stands in front of it
+        assert httpx.get(live.url + "/api/tags").status_code == 401  # the API needs the token

@@ -68,3 +68,32 @@ def test_in_process_answers_stream_and_a_reader_who_leaves_gives_the_stream_back
             )
 
     asyncio.run(scenario())
+
+
+def test_a_request_without_a_client_address_is_not_a_loopback_caller(tmp_path):
+    """The ingress hands a replica the caller's address; where it has none, the replica
+    must not take the request for one from this machine (its admin routes answer
+    loopback callers only). The ingress's own code needs Ray (the cluster extra, absent
+    here: its tests skip); the address it forwards is `caller_address`'s, tested here."""
+    settings = make_settings(tmp_path, device="simulated:1GiB", models=(chat_model(),))
+    app = create_app(settings)
+    fleet = app.state.fleet
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            await asyncio.to_thread(wait_until, lambda: fleet.ready, 60, "ready")
+            unsaid = Forwarded("POST", "/admin/pause", headers=HOST)  # no client given
+            head, body = await collect(app, unsaid)
+            assert head.status == 403, body
+            assert b"loopback callers only" in b"".join(body)
+            assert fleet.status()["paused"] is False
+            local = Forwarded("POST", "/admin/pause", headers=HOST, client=("127.0.0.1", 5))
+            assert (await collect(app, local))[0].status == 200
+
+    asyncio.run(scenario())
+    from starlette.datastructures import Address
+
+    from app.cluster.asgi import caller_address
+
+    assert caller_address(None) is None  # what the ingress forwards for an unknown caller
+    assert caller_address(Address("10.1.2.3", 40000)) == ("10.1.2.3", 40000)
