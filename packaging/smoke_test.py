@@ -1,7 +1,8 @@
 """Smoke test of a built bundle, through its console executable `vramgate-cli`: `--help`
-prints; the bundled pip runs; with `--gguf FILE`, `pull` converts that GGUF into the
-models folder; `serve` answers /health, gives a real embedding from the embedded model
-and (with a GGUF) streams a chat from the pulled model; it stops cleanly. Standard
+prints; the bundled pip runs; with `--gguf FILE`, `pull` keeps that GGUF in the models
+folder; `serve` answers /health, gives a real embedding from the embedded model and (with
+a GGUF) streams a chat from the pulled model through the engine it names (llama.cpp's,
+in a runner process the bundle's executable starts); it stops cleanly. Standard
 library only, so CI on any runner can run it right after the build.
 
     python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf] [--timeout 300]
@@ -72,6 +73,17 @@ def embedding_dims(url: str) -> int:
     if dims != 384:
         raise RuntimeError(f"expected 384 dimensions, got {dims}")
     return dims
+
+
+def engine_of(url: str, model: str) -> str:
+    """The engine /status says serves `model`."""
+    status, answer = call(url + "/status")
+    if status != 200:
+        raise RuntimeError(f"/status answered {status}")
+    row = next((m for m in answer["models"] if m["name"] == model), None)
+    if row is None:
+        raise RuntimeError(f"/status lists no model {model!r}")
+    return str(row.get("engine", "torch"))
 
 
 def streamed_chat(url: str, model: str) -> int:
@@ -158,6 +170,7 @@ def smoke(bundle: Path, timeout: float, gguf: Path | None = None) -> dict:
             figures["embedding_dims"] = embedding_dims(url)
             if gguf is not None:
                 figures["chat_chunks"] = streamed_chat(url, gguf.stem)
+                figures["gguf_engine"] = engine_of(url, gguf.stem)
             figures["exit_code"] = shut_down(server, url)
             return figures
         finally:

