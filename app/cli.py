@@ -16,7 +16,6 @@ from typing import Any
 
 from app import __version__
 from app.cluster import command as cluster_command
-from app.engine.llama_child import RUNNER_COMMAND
 from app.errors import (
     EXIT_FATAL_DEVICE,
     EXIT_INVALID_SETTINGS,
@@ -24,6 +23,7 @@ from app.errors import (
     EXIT_WEDGED,
     DeviceUnavailable,
 )
+from app.llama_runner import RUNNER_COMMAND
 from app.ports import listener, port_free
 from app.pull import PIP_COMMAND
 from app.settings import (
@@ -314,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(pip_main(args_given[1:]))
     if getattr(sys, "frozen", False) and args_given[:1] == [RUNNER_COMMAND]:  # a model runner
-        from app.engine import llama_child
+        from app import llama_runner
 
-        return llama_child.main()
+        return llama_runner.main()
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -132,11 +132,20 @@ def _until(model: dict[str, Any]) -> str:
 
 def ps_models(status: dict[str, Any]) -> str:
     """The resident models: their memory and until when they stay."""
-    rows: list[tuple[str, ...]] = [("NAME", "KIND", "MEMORY", "UNTIL")]
+    rows: list[tuple[str, ...]] = [("NAME", "KIND", "MEMORY", "PROCESSOR", "UNTIL")]
     for model in status["models"]:
         if model["state"] in ("loading", "warming", "ready", "unloading"):
-            rows.append((model["name"], model["kind"], _mib(model["weights_bytes"]), _until(model)))
+            memory = _mib(model["weights_bytes"])
+            rows.append((model["name"], model["kind"], memory, _processor(model), _until(model)))
     return _table(rows)
+
+
+def _processor(model: dict[str, Any]) -> str:
+    """Where it runs, as Ollama's `ps` says it: a GGUF's layer split, else its device."""
+    if model.get("split"):
+        return str(model["split"])
+    devices = [r.get("device", "") for r in model.get("replicas") or []]
+    return "100% CPU" if all(d == "cpu" for d in devices) else "100% GPU"
 
 
 def format_status(status: dict[str, Any]) -> str:

@@ -95,6 +95,7 @@ def test_list_ps_and_rm(served, bert, tmp_path):
     resident = {line.split()[0]: line for line in ps.stdout.splitlines()[1:]}
     assert set(resident) == {"sim", "tiny-embed"}
     assert resident["sim"].endswith("forever")  # tests keep models for good (keep_alive -1)
+    assert "100% CPU" in resident["tiny-embed"]  # where it runs, as Ollama's ps says it
 
     refused = vramgate("rm", "tiny-embed", *where, "--url", live.url, "--yes")
     assert refused.returncode == 1 and "--force" in refused.stderr

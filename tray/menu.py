@@ -132,8 +132,11 @@ def _mib(value: int) -> str:
 
 
 def model_label(model: ModelLine) -> str:
-    """ "name (90 MiB, ready, unloads in 4m)": its memory, state and keep-alive left."""
+    """ "name (90 MiB, 48%/52% CPU/GPU, ready, unloads in 4m)": its memory, a GGUF's
+    layer split, its state and keep-alive left."""
     parts = [_mib(model.weights_bytes)] if model.weights_bytes else []
+    if model.split:
+        parts.append(model.split)
     parts.append(model.state)
     if model.unloads_in_s is not None:
         left = model.unloads_in_s

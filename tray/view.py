@@ -27,6 +27,7 @@ class ModelLine:
     state: str
     weights_bytes: int
     unloads_in_s: float | None = None  # idle: its keep-alive left
+    split: str | None = None  # a GGUF's layers between CPU and GPU ("48%/52% CPU/GPU")
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def view_of(
     if notice is not None:
         lines += (notice.text.removeprefix("vramgate "),)
     models = tuple(
-        ModelLine(m["name"], m["state"], m["weights_bytes"], m.get("unloads_in_s"))
+        ModelLine(m["name"], m["state"], m["weights_bytes"], m.get("unloads_in_s"), m.get("split"))
         for m in status.get("models", [])
     )
     paused = bool(status.get("paused"))

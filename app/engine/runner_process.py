@@ -1,6 +1,6 @@
 """A model runner in a process of its own: started, supervised, measured and ended.
 
-The runner is a child (app.engine.llama_child) that prints one JSON line when its model
+The runner is a child (app.llama_runner) that prints one JSON line when its model
 is loaded and lives until its stdin closes. This side starts it, reads its stderr (the
 engine's log, where llama.cpp states every buffer it allocated), reports its exit, and
 ends it: stdin closed, then a kill after a grace period. There is no respawn loop: a

@@ -1,5 +1,5 @@
 """Text generation on llama.cpp's engine: a GGUF file served by a runner process of its
-own (app.engine.llama_child through app.engine.runner_process), as Ollama runs its
+own (app.llama_runner through app.engine.runner_process), as Ollama runs its
 runners. The server talks to the runner over loopback HTTP (llama.cpp's own listener,
 bound to 127.0.0.1 and guarded by a per-load random key): `/apply-template` and
 `/tokenize` before a request is queued (so its token count is exact), `/completion`
@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 
 from app.engine.device import Device
-from app.engine.llama_child import RUNNER_COMMAND
 from app.engine.runner_process import Footprint, RunnerFailed, RunnerProcess, runner_argv
 from app.errors import InvalidRequest, RunnerStopped
+from app.llama_runner import RUNNER_COMMAND
 from app.models.base import Prepared
 from app.models.decoding import (
     Chat,
@@ -142,7 +142,7 @@ class LlamaCppHandler(Generator):
         env = {"CUDA_VISIBLE_DEVICES": str(getattr(device, "index", ""))}
         if device.kind != "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CUDA build on a CPU device stays off the GPU
-        argv = runner_argv("app.engine.llama_child", RUNNER_COMMAND)
+        argv = runner_argv("app.llama_runner", RUNNER_COMMAND)
         runner = RunnerProcess(self.name, argv, env)
         ready = runner.start(config, LOAD_TIMEOUT_S)
         self._runner, self._device = runner, device

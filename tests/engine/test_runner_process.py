@@ -62,7 +62,7 @@ def test_a_split_load_counts_cuda_buffers_on_the_device_and_pinned_host_ones_in_
 
 def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
     missing = tmp_path / "nothing-here.gguf"
-    runner = RunnerProcess("broken", [sys.executable, "-m", "app.engine.llama_child"])
+    runner = RunnerProcess("broken", [sys.executable, "-m", "app.llama_runner"])
     config = {
         "model": str(missing),
         "n_ctx": 512,

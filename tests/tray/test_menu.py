@@ -157,3 +157,20 @@ def test_quit_stops_the_server_and_the_icon(tmp_path):
     find(build_menu(view_of(None), actions), "Quit").action(icon)
     assert icon.stopped and supervisor.state == "stopped"
     assert not (tmp_path / "pid").exists()
+
+
+def test_a_gguf_models_layer_split_is_in_its_menu_line():
+    from tray.menu import model_label
+
+    status = {
+        "state": "ready",
+        "ready": True,
+        "device": {"name": "GPU", "total_bytes": 8 * 2**30, "used_bytes": 2**30,
+                   "used_by_us_bytes": 2**29, "kind": "cuda", "warnings": []},
+        "queue": {"running": 0, "depth": 0, "max": 256},
+        "counters": {"served": 0},
+        "models": [{"name": "big", "state": "ready", "weights_bytes": 600 * 2**20,
+                    "unloads_in_s": None, "split": "48%/52% CPU/GPU"}],
+    }  # fmt: skip
+    view = view_of(status)
+    assert model_label(view.models[0]) == "big (600 MiB, 48%/52% CPU/GPU, ready)"
