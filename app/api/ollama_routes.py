@@ -48,7 +48,7 @@ from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.manage import folder_bytes, model_folder
-from app.models.base import read_json_object
+from app.models.card import ModelCard
 from app.models.decoding import DecodeResult
 from app.models.tools import read_calls
 
@@ -80,6 +80,10 @@ def _ns(seconds: float) -> int:
 
 
 # -- models ------------------------------------------------------------------------------
+# The card's capabilities Ollama's clients know (its `/api/show` capabilities)
+OLLAMA_CAPABILITIES = ("completion", "tools", "embedding", "vision", "insert", "thinking")
+
+
 @router.get("/version")
 async def version() -> dict[str, str]:
     return {"version": OLLAMA_VERSION, "vramgate": __version__}
@@ -89,13 +93,13 @@ def _entry(fleet: Fleet, name: str) -> dict[str, Any]:
     return fleet.model_row(name)  # 404 for a model it does not serve
 
 
-def _details(row: dict[str, Any]) -> dict[str, Any]:
+def _details(card: ModelCard) -> dict[str, Any]:
     return {
-        "format": "safetensors",
-        "family": row["kind"],
-        "families": [row["kind"]],
+        "format": card.format,
+        "family": card.architecture,
+        "families": [card.architecture],
         "parameter_size": "",
-        "quantization_level": str(row.get("dtype", "")),
+        "quantization_level": card.quantization,
     }
 
 
@@ -124,7 +128,7 @@ async def tags(request: Request) -> dict[str, Any]:
                 "modified_at": datetime.fromtimestamp(changed, UTC).isoformat(),
                 "size": folder_bytes(folder) if folder is not None else 0,
                 "digest": _digest(row),
-                "details": _details(row),
+                "details": _details(fleet.card(row["name"])),
             }
         )
     return {"models": models}
@@ -132,40 +136,28 @@ async def tags(request: Request) -> dict[str, Any]:
 
 @router.post("/show")
 async def show(request: Request) -> dict[str, Any]:
+    """What the model is, from its card (never from its files: app.models.card)."""
     fleet = _fleet(request)
     name = (await _body(request, NamedBody)).target
     row = _entry(fleet, name)
-    folder = _folder(fleet, name)
-    config = read_json_object(folder / "config.json") if folder is not None else {}
-    template = _template(folder)
-    generation = row["kind"] in ("generation", "simulated")
-    capabilities = ["completion", "tools"] if generation else ["embedding"]
-    info = {
-        "general.architecture": config.get("model_type", row["kind"]),
-        "vramgate.kind": row["kind"],
+    card = fleet.card(name)
+    info: dict[str, Any] = {
+        "general.architecture": card.architecture,
+        "vramgate.kind": card.kind,
+        "vramgate.engine": card.engine,
         "vramgate.state": row["state"],
     }
-    if row.get("context"):
-        info["vramgate.context_length"] = row["context"]
+    if card.context_length:
+        info[f"{card.architecture}.context_length"] = card.context_length
+        info["vramgate.context_length"] = card.context_length
     return {
         "modelfile": "",
         "parameters": "",
-        "template": template,
-        "details": _details(row),
+        "template": card.chat_template or "",
+        "details": _details(card),
         "model_info": info,
-        "capabilities": capabilities,
+        "capabilities": [c for c in card.capabilities if c in OLLAMA_CAPABILITIES],
     }
-
-
-def _template(folder: Path | None) -> str:
-    """The model's chat template: its own file, or its tokenizer config's entry."""
-    if folder is None:
-        return ""
-    own = folder / "chat_template.jinja"
-    if own.is_file():
-        return own.read_text(encoding="utf-8")
-    template = read_json_object(folder / "tokenizer_config.json").get("chat_template")
-    return template if isinstance(template, str) else ""
 
 
 @router.get("/ps")
@@ -183,14 +175,18 @@ async def ps(request: Request) -> dict[str, Any]:
         expires = FOREVER
         if left is not None and left < LONGEST_S:  # a keep-alive of 1e300 s is for good too
             expires = datetime.now(UTC) + timedelta(seconds=left)
+        size = vram = row["weights_bytes"]
+        if "measured" in row:  # a runner: what it holds in RAM too (layers on the CPU)
+            vram = row["measured"]["device_bytes"]
+            size = vram + row["measured"]["host_bytes"]
         models.append(
             {
                 "name": row["name"],
                 "model": row["name"],
-                "size": row["weights_bytes"],
-                "size_vram": row["weights_bytes"] if on_gpu else 0,
+                "size": size,
+                "size_vram": vram if on_gpu else 0,
                 "digest": _digest(row),
-                "details": _details(row),
+                "details": _details(fleet.card(row["name"])),
                 "expires_at": expires.isoformat(),
                 "context_length": row.get("context") or 0,
             }

@@ -96,19 +96,25 @@ def request_schemas() -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    entries = _fleet(request).models()
-    data = [
-        {
-            "id": e["name"],
-            "object": "model",
-            "created": _STARTED,
-            "owned_by": "vramgate",
-            "kind": e["kind"],
-            "state": e["state"],
-        }
-        for e in entries
-        if not e["retired"]
-    ]
+    fleet = _fleet(request)
+    data = []
+    for entry in fleet.models():
+        if entry["retired"]:
+            continue
+        card = fleet.card(entry["name"])
+        data.append(
+            {
+                "id": entry["name"],
+                "object": "model",
+                "created": _STARTED,
+                "owned_by": "vramgate",
+                "kind": card.kind,
+                "engine": card.engine,
+                "capabilities": list(card.capabilities),
+                "context_length": card.context_length,
+                "state": entry["state"],
+            }
+        )
     return {"object": "list", "data": data}
 
 

@@ -32,6 +32,7 @@ from app.errors import ModelNotFound
 from app.history import History
 from app.metrics import Metrics
 from app.models.base import ModelHandler
+from app.models.card import ModelCard
 from app.models.registry import ModelRegistry, make_handler
 from app.sched.budget import BudgetBook
 from app.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
@@ -85,6 +86,10 @@ class Fleet:
         self, request: ValidGenerationRequest, watch: ClientWatch | None
     ) -> AdmittedGeneration:
         return await self.lane_for(request.model).generate(request, watch)
+
+    def card(self, model: str) -> ModelCard:
+        """What `model` is (app.models.card), loaded or not; 404 for one not served."""
+        return self.lane_for(model).registry.entry(model).handler.card()
 
     def handler(self, model: str, capability: type[H]) -> H:
         """A serving copy's handler (what describes the model: labels, dimensions)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.device import Device
+from app.models.card import ModelCard
 from app.settings import ModelSpec
 
 
@@ -90,6 +91,31 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+TEMPLATE_MAX_BYTES = 1 << 20
+
+
+def _own_file(folder: Path, name: str) -> Path | None:
+    """`folder/name` if it is a regular file of that folder: no link (a pulled folder
+    whose template links to a private key must not hand the key out), nothing outside."""
+    path = folder / name
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > TEMPLATE_MAX_BYTES:
+        return None
+    if not path.resolve().is_relative_to(folder.resolve()):
+        return None
+    return path
+
+
+def read_chat_template(folder: Path) -> str | None:
+    """A model folder's chat template: its own file, or its tokenizer config's entry;
+    None where it has none (or only behind a link)."""
+    own = _own_file(folder, "chat_template.jinja")
+    if own is not None:
+        return own.read_text(encoding="utf-8", errors="replace")
+    config = _own_file(folder, "tokenizer_config.json")
+    template = read_json_object(config).get("chat_template") if config is not None else None
+    return template if isinstance(template, str) else None
+
+
 def merged_rows(
     parts: list[Prepared], max_batch: int, prepare: Callable[[list[Any]], Prepared]
 ) -> Prepared | None:
@@ -125,6 +151,7 @@ class ModelHandler(ABC):
 
     kind: str
     engine = "torch"  # what runs it (app.models.registry.HANDLERS)
+    capability_names: tuple[str, ...] = ()  # each contract of app.models.kinds adds its own
     dimensions = 0  # an embedding's width, or an image model's class count
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -194,6 +221,29 @@ class ModelHandler(ABC):
         """One unmeasured forward right after loading, so one-time lazy allocations
         (kernels, thread pools) land in the weights baseline and not in a bucket's price."""
         return None
+
+    def capabilities(self) -> tuple[str, ...]:
+        """What every contract it fulfils lets it be asked for (the card's)."""
+        names = (c.__dict__.get("capability_names", ()) for c in type(self).__mro__)
+        return tuple(dict.fromkeys(name for group in names for name in group))
+
+    def card(self) -> ModelCard:
+        """What it is, for routes and people (app.models.card); a handler that knows more
+        of itself (an architecture, a context, a chat template) says it."""
+        architecture, stored = self.kind, "none"
+        path = getattr(self, "path", None)
+        if isinstance(path, Path) and path.is_dir():  # a Hugging Face folder says its family
+            config = read_json_object(path / "config.json")
+            architecture = str(config.get("model_type") or self.kind)
+            stored = "safetensors" if any(path.glob("*.safetensors")) else "none"
+        return ModelCard(
+            kind=self.kind,
+            engine=self.engine,
+            capabilities=self.capabilities(),
+            architecture=architecture,
+            format=stored,
+            quantization=self.dtype,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

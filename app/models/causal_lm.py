@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Prepared, weight_file_bytes
+from app.models.base import Prepared, read_chat_template, read_json_object, weight_file_bytes
+from app.models.card import ModelCard
 from app.models.constrained import Grammars
 from app.models.decoding import (
     DecodeResult,
@@ -37,6 +39,7 @@ from app.models.decoding import (
     TokenStream,
     generation_prepared,
 )
+from app.models.gguf_facts import GgufFacts, read_gguf_facts
 from app.models.kinds import Generator
 from app.models.kv_cache import plain_dynamic
 from app.models.packing import packing_works
@@ -100,6 +103,7 @@ class CausalLMHandler(Generator):
         self._vocab = 0
         self._batcher: StepBatcher | None = None
         self._grammars: Grammars | None = None
+        self._facts: GgufFacts | None = None  # a GGUF file's header, read once for its card
 
     def expected_weights_bytes(self, device: Device) -> int:
         folder, extra = source_of(self.path)
@@ -249,6 +253,24 @@ class CausalLMHandler(Generator):
         logits = (1 if self._keep_last_logits else prompt_tokens) * self._vocab * 4
         fixed = prompt_tokens * self._act_bytes_per_token + logits
         return Geometry(self._kv_bytes_per_token, fixed)
+
+    def card(self) -> ModelCard:
+        folder, extra = source_of(self.path)
+        if extra:  # a GGUF on the torch engine: its header says what it is
+            self._facts = self._facts or read_gguf_facts(self.path)
+            architecture, template = self._facts.architecture, self._facts.chat_template
+        else:
+            config = read_json_object(folder / "config.json")
+            architecture = str(config.get("model_type") or self.kind)
+            # the folder's own files, never through a link (the tokenizer follows them)
+            template = read_chat_template(folder)
+        return replace(
+            super().card(),
+            architecture=architecture,
+            format="gguf" if extra else "safetensors",
+            context_length=self.context,
+            chat_template=template,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

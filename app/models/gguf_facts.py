@@ -26,6 +26,7 @@ class GgufFacts:
     other_bytes: int  # weights outside the blocks (embeddings, output head)
     chat_template: str | None
     file_bytes: int
+    quantization: str = "unknown"  # its file type, as llama.cpp names it: Q4_1, Q8_0, F16
 
     def kv_bytes_per_token(self, kv_type: str, layers: int | None = None) -> int:
         """One token's KV cells in `layers` layers (all, by default) at `kv_type`."""
@@ -88,4 +89,14 @@ def read_gguf_facts(path: Path) -> GgufFacts:
         other_bytes=other,
         chat_template=template if isinstance(template, str) else None,
         file_bytes=path.stat().st_size,
+        quantization=_file_type(get("general.file_type")),
     )
+
+
+def _file_type(value: Any) -> str:
+    import gguf
+
+    try:
+        return gguf.LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        return "unknown"

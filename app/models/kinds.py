@@ -74,6 +74,8 @@ class Embedder(OneShotModel[TextOrIds]):
     """Texts (or token ids) to float32 vectors, `dimensions` wide: `postprocess` gives a
     float32 array, one row per input, in the caller's order."""
 
+    capability_names = ("embedding",)
+
     dimensions: int = 0
     # Narrower widths its vectors keep their meaning at (Matryoshka training): a request's
     # `dimensions` may ask for one; the vector is cut to it and normalised again.
@@ -108,6 +110,7 @@ class ImageModel(OneShotModel[bytes]):
     """Encoded images (PNG, JPEG, ...) to class scores (an array) or images (PNG bytes)."""
 
     labels: Sequence[str] = ()  # the class names of a classifier's scores, in order
+    capability_names = ("image",)
 
     @abstractmethod
     def warmup_image(self) -> bytes:
@@ -127,6 +130,8 @@ class Reranker(OneShotModel[Pair]):
     """(query, document) pairs to relevance scores (a cross-encoder): `postprocess`
     gives a float32 array, one score per pair, in the caller's order."""
 
+    capability_names = ("rerank",)
+
     def warmup_inputs(self) -> list[list[Pair]]:
         return [[("warm up", "a document to warm up with")]]
 
@@ -136,6 +141,8 @@ class Reranker(OneShotModel[Pair]):
 
 class Generator(ModelHandler):
     """A prompt or a chat to text, decoded step by step into a TokenStream."""
+
+    capability_names = ("completion", "tools")
 
     @abstractmethod
     def prepare_generation(

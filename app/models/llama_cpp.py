@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from app.engine.runner_process import Footprint, RunnerFailed, RunnerProcess, ru
 from app.errors import InvalidRequest, RunnerStopped
 from app.llama_runner import RUNNER_COMMAND
 from app.models.base import Prepared
+from app.models.card import ModelCard
 from app.models.decoding import (
     Chat,
     DecodeResult,
@@ -301,6 +303,17 @@ class LlamaCppHandler(Generator):
         """A request costs no device bytes beyond the runner's: its KV cells were
         reserved at load, and it waits for a slot (`cell_capacity`)."""
         return Geometry(0, 0)
+
+    def card(self) -> ModelCard:
+        facts = self.facts()
+        return replace(
+            super().card(),
+            architecture=facts.architecture,
+            format="gguf",
+            quantization=facts.quantization,
+            context_length=self._context_for(facts),
+            chat_template=self.chat_template or facts.chat_template,
+        )
 
     def describe(self) -> dict[str, Any]:
         footprint = self._footprint

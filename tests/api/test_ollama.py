@@ -276,3 +276,39 @@ def test_ps_with_a_keep_alive_longer_than_any_date(served):
     running = {m.model: m for m in client.ps().models}
     assert running[MINILM].expires_at is not None and running[MINILM].expires_at.year == 9999
     client.embed(model=MINILM, input="a cat", keep_alive=-1)
+
+
+def test_show_never_hands_out_a_file_a_models_template_links_to(tmp_path):
+    """A model folder whose chat template is a link to a private file (a key): `/api/show`
+    reads the model's card, which refuses links, and the key stays private."""
+    secret = tmp_path / "id_rsa"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n")
+    tiny = save_random_llama(tmp_path / "tiny", context=256)
+    (tiny / "chat_template.jinja").unlink(missing_ok=True)
+    (tiny / "chat_template.jinja").symlink_to(secret)
+    spec = ModelSpec(name="tiny", kind="generation", path=tiny)
+    settings = make_settings(tmp_path, device="cpu", models=(spec,))
+    with live_server(settings, ready=False) as live:
+        shown = Client(host=live.url).show("tiny")
+    assert "PRIVATE KEY" not in (shown.template or "")
+    assert "secret" not in json.dumps(shown.model_dump(mode="json"))
+
+
+def test_show_and_tags_of_a_gguf_say_its_engine_format_and_quantization(smollm2_gguf, tmp_path):
+    from app.models.gguf_facts import read_gguf_facts
+
+    spec = ModelSpec(name="smol", kind="generation", path=smollm2_gguf, context_length=1024)
+    settings = make_settings(tmp_path, device="cpu", models=(spec,))
+    with live_server(settings, ready=False) as live:
+        client = Client(host=live.url)
+        shown = client.show("smol")
+        (listed,) = client.list().models
+        models = OpenAI(base_url=live.url + "/v1", api_key="x").models.list().data
+    assert shown.template == read_gguf_facts(smollm2_gguf).chat_template
+    assert shown.capabilities == ["completion", "tools"]
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert shown.modelinfo["llama.context_length"] == 1024
+    assert shown.modelinfo["vramgate.engine"] == "llama.cpp"
+    assert (shown.details.format, shown.details.quantization_level) == ("gguf", "Q4_1")
+    assert listed.details.family == "llama"
+    assert models[0].model_dump()["engine"] == "llama.cpp"

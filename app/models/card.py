@@ -1,0 +1,27 @@
+"""A model card: what routes, `/api/show`, `/v1/models`, `/status` and the tray know of a
+model, whatever engine runs it. Read from the handler (its header or config, loaded or
+not), never from a route reading the model's files."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    kind: str  # embedding | generation | rerank | vision | simulated
+    engine: str  # torch | llama.cpp | simulated
+    # what it can be asked for, in Ollama's words where Ollama has them: completion, tools,
+    # embedding, rerank, image (an image model's predict)
+    capabilities: tuple[str, ...]
+    architecture: str  # the family its weights say (llama, bert, ...), else the kind
+    format: str  # gguf | safetensors | torchscript | none
+    quantization: str  # Q4_1, float16, ...: how its weights are stored
+    context_length: int | None = None  # a generation model's tokens per request
+    chat_template: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        found = asdict(self)
+        found["capabilities"] = list(self.capabilities)
+        return found
