@@ -35,6 +35,8 @@ class Pricer:
         return PriceKey(model, bucket, self._device_key, handler.dtype, handler.fingerprint)
 
     def quote(self, handler: Handler, key: PriceKey, prepared: Prepared) -> Quote:
+        if handler.cell_capacity is not None:  # held within its model's reservation
+            return self.book.quote_reserved(key)
         if prepared.kv_bound is not None and isinstance(handler, Generator):
             prompt, tokens = prepared.kv_bound
             return self.book.quote_generation(key, prompt, tokens, handler.geometry(prompt))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from app.core.pricing import Pricer
 from app.core.work import Job, JobResult
 from app.engine.executor import Executor, Measurement
 from app.models.base import Prepared
+from app.models.decoding import DecodeResult, TokenStream
 from app.models.kinds import Generator, OneShotModel
 from app.sched.budget import PriceKey
 from app.sched.tickets import Permit
@@ -74,14 +76,27 @@ class GroupRunner:
         handler = leader.handler
         if leader.stream is not None:
             assert isinstance(handler, Generator)
-            work = self._executor.submit_device(
-                handler.generate, leader.prepared, leader.stream, stream=True
-            )
+            if handler.streams_on_loop:
+                work = asyncio.ensure_future(self._on_loop(handler, leader.prepared, leader.stream))
+            else:
+                work = self._executor.submit_device(
+                    handler.generate, leader.prepared, leader.stream, stream=True
+                )
             return Running(permit, jobs, self._clock(), work, leader.prepared, leader.key)
         assert isinstance(handler, OneShotModel)
         merged, key = self._pricer.group(jobs) or (leader.prepared, leader.key)
         work = self._executor.submit_device(handler.forward, merged)
         return Running(permit, jobs, self._clock(), work, merged, key)
+
+    @staticmethod
+    async def _on_loop(
+        handler: Generator, prepared: Prepared, stream: TokenStream
+    ) -> tuple[DecodeResult, Measurement]:
+        """A generation that another process runs, streamed on the loop: it holds none of
+        our device memory (its KV was reserved with the model), so nothing is measured."""
+        started = time.perf_counter()
+        result = await handler.generate_on_loop(prepared, stream)
+        return result, Measurement(0, time.perf_counter() - started, alone=False)
 
     async def settle(self, run: Running) -> None:
         """Wait for the run's device work, record what it measured, and give every member

@@ -247,10 +247,13 @@ class InferenceService:
         model_wait_s = self.clock() - arrived
         self.in_flight[model] += 1  # from here (no await between): no unload takes it away
         try:
-            cap = self.settings.default_max_tokens
-            prepared = await self.executor.run_cpu(
-                handler.prepare_generation, request.prompt, request.params, cap
-            )
+            cap, prompt, params = self.settings.default_max_tokens, request.prompt, request.params
+            if handler.streams_on_loop:
+                prepared = await handler.prepare_on_loop(prompt, params, cap)
+            else:
+                prepared = await self.executor.run_cpu(
+                    handler.prepare_generation, prompt, params, cap
+                )
         except BaseException:
             self.in_flight[model] -= 1
             raise

@@ -133,6 +133,12 @@ class TokenStream:
         if text:
             self._loop.call_soon_threadsafe(self.deltas.put_nowait, text)
 
+    def push(self, text: str) -> None:
+        """`emit`, called on the loop itself (a generation streamed on the loop)."""
+        self.progress_at = time.monotonic()
+        if text:
+            self.deltas.put_nowait(text)
+
     def close(self) -> None:
         """Called on the loop, after every emit of the run has been delivered."""
         self.deltas.put_nowait(None)

@@ -160,6 +160,21 @@ class Generator(ModelHandler):
         """Generate on the inference pool, emitting text to `stream` as it is decoded and
         stopping before the next step once `stream.cancelled` is set."""
 
+    # A generator whose work runs elsewhere (a runner process) streams on the event loop
+    # instead (`generate_on_loop`): no thread hop per token, whose CPU a runner sharing
+    # a small machine's cores would lose.
+    streams_on_loop = False
+
+    async def generate_on_loop(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
+        raise NotImplementedError("only where streams_on_loop is set")
+
+    async def prepare_on_loop(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    ) -> Prepared:
+        """`prepare_generation` on the loop (where streams_on_loop is set): a runner
+        tokenises, so preparing is waiting, not work for the CPU pool."""
+        raise NotImplementedError("only where streams_on_loop is set")
+
     def warmup_prompts(self) -> list[str]:
         return ["Say hello."]
 

@@ -15,16 +15,17 @@ vramgate's queue for a free slot, never inside llama.cpp.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from app.engine.device import Device
+from app.engine.runner_client import RunnerAnswer, RunnerClient
 from app.engine.runner_process import Footprint, RunnerFailed, RunnerProcess, runner_argv
 from app.errors import InvalidRequest, RunnerStopped
 from app.llama_runner import RUNNER_COMMAND
@@ -76,7 +77,7 @@ class LlamaCppHandler(Generator):
         self.dtype = "gguf"
         self._facts: GgufFacts | None = None
         self._runner: RunnerProcess | None = None
-        self._http: httpx.Client | None = None
+        self._client: RunnerClient | None = None  # its listener, while loaded
         self._device: Device | None = None
         self._footprint = Footprint({}, {})
         self.split: LayerSplit | None = None
@@ -150,13 +151,9 @@ class LlamaCppHandler(Generator):
         self._runner, self._device = runner, device
         self._footprint = runner.footprint()
         device.adopt(int(ready["pid"]), self.weights_bytes())
-        self._http = httpx.Client(
-            base_url=str(ready["address"]),
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=httpx.Timeout(None, connect=10.0),
-            limits=httpx.Limits(max_connections=self.spec.parallel + 4),
-        )
-        props = self._http.get("/props").json()
+        host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
+        self._client = RunnerClient(host, int(port), key)
+        props = asyncio.run(self._client.call("GET", "/props"))  # on the loader's thread
         self.chat_template = props.get("chat_template") or facts.chat_template
         log.info(
             "model %s: runner pid %s, %s, %d cells x %d slots, %.1f MiB on %s",
@@ -196,9 +193,7 @@ class LlamaCppHandler(Generator):
 
     def unload(self) -> None:
         runner, self._runner = self._runner, None
-        if self._http is not None:
-            self._http.close()
-            self._http = None
+        self._client = None
         if runner is not None:
             runner.stop(STOP_GRACE_S)
             if self._device is not None and runner.pid is not None:
@@ -206,17 +201,16 @@ class LlamaCppHandler(Generator):
         self._footprint = Footprint({}, {})
 
     # -- requests ----------------------------------------------------------------------
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self._http is None:
+    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        client = self._client
+        if client is None:
             raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
         try:
-            response = self._http.post(path, json=body)
-        except httpx.HTTPError as exc:
+            found = await client.call("POST", path, body)
+        except RunnerAnswer as answer:
+            raise InvalidRequest(f"model {self.name!r}: {answer}", param="messages") from None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             raise self._stopped(exc) from exc
-        found = response.json()
-        if response.status_code >= 400:
-            message = found.get("error", {}).get("message", response.text)
-            raise InvalidRequest(f"model {self.name!r}: {message}", param="messages")
         return found if isinstance(found, dict) else {}
 
     def _stopped(self, exc: Exception) -> RunnerStopped:
@@ -229,72 +223,85 @@ class LlamaCppHandler(Generator):
             retry_after=1,
         )
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    async def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, as the runner's own template and tokenizer make them."""
         if isinstance(prompt, Chat):
             knows = template_knows_tools(self.chat_template)
             body: dict[str, Any] = {"messages": chat_messages(prompt.messages, prompt.tools, knows)}
             if knows and prompt.tools:
                 body["tools"] = prompt.tools
-            text = self._post("/apply-template", body)["prompt"]
+            text = (await self._call("/apply-template", body))["prompt"]
             special = {"add_special": False, "parse_special": True}
         else:
             text, special = prompt, {"add_special": True, "parse_special": False}
-        return [int(t) for t in self._post("/tokenize", {"content": text, **special})["tokens"]]
+        found = await self._call("/tokenize", {"content": text, **special})
+        return [int(t) for t in found["tokens"]]
 
     def prepare_generation(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    ) -> Prepared:
+        """The same as `prepare_on_loop`, on a thread of its own."""
+        return asyncio.run(self.prepare_on_loop(prompt, params, default_max_tokens))
+
+    async def prepare_on_loop(
         self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
     ) -> Prepared:
         if isinstance(prompt, Chat) and not self.chat_template:
             raise InvalidRequest(
                 f"model {self.name!r} has no chat template; use /v1/completions", param="model"
             )
-        ids = self.encode(prompt)
+        ids = await self.encode(prompt)
         return generation_prepared(
             self.name, ids, params, self.context, default_max_tokens, params.json_schema
         )
 
+    streams_on_loop = True  # its tokens are read on the event loop (app.core.runs)
+
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        """Stream one completion from the runner (on a stream thread, which waits)."""
+        """The same stream on a thread of its own (where no event loop runs it)."""
+        return asyncio.run(self._generate(prepared, stream, stream.emit))
+
+    async def generate_on_loop(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
+        return await self._generate(prepared, stream, stream.push)
+
+    async def _generate(
+        self, prepared: Prepared, stream: TokenStream, emit: Callable[[str], None]
+    ) -> DecodeResult:
+        """Stream one completion from the runner, each piece of text to `emit`."""
         task: GenerationInput = prepared.payload
-        if self._http is None:
+        client = self._client
+        if client is None:
             raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
-        body = completion_body(task)
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
         final: dict[str, Any] = {}
         try:
-            with self._http.stream("POST", "/completion", json=body) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise InvalidRequest(f"model {self.name!r}: {response.text}")
-                for line in response.iter_lines():
-                    if stream.cancelled.is_set():
-                        break  # closing the connection cancels the task in llama.cpp
-                    if not line.startswith("data: "):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        raise InvalidRequest(f"model {self.name!r}: {chunk['error']}")
-                    self.forward_calls += 1
-                    piece = str(chunk.get("content", ""))
-                    text.append(piece)
-                    logprobs.extend(_logprobs(chunk))
-                    stream.emit(piece)
-                    if chunk.get("stop"):
-                        final = chunk
-                        break
-        except httpx.HTTPError as exc:
+            async for chunk in client.events("/completion", completion_body(task)):
+                if stream.cancelled.is_set():
+                    break  # closing the connection cancels the task in llama.cpp
+                if "error" in chunk:
+                    raise InvalidRequest(f"model {self.name!r}: {chunk['error']}")
+                self.forward_calls += 1
+                piece = str(chunk.get("content", ""))
+                text.append(piece)
+                logprobs.extend(_logprobs(chunk))
+                emit(piece)
+                if chunk.get("stop"):
+                    final = chunk
+                    break
+        except RunnerAnswer as answer:
+            raise InvalidRequest(f"model {self.name!r}: {answer}") from None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             raise self._stopped(exc) from exc
         if not final and not stream.cancelled.is_set():
             raise self._stopped(RuntimeError("the stream ended early"))
         produced = int(final.get("tokens_predicted", 0))
+        finish = _FINISH.get(str(final.get("stop_type")), "cancelled") if final else "cancelled"
         return DecodeResult(
             text="".join(text),
             prompt_tokens=prepared.tokens,
             completion_tokens=produced or len(logprobs) or sum(1 for t in text if t),
-            finish_reason=_FINISH.get(str(final.get("stop_type")), "cancelled")
-            if final
-            else "cancelled",
+            finish_reason=finish,
             steps=produced + 1,
             logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
         )

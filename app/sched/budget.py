@@ -48,7 +48,11 @@ MEASURED_MARGIN = 1.1
 GEOMETRY_MARGIN = 1.5
 FILE_VERSION = 2
 
-Source = Literal["learned", "neighbour", "extrapolated", "unseen", "geometry", "learned_rate"]
+# "reserved": a request that holds nothing beyond its model's own reservation (a runner's
+# KV cells, taken at load): it costs no further bytes and is admitted by the model's slots
+Source = Literal[
+    "learned", "neighbour", "extrapolated", "unseen", "geometry", "learned_rate", "reserved"
+]
 
 
 class PriceKey(NamedTuple):
@@ -126,6 +130,12 @@ class BudgetBook:
             guess = math.ceil(low_price * size / max(low_size, 1) * EXTRAPOLATION_MARGIN)
             return Quote(max(guess, floor, prior), True, "extrapolated", expected, floor)
         return Quote(max(prior, floor), True, "unseen", expected, floor)
+
+    def quote_reserved(self, key: PriceKey) -> Quote:
+        """A request whose bytes its model reserved at load: no bytes, never alone, and
+        the run time learned like any bucket's."""
+        entry = self._entries.get(key)
+        return Quote(0, False, "reserved", entry.expected_s() if entry else DEFAULT_RUN_S)
 
     def quote_generation(self, key: PriceKey, size: int, tokens: int, geometry: Geometry) -> Quote:
         """The price of a generation whose KV cache may hold `tokens`; `key.bucket` names

@@ -5,6 +5,7 @@ the layer split on a simulated GPU."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -232,7 +233,9 @@ def test_a_runner_killed_mid_stream_ends_the_stream_with_an_error_and_reloads(sm
 
 
 def runner_gauge(live, name: str) -> float:
-    text = handler(live)._http.get("/metrics").text  # the runner's own figures
+    client = handler(live)._client
+    assert client is not None
+    text = asyncio.run(client.text("/metrics"))  # the runner's own figures
     found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.MULTILINE)
     assert found is not None, text[:400]
     return float(found.group(1))

@@ -1,0 +1,132 @@
+"""Talking to a runner over loopback HTTP, on asyncio's streams: requests by hand, one
+connection each (a response of one shape, from our own child, on 127.0.0.1). The token
+stream is read on the event loop with no thread hop per token: on a small machine every
+bit of our CPU per token is taken from the runner's own threads (measured on 2 cores:
+0.47 ms of server CPU a token through httpx on a stream thread, 0.35 ms this way, and
+the ratio to llama.cpp's own server went from 0.87 to 0.99 for one stream)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+
+class RunnerAnswer(Exception):
+    """The runner answered a request with an error status: its own message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RunnerClient:
+    def __init__(self, host: str, port: int, key: str) -> None:
+        self.host, self.port = host, port
+        self._auth = b"Bearer " + key.encode()
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        """One request, its JSON answer. RunnerAnswer for an error status; OSError (and
+        asyncio.IncompleteReadError, ValueError) when the runner is gone."""
+        reader, writer = await self._send(method, path, body)
+        try:
+            status, chunked, length = await _head(reader)
+            if chunked:
+                content = b"".join([piece async for piece in _pieces(reader, chunked=True)])
+            else:
+                content = await reader.readexactly(length) if length else await reader.read()
+        finally:
+            writer.close()
+        if status >= 400:
+            raise RunnerAnswer(status, _message(content))
+        return orjson.loads(content) if content else None
+
+    async def text(self, path: str) -> str:
+        """A GET whose answer is text (the runner's /metrics)."""
+        reader, writer = await self._send("GET", path, None)
+        try:
+            _, chunked, length = await _head(reader)
+            if chunked:
+                return b"".join([p async for p in _pieces(reader, chunked=True)]).decode()
+            return (await (reader.readexactly(length) if length else reader.read())).decode()
+        finally:
+            writer.close()
+
+    async def events(self, path: str, body: Any) -> AsyncIterator[dict[str, Any]]:
+        """A POST answered with server-sent events: each event's JSON as it comes.
+        Leaving the iteration closes the connection, which cancels the runner's task."""
+        reader, writer = await self._send("POST", path, body)
+        try:
+            status, chunked, _ = await _head(reader)
+            if status >= 400:
+                content = b"".join([p async for p in _pieces(reader, chunked)])
+                raise RunnerAnswer(status, _message(content))
+            pending = b""
+            async for data in _pieces(reader, chunked):
+                pending += data
+                *events, pending = pending.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: "):
+                        yield orjson.loads(event[6:])
+        finally:
+            writer.close()
+
+    async def _send(
+        self, method: str, path: str, body: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        content = b"" if body is None else orjson.dumps(body)
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n".encode()
+            + b"Content-Type: application/json\r\nAuthorization: "
+            + self._auth
+            + b"\r\nContent-Length: "
+            + str(len(content)).encode()
+            + b"\r\n\r\n"
+            + content
+        )
+        await writer.drain()
+        return reader, writer
+
+
+async def _head(reader: asyncio.StreamReader) -> tuple[int, bool, int]:
+    """The status, whether the body is chunked, and its length (0: unsaid)."""
+    status = int((await reader.readline()).split(b" ", 2)[1])
+    chunked, length = False, 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            chunked = value.strip().lower() == b"chunked"
+        elif name == b"content-length":
+            length = int(value.strip())
+    return status, chunked, length
+
+
+async def _pieces(reader: asyncio.StreamReader, chunked: bool) -> AsyncIterator[bytes]:
+    """A response body as it arrives: its chunks, or what each read gives."""
+    while True:
+        if chunked:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            yield (await reader.readexactly(size + 2))[:-2]
+        else:
+            data = await reader.read(65536)
+            if not data:
+                return
+            yield data
+
+
+def _message(content: bytes) -> str:
+    """An error answer's message: llama.cpp's {"error": {"message": ...}}, else its text."""
+    try:
+        found = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content.decode("utf-8", errors="replace")
+    error = found.get("error") if isinstance(found, dict) else None
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return content.decode("utf-8", errors="replace")
