@@ -13,7 +13,12 @@ Runs the real server in-process on the device and prints (and writes to OUT/gpu_
 4. a real device-side assert in a child process, and how vramgate classifies it;
 5. generation (a randomly initialised Llama made on the spot): 4 concurrent chats after
    warm-up (how many ran at once, each one's price and its source), and the learned price
-   of a bucket against the peak of one generation run alone to that bucket's bound.
+   of a bucket against the peak of one generation run alone to that bucket's bound;
+6. llama.cpp's engine (needs xllamacpp's CUDA wheel installed there): a random Llama
+   written as a GGUF, on a device limited so that its layers do not all fit; the layers
+   planned against those llama.cpp logged, the bytes planned against those it logged and
+   those the driver reports for the runner's pid, a chat through it, and the memory back
+   after the unload.
 
 On a machine without CUDA, `--device cpu` runs the same steps as a dry run. The device
 machine has no network: carry the pure dependencies as wheels, e.g.
@@ -230,6 +235,64 @@ def device_side_assert(device_spec: str) -> dict[str, Any]:
     return {"stdout": done.stdout.strip().splitlines(), "exit": done.returncode}
 
 
+def llama_split_check(work: Path, device_spec: str, layers: int = 16) -> dict[str, Any]:
+    """A GGUF larger than the room it is given: the split, planned and as it happened."""
+    from app.models.layer_split import bytes_on_device
+    from app.models.llama_cpp import LlamaCppHandler, llama_cpp_available
+    from app.settings import ModelSpec
+    from tests.live import live_server, make_settings
+    from tests.random_models import save_random_llama, save_random_llama_gguf
+
+    if not llama_cpp_available():
+        return {"skipped": "xllamacpp is not installed here"}
+    folder = save_random_llama(work / "split-llama", hidden=1024, layers=layers, heads=16,
+                               kv_heads=8, context=8192)  # fmt: skip
+    gguf = save_random_llama_gguf(folder, work / "split-llama.gguf")
+    spec = ModelSpec(name="split", kind="generation", path=gguf, context_length=8192,
+                     parallel=4, load="startup")  # fmt: skip
+    facts = LlamaCppHandler(spec).facts()
+    whole = bytes_on_device(facts, facts.layers, "f16", 8192 * 4)
+    probe = make_settings(work / "probe", device=device_spec)
+    with live_server(probe, ready=False) as live:
+        before = live.service.memory.snapshot(fresh=True)
+    room = whole * 6 // 10  # room for about 60% of it (a CPU takes it whole, in RAM)
+    reserve = max(0, before.total - room) if not device_spec.startswith("cpu") else None
+    settings = make_settings(
+        work / "split", device=device_spec, models=(spec,), headroom=0, reserve=reserve
+    )
+    with live_server(settings) as live:
+        row = next(m for m in live.status()["models"] if m["name"] == "split")
+        handler = live.service.registry.entries["split"].handler
+        assert isinstance(handler, LlamaCppHandler)
+        logged = handler.footprint()
+        snap = live.service.memory.snapshot(fresh=True)
+        chat = __import__("httpx").post(live.url + "/v1/chat/completions", timeout=120, json={
+            "model": "split", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+        })  # fmt: skip
+        pid = handler.runner_pid
+        split = handler.split
+        report = {
+            "whole_bytes": whole,
+            "room_bytes": room,
+            "planned_layers": split.on_device if split else None,
+            "logged_layers": f"{logged.layers_on_device}/{logged.layers}",
+            "split": row.get("split"),
+            "planned_device_bytes": split.device_bytes if split else None,
+            "logged_device_bytes": logged.device_bytes,
+            "logged_device": logged.device,
+            "ours_bytes_by_driver_or_log": snap.ours,
+            "chat_status": chat.status_code,
+            "runner_pid": pid,
+        }
+        unloaded = __import__("httpx").post(live.url + "/admin/models/split/unload", timeout=60)
+        report["unload_status"] = unloaded.status_code
+        after = live.service.memory.snapshot(fresh=True)
+        report["used_after_unload_minus_before"] = (after.total - after.free) - (
+            before.total - before.free
+        )
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -328,6 +391,7 @@ def main() -> int:
     report["generation"] = generation_check(
         work, args.device, args.gen_tokens, args.hidden, args.layers
     )
+    report["llama_split"] = llama_split_check(work, args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))
