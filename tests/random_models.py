@@ -84,11 +84,14 @@ def save_random_llama(
     heads: int = 4,
     kv_heads: int = 2,
     context: int = 1024,
+    sliding_window: int | None = None,
 ) -> Path:
     """A Llama-style causal LM with a byte-level BPE tokenizer trained here on a few lines
     (real tokenizer files, any text encodes) and a chat template, saved with
     `save_pretrained`. The end-of-text row of the output layer is zeroed so that greedy
-    decoding never ends early: tests decide how long a generation runs."""
+    decoding never ends early: tests decide how long a generation runs. With a
+    `sliding_window` it is a Mistral (v0.1's attention: its KV cache is a sliding
+    window's, which rows cannot join)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -108,7 +111,14 @@ def save_random_llama(
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
-    config = LlamaConfig(
+    family = {"config": LlamaConfig, "model": LlamaForCausalLM, "extra": {}}
+    if sliding_window is not None:
+        from transformers import MistralConfig, MistralForCausalLM
+
+        extra = {"sliding_window": sliding_window}
+        family = {"config": MistralConfig, "model": MistralForCausalLM, "extra": extra}
+    config = family["config"](
+        **family["extra"],
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -122,7 +132,7 @@ def save_random_llama(
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = family["model"](config)
     with torch.no_grad():
         model.lm_head.weight[tokenizer.eos_token_id].zero_()
     model.save_pretrained(folder)

@@ -35,7 +35,7 @@ class Pricer:
         return PriceKey(model, bucket, self._device_key, handler.dtype, handler.fingerprint)
 
     def quote(self, handler: Handler, key: PriceKey, prepared: Prepared) -> Quote:
-        if handler.cell_capacity is not None:  # held within its model's reservation
+        if handler.requests_reserved:  # held within its model's reservation
             return self.book.quote_reserved(key)
         if prepared.kv_bound is not None and isinstance(handler, Generator):
             prompt, tokens = prepared.kv_bound

@@ -197,6 +197,10 @@ class ModelHandler(ABC):
         tensors = [*module.parameters(), *module.buffers()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    # Whether its requests hold nothing beyond what its load reserved (a runner's KV
+    # cells): they are quoted at no bytes and admitted by `cell_capacity` alone.
+    requests_reserved = False
+
     @property
     def cell_capacity(self) -> int | None:
         """How many of its requests may run at once by the model's own limit (a runner's

@@ -104,6 +104,7 @@ class CausalLMHandler(Generator):
         self._batcher: StepBatcher | None = None
         self._grammars: Grammars | None = None
         self._facts: GgufFacts | None = None  # a GGUF file's header, read once for its card
+        self._rows_join = True  # whether streams can join its running batch (its KV cache)
 
     def expected_weights_bytes(self, device: Device) -> int:
         folder, extra = source_of(self.path)
@@ -128,6 +129,7 @@ class CausalLMHandler(Generator):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._estimate_sizes(config)
         joinable = self._joinable()
+        self._rows_join = joinable
         packable = joinable and self._keep_last_logits
         packable = packable and packing_works(self._model, self._device, self._model.dtype)
         fast = bool(getattr(tokenizer, "is_fast", False))
@@ -155,6 +157,13 @@ class CausalLMHandler(Generator):
         with torch.inference_mode():
             out = self._model(input_ids=torch.tensor([[0]], device=self._device), use_cache=True)
         return plain_dynamic(getattr(out, self._cache_arg, None))
+
+    @property
+    def cell_capacity(self) -> int | None:
+        """One stream at a time where rows cannot join a running batch (a sliding-window
+        cache: Gemma 2/3, Phi-3, Mistral v0.1): the others wait in the queue, where their
+        deadline is the queue's, not on the device, where they would show no progress."""
+        return None if self._rows_join else 1
 
     def _count_forward(self) -> None:
         self.forward_calls += 1  # the batch thread alone writes it; read for /status

@@ -256,6 +256,7 @@ class LlamaCppHandler(Generator):
         )
 
     streams_on_loop = True  # its tokens are read on the event loop (app.core.runs)
+    requests_reserved = True  # its KV cells were reserved at load: slots admit requests
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         """The same stream on a thread of its own (where no event loop runs it)."""
