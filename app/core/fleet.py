@@ -34,7 +34,7 @@ from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.card import ModelCard
 from app.models.registry import ModelRegistry, make_handler
-from app.sched.budget import BudgetBook
+from app.sched.budget import BudgetBook, LoadLedger
 from app.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
 
 log = logging.getLogger("vramgate.fleet")
@@ -277,11 +277,10 @@ def place_models(
     kept: Placement | None = None,
 ) -> Placement:
     """Where each model runs: its own `device`, or where its expected weights fit with
-    the most room (app.core.placement)."""
-    rooms = [
-        Room(device.id, max(0, device.snapshot().total - _reserve(settings, device)))
-        for device in devices
-    ]
+    the most room (app.core.placement): room free now, not the card's total (a display
+    card half used by the desktop has half the room); what we hold ourselves counts as
+    room, as the placement counts our models where they are."""
+    rooms = [Room(device.id, _room(settings, device)) for device in devices]
     wanted = [
         Wanted(s.name, _expected_bytes(settings, s, devices[0]), s.device, s.replicas)
         for s in specs
@@ -290,6 +289,11 @@ def place_models(
     if len(devices) > 1:
         log.info("models placed: %s", {name: list(ids) for name, ids in placement.items()})
     return placement
+
+
+def _room(settings: Settings, device: Device) -> int:
+    snap = device.snapshot()
+    return max(0, snap.free_for_us + snap.ours_allocated - _reserve(settings, device))
 
 
 def _reserve(settings: Settings, device: Device) -> int:
@@ -338,7 +342,7 @@ def build_fleet(
         )
         specs = lane_specs(settings.models, placement, device.id)
         bounds = (settings.max_image_side, settings.max_image_pixels)
-        registry = ModelRegistry(specs, device, bounds)
+        registry = ModelRegistry(specs, device, bounds, LoadLedger(book, device.key))
         lanes.append(
             InferenceService(
                 settings,

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.engine.device import Device
 from app.models.card import ModelCard
+from app.sched.budget import LoadLedger
 from app.settings import ModelSpec
 
 
@@ -196,6 +197,10 @@ class ModelHandler(ABC):
             return 0
         tensors = [*module.parameters(), *module.buffers()]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    # What loads measured (set by the registry): a handler whose load is sized by its
+    # settings (a GGUF's layers and context) plans from it once it has been measured
+    loads: LoadLedger | None = None
 
     # Whether its requests hold nothing beyond what its load reserved (a runner's KV
     # cells): they are quoted at no bytes and admitted by `cell_capacity` alone.

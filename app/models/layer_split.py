@@ -10,6 +10,7 @@ measured: llama.cpp sizes it for one micro-batch (512 tokens) of activations.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,20 +72,24 @@ def plan_split(
     accelerator: bool,
     free_bytes: int | None,
     gpu_layers: int | Literal["auto"] = "auto",
+    scale: float = 1.0,
 ) -> LayerSplit:
     """The split for a load: on the CPU everything is in RAM; on a GPU the layers asked
-    for, or (auto) as many as fit in `free_bytes` (None: all)."""
+    for, or (auto) as many as fit in `free_bytes` (None: all). `scale`: what loads of
+    this model measured against this estimate (learned), applied to every layer count."""
+
+    def held(count: int) -> int:
+        return math.ceil(bytes_on_device(facts, count, kv_type, cells) * scale)
+
     every = facts.layers
     if not accelerator:
         whole = sum(facts.layer_bytes) + facts.other_bytes
         total = whole + facts.kv_bytes_per_token(kv_type) * cells + compute_bytes(facts)
-        return LayerSplit(every, 0, total, accelerator=False)
+        return LayerSplit(every, 0, math.ceil(total * scale), accelerator=False)
     if gpu_layers != "auto":
         count = max(0, min(int(gpu_layers), every))
-        return LayerSplit(every, count, bytes_on_device(facts, count, kv_type, cells), True)
+        return LayerSplit(every, count, held(count), True)
     count = every
-    while count > 0 and free_bytes is not None:
-        if bytes_on_device(facts, count, kv_type, cells) <= free_bytes:
-            break
+    while count > 0 and free_bytes is not None and held(count) > free_bytes:
         count -= 1
-    return LayerSplit(every, count, bytes_on_device(facts, count, kv_type, cells), True)
+    return LayerSplit(every, count, held(count), True)

@@ -16,9 +16,9 @@ vramgate's queue for a free slot, never inside llama.cpp.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +44,7 @@ from app.models.decoding import (
 from app.models.gguf_facts import GgufFacts, read_gguf_facts
 from app.models.kinds import Generator
 from app.models.layer_split import LayerSplit, plan_split
+from app.models.llama_requests import completion_body, decode_result, logprobs_of
 from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
@@ -51,10 +52,8 @@ from app.settings import ModelSpec
 log = logging.getLogger("vramgate.llama_cpp")
 
 LOAD_TIMEOUT_S = 600.0
+MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not simulated)
 STOP_GRACE_S = 5.0
-# llama.cpp's stop types (server-task.cpp): an end-of-generation token, a stop word, or
-# n_predict reached
-_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 
 
 def llama_cpp_available() -> bool:
@@ -95,17 +94,39 @@ class LlamaCppHandler(Generator):
         return min(trained, self.spec.max_context)
 
     def planned_split(self, device: Device, free_bytes: int | None = None) -> LayerSplit:
-        """How many layers go to `device` for this spec (all of them on the CPU)."""
+        """How many layers go to `device` for this spec (all of them on the CPU): from
+        the GGUF's own geometry, corrected by what a load of the same settings measured
+        once there is one (`loads`)."""
         facts = self.facts()
         cells = self._context_for(facts) * self.spec.parallel
-        return plan_split(
-            facts,
-            kv_type=self.spec.kv_cache_type,
-            cells=cells,
-            accelerator=device.kind != "cpu",  # a simulated GPU is split like a real one
-            free_bytes=free_bytes,
-            gpu_layers=self.spec.gpu_layers,
-        )
+
+        def plan(scale: float) -> LayerSplit:
+            return plan_split(
+                facts,
+                kv_type=self.spec.kv_cache_type,
+                cells=cells,
+                accelerator=device.kind != "cpu",  # a simulated GPU is split like a real one
+                free_bytes=free_bytes,
+                gpu_layers=self.spec.gpu_layers,
+                scale=scale,
+            )
+
+        estimate = plan(1.0)
+        learned = self._learned(device, estimate.on_device)
+        if learned is None or estimate.device_bytes <= 0:
+            return estimate
+        return plan(learned / estimate.device_bytes)
+
+    def _load_config(self, layers: int) -> str:
+        """The settings that size a load, as the ledger keeps them."""
+        context = self._context_for(self.facts())
+        return f"c{context}p{self.spec.parallel}k{self.spec.kv_cache_type}l{layers}"
+
+    def _learned(self, device: Device, layers: int) -> int | None:
+        if self.loads is None or device.kind not in MEASURED_ON:
+            return None
+        fingerprint = self.fingerprint or self.identify()
+        return self.loads.learned(self.name, self.dtype, fingerprint, self._load_config(layers))
 
     def expected_weights_bytes(self, device: Device) -> int:
         return self.planned_split(device).device_bytes
@@ -147,10 +168,18 @@ class LlamaCppHandler(Generator):
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CUDA build on a CPU device stays off the GPU
         argv = runner_argv("app.llama_runner", RUNNER_COMMAND)
         runner = RunnerProcess(self.name, argv, env)
+        started = time.perf_counter()
         ready = runner.start(config, LOAD_TIMEOUT_S)
         self._runner, self._device = runner, device
         self._footprint = runner.footprint()
         device.adopt(int(ready["pid"]), self.weights_bytes())
+        if self.loads is not None and device.kind in MEASURED_ON:
+            fingerprint = self.fingerprint or self.identify()
+            where = self._load_config(self.split.on_device)
+            load_s = time.perf_counter() - started
+            self.loads.record(
+                self.name, self.dtype, fingerprint, where, self.weights_bytes(), load_s
+            )
         host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
         self._client = RunnerClient(host, int(port), key)
         props = asyncio.run(self._client.call("GET", "/props"))  # on the loader's thread
@@ -285,7 +314,7 @@ class LlamaCppHandler(Generator):
                 self.forward_calls += 1
                 piece = str(chunk.get("content", ""))
                 text.append(piece)
-                logprobs.extend(_logprobs(chunk))
+                logprobs.extend(logprobs_of(chunk))
                 emit(piece)
                 if chunk.get("stop"):
                     final = chunk
@@ -296,16 +325,7 @@ class LlamaCppHandler(Generator):
             raise self._stopped(exc) from exc
         if not final and not stream.cancelled.is_set():
             raise self._stopped(RuntimeError("the stream ended early"))
-        produced = int(final.get("tokens_predicted", 0))
-        finish = _FINISH.get(str(final.get("stop_type")), "cancelled") if final else "cancelled"
-        return DecodeResult(
-            text="".join(text),
-            prompt_tokens=prepared.tokens,
-            completion_tokens=produced or len(logprobs) or sum(1 for t in text if t),
-            finish_reason=finish,
-            steps=produced + 1,
-            logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
-        )
+        return decode_result(final, text, logprobs, prepared)
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         """A request costs no device bytes beyond the runner's: its KV cells were
@@ -340,45 +360,6 @@ class LlamaCppHandler(Generator):
                 "host": footprint.host,
             },
         }
-
-
-def completion_body(task: GenerationInput) -> dict[str, Any]:
-    """llama.cpp's /completion request for a validated generation."""
-    p = task.params
-    body: dict[str, Any] = {
-        "prompt": task.prompt_ids,
-        "n_predict": task.max_tokens,
-        "stream": True,
-        "cache_prompt": True,
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k,
-        "min_p": p.min_p,
-        "stop": list(p.stop),
-        "presence_penalty": p.presence_penalty,
-        "frequency_penalty": p.frequency_penalty,
-        "repeat_penalty": p.repetition_penalty,
-        "seed": p.seed if p.seed is not None else secrets.randbelow(2**31),
-        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
-    }
-    if p.logit_bias:
-        body["logit_bias"] = [[token, bias] for token, bias in p.logit_bias]
-    if p.logprobs is not None:
-        body["n_probs"] = max(1, p.logprobs)
-    if task.grammar is not None:
-        body["json_schema"] = json.loads(task.grammar)
-    return body
-
-
-def _logprobs(chunk: dict[str, Any]) -> list[TokenLogprob]:
-    found = []
-    for item in chunk.get("completion_probabilities") or []:
-        top = tuple(
-            (str(t.get("token", "")), float(t.get("logprob", 0.0)))
-            for t in item.get("top_logprobs") or []
-        )
-        found.append(TokenLogprob(str(item.get("token", "")), float(item["logprob"]), top))
-    return found
 
 
 __all__ = ["LlamaCppHandler", "RunnerFailed", "llama_cpp_available"]

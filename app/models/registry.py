@@ -18,6 +18,7 @@ from app.models.llama_cpp import LlamaCppHandler, llama_cpp_available
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
+from app.sched.budget import LoadLedger
 from app.settings import ModelSpec
 
 log = logging.getLogger("vramgate.registry")
@@ -90,17 +91,24 @@ class ModelRegistry:
         specs: tuple[ModelSpec, ...],
         device: Device,
         image_bounds: tuple[int, int] = (4096, 2**24),
+        loads: LoadLedger | None = None,
     ) -> None:
+        """`loads`: what loads measured, which handlers that size their loads read."""
         self.device = device
         self._image_bounds = image_bounds
-        self.entries = {spec.name: ModelEntry(make_handler(spec, image_bounds)) for spec in specs}
+        self._loads = loads
+        self.entries = {spec.name: ModelEntry(self._handler(spec)) for spec in specs}
+
+    def _handler(self, spec: ModelSpec) -> ModelHandler:
+        handler = make_handler(spec, self._image_bounds)
+        handler.loads = self._loads
+        return handler
 
     def add(self, spec: ModelSpec) -> None:
         """Serve a model from now (not loaded yet), or replace an unloaded one's entry."""
         current = self.entries.get(spec.name)
         assert current is None or current.state in ("unloaded", "failed"), "replace unloaded"
-        handler = make_handler(spec, self._image_bounds)
-        self.entries[spec.name] = ModelEntry(handler, state="unloaded")
+        self.entries[spec.name] = ModelEntry(self._handler(spec), state="unloaded")
 
     def remove(self, name: str) -> None:
         """Forget an unloaded model."""

@@ -356,3 +356,27 @@ class BudgetBook:
             if k.family() == key.family() and e.size >= size and e.run_s
         ]
         return min(times) if times else DEFAULT_RUN_S
+
+
+class LoadLedger:
+    """What a model's loads measured, by the settings that size them (for a GGUF: its
+    context, slots, KV type and layers on the device), kept in the book with the prices
+    (as the bucket `load:...` of the model's weights on this device) and used from the
+    next load on instead of the estimate. Pure: the book persists it."""
+
+    def __init__(self, book: BudgetBook, device_key: str) -> None:
+        self._book = book
+        self._device_key = device_key
+
+    def _key(self, model: str, dtype: str, fingerprint: str, config: str) -> PriceKey:
+        return PriceKey(model, f"load:{config}", self._device_key, dtype, fingerprint)
+
+    def learned(self, model: str, dtype: str, fingerprint: str, config: str) -> int | None:
+        """The P95 of the bytes such loads measured; None before one was measured."""
+        entry = self._book._entries.get(self._key(model, dtype, fingerprint, config))
+        return entry.price() if entry is not None else None
+
+    def record(
+        self, model: str, dtype: str, fingerprint: str, config: str, nbytes: int, load_s: float
+    ) -> None:
+        self._book.record(self._key(model, dtype, fingerprint, config), 0, nbytes, load_s)

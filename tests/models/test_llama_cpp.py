@@ -319,3 +319,30 @@ def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers
         model="smol", messages=QUESTION, temperature=0, max_tokens=12
     )
     assert "Paris" in answer.choices[0].message.content
+
+
+def test_a_second_load_is_admitted_for_what_the_first_measured_kept_with_the_prices(
+    smollm2_gguf, tmp_path
+):
+    """The estimate (the GGUF's geometry and a compute-buffer prior) admits the first
+    load; what llama.cpp's log then measured admits the next one, also after a restart
+    (the ledger lives in the price book's file)."""
+    from app.engine.device import CpuDevice
+    from app.sched.budget import BudgetBook, LoadLedger
+
+    device = CpuDevice()
+    spec = ModelSpec(name="smol", kind="generation", path=smollm2_gguf, context_length=1024)
+    book = BudgetBook(tmp_path / "prices.json")
+    first = LlamaCppHandler(spec)
+    first.loads = LoadLedger(book, device.key)
+    estimate = first.fitted_bytes(device, 2**40)
+    first.load(device)
+    try:
+        measured = first.weights_bytes()
+    finally:
+        first.unload()
+    assert measured != estimate  # the compute buffer's prior is not what llama.cpp took
+    book.save()
+    again = LlamaCppHandler(spec)
+    again.loads = LoadLedger(BudgetBook(tmp_path / "prices.json"), device.key)
+    assert again.fitted_bytes(device, 2**40) == measured

@@ -1,0 +1,72 @@
+"""llama.cpp's `/completion` in our types: the request a validated generation becomes,
+and what its server-sent events say (text, log-probabilities, why it stopped). Field
+names as llama.cpp's server reads and writes them (tools/server/README.md)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from app.models.base import Prepared
+from app.models.decoding import DecodeResult, GenerationInput, TokenLogprob
+
+# llama.cpp's stop types (server-task.cpp): an end-of-generation token, a stop word, or
+# n_predict reached
+_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+
+
+def completion_body(task: GenerationInput) -> dict[str, Any]:
+    """llama.cpp's /completion request for a validated generation."""
+    p = task.params
+    body: dict[str, Any] = {
+        "prompt": task.prompt_ids,
+        "n_predict": task.max_tokens,
+        "stream": True,
+        "cache_prompt": True,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "min_p": p.min_p,
+        "stop": list(p.stop),
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "repeat_penalty": p.repetition_penalty,
+        "seed": p.seed if p.seed is not None else secrets.randbelow(2**31),
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    }
+    if p.logit_bias:
+        body["logit_bias"] = [[token, bias] for token, bias in p.logit_bias]
+    if p.logprobs is not None:
+        body["n_probs"] = max(1, p.logprobs)
+    if task.grammar is not None:
+        body["json_schema"] = json.loads(task.grammar)
+    return body
+
+
+def logprobs_of(chunk: dict[str, Any]) -> list[TokenLogprob]:
+    found = []
+    for item in chunk.get("completion_probabilities") or []:
+        top = tuple(
+            (str(t.get("token", "")), float(t.get("logprob", 0.0)))
+            for t in item.get("top_logprobs") or []
+        )
+        found.append(TokenLogprob(str(item.get("token", "")), float(item["logprob"]), top))
+    return found
+
+
+def decode_result(
+    final: dict[str, Any], text: list[str], logprobs: list[TokenLogprob], prepared: Prepared
+) -> DecodeResult:
+    """A finished (or cancelled: no `final` event) completion as our DecodeResult."""
+    task: GenerationInput = prepared.payload
+    produced = int(final.get("tokens_predicted", 0))
+    finish = _FINISH.get(str(final.get("stop_type")), "cancelled") if final else "cancelled"
+    return DecodeResult(
+        text="".join(text),
+        prompt_tokens=prepared.tokens,
+        completion_tokens=produced or len(logprobs) or sum(1 for t in text if t),
+        finish_reason=finish,
+        steps=produced + 1,
+        logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
+    )
