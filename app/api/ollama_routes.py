@@ -228,7 +228,7 @@ async def embed(request: Request) -> Response:
     body = await _body(request, EmbedBody)
     valid = validate_embedding_request(body.as_openai(), fleet.settings)
     with client_watch(request) as watch:
-        result = await fleet.embed(valid, watch)
+        result = await fleet.run(valid, watch)
     answer = {
         "model": body.model,
         "embeddings": result.output,
@@ -247,7 +247,7 @@ async def embeddings(request: Request) -> Response:
     openai = EmbeddingRequest(model=body.model, input=body.prompt, keep_alive=body.keep_alive)
     valid = validate_embedding_request(openai, fleet.settings)
     with client_watch(request) as watch:
-        result = await fleet.embed(valid, watch)
+        result = await fleet.run(valid, watch)
     return _json_response({"embedding": result.output[0]}, result.cost)
 
 

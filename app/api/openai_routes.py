@@ -129,7 +129,7 @@ async def create_embeddings(request: Request) -> Response:
         raise from_validation_errors(exc.errors()) from None
     valid = validate_embedding_request(body, fleet.settings)
     with client_watch(request) as watch:
-        result = await fleet.embed(valid, watch)
+        result = await fleet.run(valid, watch)
     return Response(
         encode_embeddings(valid, result),
         media_type="application/json",

@@ -65,7 +65,7 @@ async def rerank(request: Request) -> Response:
         body.model, body.query, documents, body.top_n, body.return_documents, body.keep_alive
     )
     with client_watch(request) as watch:
-        result = await fleet.rerank(valid, watch)
+        result = await fleet.run(valid, watch)
     ranked = sorted(range(len(documents)), key=lambda i: -float(result.output[i]))
     results: list[dict[str, Any]] = []
     for index in ranked[: body.top_n or len(documents)]:

@@ -63,7 +63,7 @@ async def predict(
     fleet: Fleet = request.app.state.fleet
     valid = await read_images(request, model, fleet.settings)
     with client_watch(request) as watch:
-        result = await fleet.predict(valid, watch)
+        result = await fleet.run(valid, watch)
     headers = {**result.cost.headers(), "X-Content-Type-Options": "nosniff"}
     if isinstance(result.output, np.ndarray):
         labels = fleet.handler(model, ImageModel).labels

@@ -16,12 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from app.core.placement import Load, Placement, Room, Wanted, place, soonest
-from app.core.requests import (
-    ValidEmbeddingRequest,
-    ValidGenerationRequest,
-    ValidImageRequest,
-    ValidRerankRequest,
-)
+from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.service import DRAIN_S, InferenceService
 from app.core.snapshot import CoreSnapshot, least_advanced, set_price_gauges, status_document
 from app.core.watch import ClientWatch
@@ -73,14 +68,9 @@ class Fleet:
         loads = [_load_of(lane, model) for lane in lanes]
         return self._by_id[soonest(loads)]
 
-    async def embed(self, request: ValidEmbeddingRequest, watch: ClientWatch) -> InferenceResult:
-        return await self.lane_for(request.model).embed(request, watch)
-
-    async def predict(self, request: ValidImageRequest, watch: ClientWatch) -> InferenceResult:
-        return await self.lane_for(request.model).predict(request, watch)
-
-    async def rerank(self, request: ValidRerankRequest, watch: ClientWatch) -> InferenceResult:
-        return await self.lane_for(request.model).rerank(request, watch)
+    async def run(self, request: OneShotRequest, watch: ClientWatch) -> InferenceResult:
+        """Any one-shot request, on the device that admits it soonest."""
+        return await self.lane_for(request.model).run(request, watch)
 
     async def generate(
         self, request: ValidGenerationRequest, watch: ClientWatch | None

@@ -1,29 +1,76 @@
 """Validated requests: what the routes hand the core. Each is built by app.api.schemas
-after every check that needs no model (bounds, lengths, formats) has passed."""
+after every check that needs no model (bounds, lengths, formats) has passed.
+
+A one-shot request (inputs in, one output row each, out) is a `OneShotRequest`: it names
+the capability it needs (an app.models.kinds contract) and its inputs, and may refuse
+what only its model can judge and shape what its model gave. The core runs every such
+request through one door (`InferenceService.run`, `Fleet.run`): a new kind of one-shot
+model adds a request type and a capability, not a method in each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from app.models.decoding import Prompt, SamplingParams
+from app.models.kinds import Embedder, ImageModel, OneShotModel, Reranker
+
+if TYPE_CHECKING:
+    from app.core.work import InferenceResult
+    from app.errors import VramgateError
+
+
+class OneShotRequest:
+    """What the core needs of a validated one-shot request."""
+
+    model: str
+    keep_alive: float | None  # seconds its model stays loaded idle (inf: for good)
+    capability: ClassVar[type[OneShotModel[Any]]]
+
+    def items(self) -> list[Any]:
+        """The inputs its model's preprocess takes, one row each."""
+        raise NotImplementedError
+
+    def refusal(self, handler: Any) -> VramgateError | None:
+        """Why its model cannot serve it (a check that needs the model); None: it can."""
+        return None
+
+    def finish(self, handler: Any, result: InferenceResult) -> InferenceResult:
+        """The model's rows as the caller asked for them."""
+        return result
 
 
 @dataclass(frozen=True)
-class ValidEmbeddingRequest:
+class ValidEmbeddingRequest(OneShotRequest):
     model: str
     inputs: list[str | list[int]]  # texts, or token ids of the model's own tokenizer
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
-    keep_alive: float | None = None  # seconds its model stays loaded idle (inf: for good)
+    keep_alive: float | None = None
+    capability: ClassVar[type[OneShotModel[Any]]] = Embedder
+
+    def items(self) -> list[Any]:
+        return list(self.inputs)
+
+    def refusal(self, handler: Embedder) -> VramgateError | None:
+        return handler.width_refused(self.model, self.dimensions)
+
+    def finish(self, handler: Embedder, result: InferenceResult) -> InferenceResult:
+        if self.dimensions is None:
+            return result
+        return replace(result, output=handler.cut(result.output, self.dimensions))
 
 
 @dataclass(frozen=True)
-class ValidImageRequest:
+class ValidImageRequest(OneShotRequest):
     model: str
     images: list[bytes]
     top_k: int = 5
     keep_alive: float | None = None
+    capability: ClassVar[type[OneShotModel[Any]]] = ImageModel
+
+    def items(self) -> list[Any]:
+        return list(self.images)
 
 
 @dataclass(frozen=True)
@@ -42,10 +89,15 @@ class ValidGenerationRequest:
 
 
 @dataclass(frozen=True)
-class ValidRerankRequest:
+class ValidRerankRequest(OneShotRequest):
     model: str
     query: str
     documents: list[str]
     top_n: int | None = None  # None: every document
     return_documents: bool = False
     keep_alive: float | None = None
+    capability: ClassVar[type[OneShotModel[Any]]] = Reranker
+
+    def items(self) -> list[Any]:
+        """(query, document) pairs, in the documents' order."""
+        return [(self.query, document) for document in self.documents]

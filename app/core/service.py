@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from app.core.exercise import exercise, probe_loop
@@ -24,12 +23,7 @@ from app.core.keep_alive import InFlight
 from app.core.lifecycle import ModelLifecycle
 from app.core.memory import MemoryView
 from app.core.pricing import Handler, Pricer
-from app.core.requests import (
-    ValidEmbeddingRequest,
-    ValidGenerationRequest,
-    ValidImageRequest,
-    ValidRerankRequest,
-)
+from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.scheduler import Limits, Scheduler
 from app.core.snapshot import CoreSnapshot
 from app.core.state import ServerState
@@ -50,7 +44,7 @@ from app.history import History
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.decoding import TokenStream
-from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel, Reranker
+from app.models.kinds import Generator, OneShotModel
 from app.models.registry import ModelRegistry
 from app.sched.budget import BudgetBook
 from app.settings import Settings
@@ -205,37 +199,21 @@ class InferenceService:
         await exercise(self, model, handler, probe_only=False)
 
     # -- the front door ----------------------------------------------------------------
-    async def embed(
-        self, request: ValidEmbeddingRequest, watch: ClientWatch | None = None
+    async def run(
+        self, request: OneShotRequest, watch: ClientWatch | None = None
     ) -> InferenceResult:
+        """Any one-shot request (app.core.requests): its model, if it can do what the
+        request needs and accepts it; then its rows, queued, run and shaped."""
         keep, arrived = request.keep_alive, self.clock()
-        handler = await self.serving(request.model, Embedder, probe=False, keep_alive=keep)
-        width = request.dimensions
-        if (error := handler.width_refused(request.model, width)) is not None:
+        handler = await self.serving(
+            request.model, request.capability, probe=False, keep_alive=keep
+        )
+        if (error := request.refusal(handler)) is not None:
             self._refused(request.model, error)
             raise error
         model_wait_s = self.clock() - arrived
-        result = await self.one_shot(request.model, handler, request.inputs, watch, model_wait_s)
-        return (
-            result if width is None else replace(result, output=handler.cut(result.output, width))
-        )
-
-    async def predict(
-        self, request: ValidImageRequest, watch: ClientWatch | None = None
-    ) -> InferenceResult:
-        keep, arrived = request.keep_alive, self.clock()
-        handler = await self.serving(request.model, ImageModel, probe=False, keep_alive=keep)
-        model_wait_s = self.clock() - arrived
-        return await self.one_shot(request.model, handler, request.images, watch, model_wait_s)
-
-    async def rerank(
-        self, request: ValidRerankRequest, watch: ClientWatch | None = None
-    ) -> InferenceResult:
-        """Relevance scores of the documents for the query, in the documents' order."""
-        keep, arrived = request.keep_alive, self.clock()
-        handler = await self.serving(request.model, Reranker, probe=False, keep_alive=keep)
-        pairs = [(request.query, document) for document in request.documents]
-        return await self.one_shot(request.model, handler, pairs, watch, self.clock() - arrived)
+        result = await self.one_shot(request.model, handler, request.items(), watch, model_wait_s)
+        return request.finish(handler, result)
 
     async def generate(
         self, request: ValidGenerationRequest, watch: ClientWatch | None, *, probe: bool = False

@@ -72,7 +72,7 @@ async def until(condition, what: str = "") -> None:
 
 async def ask(service, keep_alive: float | None = None) -> None:
     request = ValidEmbeddingRequest("sim", ["one two three"], keep_alive=keep_alive)
-    await service.embed(request)
+    await service.run(request)
 
 
 async def unloads_now(service) -> bool:
