@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.pull import PullError, pull, remove_from_config
+from app.model_folders import remove_model
+from app.pull import PullError, pull
 from app.settings import ModelSpec, Settings, config_path, load_settings
 
 MiB = 2**20
@@ -281,14 +282,15 @@ def rm_command(args: argparse.Namespace, ask: Callable[[str], str] = input) -> i
             return 1
         if args.name in loaded:
             server.call(f"/admin/models/{args.name}/unload", "POST", timeout=120)
-        remove_from_config(config_file, args.name, settings.models)
-        if inside and folder is not None:
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
+        aside = folder if inside else None
+        left = remove_model(
+            config_file, args.name, settings.resolved_models_dir, settings.models, aside
+        )
     except (PullError, ValueError, OSError, ServerError) as exc:
         _err(f"vramgate rm: {exc}")
         return 1
     print(f"removed {what}")
+    if left:
+        _err(f"vramgate rm: {left}")
     server.reread(print)
     return 0

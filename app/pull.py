@@ -10,29 +10,29 @@ Sources (told apart and checked in app.pull_source):
 A GGUF is kept as it is, in a folder of its own with the `mmproj` file beside it when it
 came with one, and served by llama.cpp's engine (app.models.llama_cpp). Where that engine
 is not installed, or `convert=True` (`pull --convert`) asks for the torch engine, it is
-converted once, here, to a safetensors folder (dequantised to float16), and the
-conversion is checked by comparing the two models' logits.
+converted once, here, to a safetensors folder in 16-bit, tensor by tensor
+(app.gguf_conversion).
 """
 
 from __future__ import annotations
 
+import gc
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from app.model_config import add_to_config, check_name_free
+from app.model_config import remove_from_config as remove_from_config  # app.api imports it here
+from app.model_folders import left_behind, moved_in, remove_tree, scratch_folder
 from app.pull_source import PullError, Source, parse_source, regular_files
-from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings, read_config_file, tomllib
+from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings
 
 COPY_CHUNK = 8 * 2**20
-MAX_LOGIT_DIFF = 0.05  # float16 rounding of dequantised weights, measured in logits
 Kind = Literal["embedding", "generation", "rerank"]
 
 
@@ -234,45 +234,6 @@ def default_name(model: Path) -> str:
     return name
 
 
-def convert_gguf(gguf: Path, target: Path, progress: Progress) -> None:
-    """Dequantise a GGUF once into a float16 safetensors folder, and check it."""
-    import torch
-
-    from app.models.causal_lm import load_causal_lm
-
-    progress.step(f"converting {gguf.name} to a safetensors folder (once)")
-    tokenizer, model = load_causal_lm(gguf, torch.float32)
-    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
-    with torch.inference_mode():  # before `to` rounds the model to float16 in place
-        want = model(input_ids=ids).logits
-    # The loaded model is marked as GGUF-quantised; its tensors are plain floats to save.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.to(torch.float16).save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    del model
-    progress.step("checking the converted model against the GGUF")
-    diff = check_conversion(want, ids, target)
-    progress.step(f"checked: the converted model's logits match the GGUF's within {diff:.4f}")
-
-
-def check_conversion(want: Any, ids: Any, target: Path) -> float:
-    """The converted folder, loaded as a user's model is, against the GGUF's own logits
-    (`want`, computed before conversion) for the prompt `ids`: their largest difference."""
-    import torch
-
-    from app.models.causal_lm import load_causal_lm
-
-    _, converted = load_causal_lm(target, torch.float32)
-    with torch.inference_mode():
-        got = converted(input_ids=ids).logits
-    diff = float((want - got).abs().max())
-    if not diff <= MAX_LOGIT_DIFF:  # NaN (a weight beyond float16's range) fails too
-        raise PullError(f"the converted model differs from the GGUF (logits by {diff:.3f})")
-    return diff
-
-
 def copy_model(model: Path, target: Path, progress: Progress) -> None:
     files = regular_files(model)  # refuses links and special files before a byte is read
     progress.begin(f"copying {model.name}", sum(p.stat().st_size for p in files))
@@ -284,88 +245,6 @@ def copy_model(model: Path, target: Path, progress: Progress) -> None:
                 writing.write(chunk)
                 progress.advance(len(chunk))
     progress.end()
-
-
-def add_to_config(config_file: Path, spec: ModelSpec, current: tuple[ModelSpec, ...]) -> None:
-    """Append a [[models]] table. A file that listed no models served the defaults: they
-    are written first so that adding a model keeps them."""
-    listed = check_name_free(config_file, spec.name, current)
-    tables = [] if listed is not None else [_toml_table(m) for m in current]
-    tables.append(_toml_table(spec))
-    before = config_file.read_text(encoding="utf-8") if config_file.is_file() else ""
-    config_file.parent.mkdir(parents=True, exist_ok=True)
-    joined = before.rstrip("\n") + ("\n\n" if before.strip() else "") + "\n\n".join(tables)
-    config_file.write_text(joined + "\n", encoding="utf-8")
-    try:
-        read_config_file(config_file)
-    except ValueError as exc:
-        config_file.write_text(before, encoding="utf-8")
-        raise PullError(f"{config_file} would not parse with the model added: {exc}") from exc
-
-
-def remove_from_config(config_file: Path, name: str, current: tuple[ModelSpec, ...]) -> None:
-    """Take the [[models]] table `name` (and its sub-tables) out; every other line stays."""
-    listed = read_config_file(config_file).get("models")
-    if listed is None:
-        raise PullError(
-            f"{config_file} lists no models: {name} is served by default; list the models "
-            "to serve there instead"
-        )
-    before = config_file.read_text(encoding="utf-8")
-    blocks: list[list[str]] = [[]]
-    for line in before.splitlines(keepends=True):
-        header = line.strip()
-        if header.startswith("[") and not header.startswith(("[models.", "[[models.")):
-            tail = blocks[-1]  # comments just above a table are the next table's
-            keep = len(tail)
-            while keep and tail[keep - 1].strip().startswith("#"):
-                keep -= 1
-            blocks[-1], moved = tail[:keep], tail[keep:]
-            blocks.append(moved)
-        blocks[-1].append(line)
-    kept = [block for block in blocks if not _names_model(block, name)]
-    if len(kept) == len(blocks):
-        raise PullError(f"{config_file}: {name} is not a [[models]] table; remove it by hand")
-    config_file.write_text("".join("".join(block) for block in kept), encoding="utf-8")
-    try:
-        names = [m.get("name") for m in read_config_file(config_file).get("models", [])]
-    except ValueError as exc:
-        names = [f"unreadable: {exc}"]
-    if names != [m.name for m in current if m.name != name]:
-        config_file.write_text(before, encoding="utf-8")
-        raise PullError(f"{config_file} did not read as expected without {name}; left as it was")
-
-
-def _names_model(block: list[str], name: str) -> bool:
-    lines = [line for line in block if not line.strip().startswith("#")]
-    if not lines or lines[0].strip() != "[[models]]":
-        return False
-    own = [line.strip().startswith("[") for line in lines[1:]] + [True]
-    body = "".join(lines[1 : 1 + own.index(True)])  # up to its first sub-table
-    try:
-        return bool(tomllib.loads(body).get("name") == name)
-    except tomllib.TOMLDecodeError:
-        return False
-
-
-def check_name_free(
-    config_file: Path, name: str, current: tuple[ModelSpec, ...]
-) -> list[Any] | None:
-    """The config's model tables (None if it lists none); refuses a name in use."""
-    listed = read_config_file(config_file).get("models")
-    if listed is not None and not isinstance(listed, list):
-        raise PullError(f"{config_file}: `models` is not a list of tables; add the model by hand")
-    names = {m.get("name") for m in listed} if listed is not None else {m.name for m in current}
-    if name in names:
-        raise PullError(f"{config_file} already has a model named {name!r}; pass --name")
-    return listed
-
-
-def _toml_table(spec: ModelSpec) -> str:
-    lines = ["[[models]]", f"name = {json.dumps(spec.name)}", f"kind = {json.dumps(spec.kind)}"]
-    if spec.path is not None:
-        lines.append(f"path = {json.dumps(str(spec.path))}")  # JSON escapes are TOML's
-    return "\n".join(lines)
 
 
 def pull(
@@ -381,35 +260,62 @@ def pull(
 ) -> ModelSpec:
     """`convert`: a GGUF becomes a safetensors folder for the torch engine (the default
     keeps it for llama.cpp's, where that is installed)."""
-    from app.models.llama_cpp import llama_cpp_available
-
     progress = progress or Progress()
     source = parse_source(text)
     models_dir = settings.resolved_models_dir
     models_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="pull-", dir=models_dir) as scratch:
-        model = locate(fetch(source, Path(scratch), progress))
-        name = name or default_name(model)
-        if not re.match(MODEL_NAME_PATTERN, name):
-            raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
-        target = models_dir / name
-        if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
-            raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
-        if target.exists() and not force:
-            raise PullError(f"{target} exists; pass --force to replace it")
-        check_name_free(config_file, name, settings.models)  # before anything is written
-        staging = Path(scratch) / "model"
-        path = target
-        if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):
-            convert_gguf(model, staging, progress)
-        elif model.suffix.lower() == ".gguf":
-            path = target / keep_gguf(model, staging, progress).name
-        else:
-            copy_model(model, staging, progress)
-        spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=path)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    add_to_config(config_file, spec, settings.models)
-    progress.step(f"pulled {name} ({spec.kind}) into {target}; added to {config_file}")
+    scratch = scratch_folder(models_dir)
+    try:
+        spec = _pull_into(
+            source, settings, config_file, scratch, name, kind, force, convert, progress
+        )
+    finally:
+        left = remove_tree(scratch)
+        if left:
+            progress.step(left_behind(scratch, left))
+    progress.step(
+        f"pulled {spec.name} ({spec.kind}) into {models_dir / spec.name}; added to {config_file}"
+    )
+    return spec
+
+
+def _pull_into(
+    source: Source,
+    settings: Settings,
+    config_file: Path,
+    scratch: Path,
+    name: str | None,
+    kind: Kind | None,
+    force: bool,
+    convert: bool,
+    progress: Progress,
+) -> ModelSpec:
+    """The model staged in `scratch`, moved into the models folder, then entered in the
+    config; the move is undone when the entry cannot be written."""
+    from app.gguf_conversion import convert_gguf  # imports torch: only when pulling
+    from app.models.llama_cpp import llama_cpp_available
+
+    models_dir = settings.resolved_models_dir
+    model = locate(fetch(source, scratch, progress))
+    name = name or default_name(model)
+    if not re.match(MODEL_NAME_PATTERN, name):
+        raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
+    target = models_dir / name
+    if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
+        raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
+    if target.exists() and not force:
+        raise PullError(f"{target} exists; pass --force to replace it")
+    check_name_free(config_file, name, settings.models)  # before anything is written
+    staging = scratch / "model"
+    path = target
+    if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):
+        convert_gguf(model, staging, progress.step)
+    elif model.suffix.lower() == ".gguf":
+        path = target / keep_gguf(model, staging, progress).name
+    else:
+        copy_model(model, staging, progress)
+    spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=path)
+    gc.collect()  # a mapped file (a GGUF reader's) closes when collected; Windows moves none
+    with moved_in(staging, target, aside=scratch / "replaced"):
+        add_to_config(config_file, spec, settings.models)
     return spec

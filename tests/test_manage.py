@@ -178,3 +178,81 @@ def test_a_models_table_leaves_the_config_with_its_sub_tables_and_nothing_else(t
     with pytest.raises(PullError, match="served by default"):
         remove_from_config(config, "all-MiniLM-L6-v2", load_settings({}, config).models)
     assert config.read_text() == "port = 8451\n"
+
+
+def rm_here(tmp_path: Path, name: str) -> int:
+    """`vramgate rm NAME --yes` in this process, with no server answering."""
+    import argparse
+
+    from app.manage import rm_command
+
+    where = {"config": tmp_path / "config.toml", "models_dir": tmp_path / "models"}
+    args = argparse.Namespace(**where, url="http://127.0.0.1:9", name=name, force=False, yes=True)
+    return rm_command(args)
+
+
+@pytest.fixture
+def pulled(tmp_path, bert) -> Path:
+    from app.pull import pull
+
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    return pull(str(bert), settings, tmp_path / "config.toml").path
+
+
+def held_open(monkeypatch, folder: Path, name: str) -> None:
+    """Windows' hold on a file another program has open or mapped: the file cannot be
+    deleted (os.unlink raises PermissionError, as WinError 32 does) and the folder holding
+    it cannot be renamed."""
+    import os
+
+    real_unlink, real_replace, real_rename = os.unlink, os.replace, os.rename
+
+    def unlink(path, *args, **kwargs):
+        if Path(path).name == name:
+            raise PermissionError(13, "used by another process", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    def move(real):
+        def moved(src, dst, *args, **kwargs):
+            if Path(src) == folder:
+                raise PermissionError(5, "Access is denied", str(src))
+            return real(src, dst, *args, **kwargs)
+
+        return moved
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    monkeypatch.setattr(os, "replace", move(real_replace))
+    monkeypatch.setattr(os, "rename", move(real_rename))
+
+
+def test_rm_of_a_model_whose_files_are_held_changes_nothing_and_says_why(
+    tmp_path, pulled, monkeypatch, capsys
+):
+    """Before, the config entry went first and the folder was deleted with errors
+    ignored: the files stayed, the model was gone from the config, and rm said
+    'removed'."""
+    held_open(monkeypatch, pulled, "model.safetensors")
+    assert rm_here(tmp_path, "tiny-embed") == 1
+    assert "holds a file in it" in capsys.readouterr().err
+    assert [m.name for m in load_settings({}, tmp_path / "config.toml").models][-1] == "tiny-embed"
+    assert (pulled / "model.safetensors").is_file() and (pulled / "config.json").is_file()
+
+
+def test_rm_says_what_it_could_not_delete(tmp_path, pulled, monkeypatch, capsys):
+    """A file that cannot be deleted once the folder is set aside: the model is out of
+    the config and its name is free, and rm says which folder is left to delete."""
+    import os
+
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if Path(path).name == "model.safetensors":
+            raise PermissionError(13, "used by another process", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert rm_here(tmp_path, "tiny-embed") == 0
+    said = capsys.readouterr()
+    assert "could not delete" in said.err and "pull-" in said.err, said
+    assert not pulled.exists()
+    assert "tiny-embed" not in [m.name for m in load_settings({}, tmp_path / "config.toml").models]
