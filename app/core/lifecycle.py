@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from app.core import eviction
+from app.core.cache_return import CacheReturn
 from app.core.keep_alive import InFlight, KeepAlive
 from app.core.memory import MemoryView
 from app.core.scheduler import Scheduler
@@ -95,6 +96,7 @@ class ModelLifecycle:
         # margin): a pool below the headroom by our own doing is no other program's; a
         # pool that falls below this is
         self._settled_pool = headroom
+        self._cache = CacheReturn(memory, executor, clock)
 
     def _own_keep_alive(self, default_s: float, name: str) -> float:
         entry = self.registry.entries.get(name)
@@ -172,7 +174,9 @@ class ModelLifecycle:
 
     def reclaim(self) -> list[str]:
         """Unload idle models for a ticket that waits for memory only they hold, or to
-        give memory back to other programs (housekeeping; see app.core.eviction)."""
+        give memory back to other programs (housekeeping; see app.core.eviction). The
+        allocator's idle cache goes first (app.core.cache_return)."""
+        self._cache.tick()
         waiting = [(t.owner, t.nbytes) for t in self._scheduler.gate.waiting]
         pool = self._memory.pool_bytes()  # the most it was since our last load or unload:
         self._settled_pool = max(self._settled_pool, pool - PRESSURE_MARGIN)

@@ -37,6 +37,7 @@ class MemoryView:
         return max(0, self.device_bytes() - self.baseline + self.reclaimable())
 
     def device_bytes(self) -> int:
-        """What models and jobs may ever hold together: the device less the reserve."""
+        """What models and jobs may ever hold together: the device less the reserve and
+        what we hold outside the allocator (the CUDA context)."""
         snap = self._snap[1] if self._snap is not None else self.snapshot()
-        return max(0, snap.total - self.reserve)
+        return max(0, snap.total - snap.outside - self.reserve)

@@ -56,6 +56,7 @@ class CudaDevice(Device):
         self.name = self._cuda.get_device_name(index)
         self._pid = os.getpid()
         self._streams = threading.local()  # each inference thread's own CUDA stream
+        self._base = (0, 0)  # allocated and reserved bytes at `begin_peak`
 
     def _used_by_pid(self) -> dict[int, int]:
         """Each process's memory on this GPU, as the driver reports it (Windows' WDDM
@@ -68,33 +69,62 @@ class CudaDevice(Device):
 
     def snapshot(self) -> MemorySnapshot:
         info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        reserved = self._cuda.memory_reserved(self.index)
-        allocated = self._cuda.memory_allocated(self.index)
+        total, free = int(info.total), int(info.free)
+        reserved = int(self._cuda.memory_reserved(self.index))
+        allocated = int(self._cuda.memory_allocated(self.index))
         by_pid = self._used_by_pid()
         # runners: the driver's figure per process, else what their engine reported
         runners = sum(by_pid.get(pid, reported) for pid, reported in self.runners.items())
-        ours = (by_pid.get(self._pid) or reserved) + runners
-        used = int(info.total) - int(info.free)
+        own = by_pid.get(self._pid)
+        ours = (own or reserved) + runners
+        # the CUDA context and what else the driver holds for us outside torch's
+        # allocator (unknown where the driver reports no process: Windows' WDDM)
+        outside = max(0, own - reserved) if own else 0
+        allowed = self._allowed(total)  # a per-process memory fraction caps the allocator
+        grow = min(free, max(0, allowed - reserved)) if allowed is not None else free
         return MemorySnapshot(
-            total=int(info.total),
-            free=int(info.free),
-            used_by_others=max(0, used - ours),
+            total=total,
+            free=free,
+            used_by_others=max(0, total - free - ours),
             ours=ours,
             ours_allocated=allocated + runners,
-            free_for_us=int(info.free) + max(0, reserved - allocated),
+            free_for_us=grow + max(0, reserved - allocated),
+            outside=outside if allowed is None else max(outside, total - allowed),
         )
+
+    def _allowed(self, total: int) -> int | None:
+        """The most torch's allocator may reserve under a per-process memory fraction
+        (torch.cuda.set_per_process_memory_fraction; None: no fraction set). Past it the
+        allocator raises out of memory whatever the card has free (c10/cuda/
+        CUDACachingAllocator.cpp: `allowed_memory_maximum`, fraction × the total)."""
+        get = getattr(self._cuda, "get_per_process_memory_fraction", None)  # newer torch
+        fraction = float(get(self.index)) if get is not None else 1.0
+        return int(fraction * total) if fraction < 1.0 else None
 
     def allocated(self) -> int:
         return int(self._cuda.memory_allocated(self.index))
 
     def begin_peak(self) -> None:
         self._cuda.reset_peak_memory_stats(self.index)
+        self._base = (self.allocated(), int(self._cuda.memory_reserved(self.index)))
 
     def peak(self) -> int:
-        return int(self._cuda.max_memory_allocated(self.index))
+        """The high-water mark of our allocations, or, where it grew more, of what the
+        caching allocator reserved (counted from the allocations at `begin_peak`): a job
+        fails when the allocator's segments cannot grow, and they grow by more than its
+        tensors (requests rounded up to 2 MiB segments, 20 MiB ones for 1-10 MiB
+        tensors, a cuBLAS workspace per new stream). From a warm cache the segments do
+        not grow at all: the tensors' own growth is then the larger."""
+        allocated, reserved = self._base
+        grown = int(self._cuda.max_memory_reserved(self.index)) - reserved
+        return max(int(self._cuda.max_memory_allocated(self.index)), allocated + grown)
 
     def empty_cache(self) -> None:
         self._cuda.empty_cache()
+
+    def cached(self) -> int:
+        reserved = int(self._cuda.memory_reserved(self.index))
+        return max(0, reserved - int(self._cuda.memory_allocated(self.index)))
 
     def job_stream(self) -> contextlib.AbstractContextManager[Any]:
         stream = getattr(self._streams, "stream", None)
@@ -113,10 +143,16 @@ class CudaDevice(Device):
         own streams do not wait for it, so a load ends with the whole device settled."""
         self._cuda.synchronize(self.index)
 
+    @property
+    def capability(self) -> tuple[int, int]:
+        """The GPU's compute capability (major, minor)."""
+        major, minor = self._cuda.get_device_capability(self.index)
+        return int(major), int(minor)
+
     def native_bf16(self) -> bool:
         """bfloat16 is native from compute capability 8.0 (Ampere);
         torch.cuda.is_bf16_supported() also says yes where it is emulated."""
-        return tuple(self._cuda.get_device_capability(self.index)) >= (8, 0)
+        return self.capability >= (8, 0)
 
     def describe(self) -> dict[str, Any]:
         driver = self._nvml.nvmlSystemGetDriverVersion()

@@ -67,6 +67,9 @@ class MemorySnapshot:
     ours: int  # what our process holds on the device (allocator cache included)
     ours_allocated: int  # live tensors
     free_for_us: int  # free + what our allocator holds cached but unused
+    # ours outside the allocator (a CUDA context), or beyond what it may reserve (a
+    # per-process memory fraction): never the pool's
+    outside: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -123,6 +126,10 @@ class Device(ABC):
 
     def empty_cache(self) -> None:
         return None
+
+    def cached(self) -> int:
+        """Bytes our allocator holds unused (`empty_cache` gives them back)."""
+        return 0
 
     def synchronize(self) -> None:
         return None

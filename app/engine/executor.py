@@ -170,9 +170,21 @@ class Executor:
         """Whether work that began `alone` saw no other work start; under the lock."""
         return alone and self._starts == my_start
 
+    def empty_cache(self) -> None:
+        """Give the allocator's unused cache back to the driver, as device work: a peak
+        measured across it would miss the memory given back and taken again."""
+        with self._lock:
+            self._starts += 1
+            self.device.empty_cache()
+
     @property
     def active(self) -> int:
         return self._active
+
+    @property
+    def starts(self) -> int:
+        """How many jobs and loads have started: changes whenever the device worked."""
+        return self._starts
 
     def shutdown(self, wait: bool = True) -> None:
         self._device_pool.shutdown(wait=wait, cancel_futures=True)

@@ -15,3 +15,20 @@ def test_each_device_serves_its_models_and_only_the_configs_first_preloads():
     # on the second, b comes first but is not the config's first: it loads on demand
     assert [(s.name, s.load) for s in one] == [("b", "demand"), ("c", "startup")]
     assert lane_specs(specs, placement, "cuda:2") == ()
+
+
+def test_models_are_placed_by_the_memory_free_now_not_the_cards_total(tmp_path):
+    """A display card already half used by the desktop has less room than a smaller idle
+    card: a model goes where it fits now."""
+    from app.core.fleet import place_models
+    from app.engine.device import SimulatedDevice
+    from app.settings import SimulatedBucket
+    from tests.live import make_settings
+
+    gib = 2**30
+    display, idle = SimulatedDevice(8 * gib, 0), SimulatedDevice(4 * gib, 1)
+    display.set_external(6 * gib)  # the desktop, a browser
+    buckets = (SimulatedBucket(size=16, bytes=2**20, run_ms=1),)
+    model = ModelSpec(name="m", kind="simulated", weights=3 * gib, buckets=buckets)
+    settings = make_settings(tmp_path, device="simulated:8GiB,4GiB", models=(model,))
+    assert place_models(settings, settings.models, [display, idle]) == {"m": ("simulated:1",)}

@@ -174,6 +174,9 @@ class FakeCudaStats:
     def get_device_name(self, index: int) -> str:
         return "Fake RTX"
 
+    def get_arch_list(self) -> list[str]:  # torch's CUDA 12.6 wheels (x86_64)
+        return ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+
     def synchronize(self, index: int | None = None) -> None:
         self.calls.append("device-wide synchronize")
 
@@ -461,3 +464,60 @@ def test_several_simulated_devices_are_numbered_in_order(tmp_path):
         ("simulated:0", 8 * 2**30),
         ("simulated:1", 4 * 2**30),
     ]
+
+
+class OnePascalOneAmpere(FakeCudaStats):
+    """A GTX 1080 (sm_61) beside an RTX 3090 (sm_86), under a torch built for sm_70 and
+    later, as torch's CUDA 12.8 wheels are (torch/cuda/__init__.py's
+    PYTORCH_RELEASES_CODE_CC; `get_arch_list` reads the build's arch flags)."""
+
+    capabilities = ((6, 1), (8, 6))
+
+    def get_device_capability(self, index: int) -> tuple[int, int]:
+        return self.capabilities[index]
+
+    def get_device_name(self, index: int) -> str:
+        return ["NVIDIA GeForce GTX 1080", "NVIDIA GeForce RTX 3090"][index]
+
+    def get_arch_list(self) -> list[str]:
+        return ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+
+
+def test_auto_skips_a_gpu_this_torch_has_no_kernels_for_and_says_so(tmp_path, caplog):
+    """torch itself only warns (torch.cuda._check_capability) and the first kernel on
+    that card fails with 'no kernel image is available for execution on the device'."""
+    from app.engine.choose import make_devices
+
+    caplog.set_level("WARNING", logger="vramgate.device")
+    nvml = FakeNvml(total=8 * 2**30, free=6 * 2**30, ours=None)
+    auto = load_settings({"device": "auto"}, tmp_path / "none.toml")
+    devices = make_devices(auto, nvml=nvml, cuda=OnePascalOneAmpere(0, 0))
+    assert [d.id for d in devices] == ["cuda:1"]
+    assert "GTX 1080" in caplog.text and "sm_61" in caplog.text
+    (warning,) = devices[0].describe()["warnings"]  # in /status and the tray too
+    assert "GTX 1080" in warning and "no kernels" in warning
+
+    class OnlyPascal(OnePascalOneAmpere):
+        def device_count(self) -> int:
+            return 1
+
+    (cpu,) = make_devices(auto, nvml=nvml, cuda=OnlyPascal(0, 0))
+    assert cpu.kind == "cpu" and "GTX 1080" in cpu.describe()["warnings"][0]
+    named = load_settings({"device": "cuda:0"}, tmp_path / "none.toml")
+    with pytest.raises(DeviceUnavailable, match="no kernels for sm_61"):
+        make_devices(named, nvml=nvml, cuda=OnePascalOneAmpere(0, 0))
+
+
+def test_the_cuda_context_is_no_room_for_models_or_jobs():
+    """The driver counts our CUDA context (hundreds of MiB) as our process's; torch's
+    allocator never sees it. What models and jobs may ever hold leaves it out, or a
+    request that can never fit waits in the queue instead of a 413."""
+    from app.core.memory import MemoryView
+    from app.engine.cuda import CudaDevice
+    from tests.engine.fake_cuda import CachingCuda, CardNvml
+
+    gib = 2**30
+    card = CachingCuda(total=24 * gib, context=500 * MiB)
+    device = CudaDevice(0, nvml=CardNvml(card), cuda=card)
+    memory = MemoryView(device, reserve=512 * MiB, clock=time.monotonic)
+    assert memory.device_bytes() == 24 * gib - 500 * MiB - 512 * MiB

@@ -154,3 +154,36 @@ def test_drop_references_frees_the_failed_jobs_tensors():
     drop_references(error)
     assert held[0]() is None
     executor.shutdown()
+
+
+def _cuda_card():
+    from app.engine.cuda import CudaDevice
+    from tests.engine.fake_cuda import CachingCuda, CardNvml
+
+    card = CachingCuda()
+    return CudaDevice(0, nvml=CardNvml(card), cuda=card), card
+
+
+def test_a_cuda_jobs_price_is_the_memory_the_allocator_had_to_reserve_for_it():
+    """What fails a job on a GPU is the allocator's segments growing past what the card
+    has, not its live tensors: three 1.5 MiB tensors hold 4.5 MiB, but torch's caching
+    allocator takes a 20 MiB segment for them (kLargeBuffer, see tests/engine/fake_cuda).
+    A learned price of 4.5 MiB would admit four such jobs into 18 MiB of room."""
+    device, card = _cuda_card()
+    executor = Executor(device, slots=1, cpu_threads=1)
+
+    def job() -> None:
+        handles = [card.alloc(3 * MiB // 2) for _ in range(3)]
+        for handle in handles:
+            card.free(handle)
+
+    async def main():
+        return await executor.submit_device(job)
+
+    _, cold = asyncio.run(main())
+    assert cold.alone and cold.peak_bytes == 20 * MiB
+    # The segment stays cached: the same job again reserves nothing new, and its price
+    # must not fall to nothing: what it holds live is still its own.
+    _, warm = asyncio.run(main())
+    assert warm.alone and warm.peak_bytes == 3 * (3 * MiB // 2)
+    executor.shutdown()
