@@ -3,7 +3,8 @@ GGUF file (read through transformers' GGUF loader, dequantised on load; `vramgat
 converts a GGUF once to a folder so later loads are fast).
 
 The dtype follows the device (bfloat16 where the GPU computes it natively, compute
-capability 8.0 and later, else float16; float32 on the CPU); chats
+capability 8.0 and later, else float16, or float32 for a model trained in bfloat16; a
+model whose first forward is not finite is refused; float32 on the CPU); chats
 use the model's own chat template. Generation is our own step loop with a KV cache under
 `torch.inference_mode()`, every stream of the model in one batch that rows join and leave
 at each step (app.models.step_batch), so a cancelled stream stops before its next step
@@ -73,14 +74,40 @@ def load_causal_lm(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     return tokenizer, model
 
 
-def auto_dtype(device: Device, requested: str) -> str:
+def auto_dtype(device: Device, requested: str, trained: str | None = None) -> str:
     """bfloat16 only where the device computes it natively: torch.cuda.is_bf16_supported()
-    also says yes on Turing and Pascal, which emulate it slowly."""
+    also says yes on Turing and Pascal, which emulate it slowly. Elsewhere float16, but a
+    model `trained` in bfloat16 loads in float32: its activations overflow float16's range
+    (65504; Gemma's do), and inf or NaN logits fail every batch they are in."""
     if requested != "auto":
         return requested
     if device.kind != "cuda":
         return "float32"
-    return "bfloat16" if device.native_bf16() else "float16"
+    if device.native_bf16():
+        return "bfloat16"
+    return "float32" if trained == "bfloat16" else "float16"
+
+
+def trained_dtype(path: Path) -> str | None:
+    """The dtype a model folder's config says its weights were trained and saved in."""
+    folder, extra = source_of(path)
+    if extra:  # a GGUF's tensors say nothing of how it was trained
+        return None
+    config = read_json_object(folder / "config.json")
+    value = config.get("torch_dtype") or config.get("dtype")  # the key before transformers 5
+    return str(value) if value else None
+
+
+def refuse_non_finite(model: Any, device: torch.device, ids: list[int], dtype: str) -> None:
+    """A model whose forward gives logits that are not finite is refused at load, saying
+    why: each batch it ran would fail in sampling (multinomial raises) with a 500."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids or [0]], device=device)).logits
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(
+            f"its first forward is not finite in {dtype} (the activations overflow); "
+            'load it in float32 (dtype = "float32" in its entry) or on a GPU with bfloat16'
+        )
 
 
 class CausalLMHandler(Generator):
@@ -108,16 +135,20 @@ class CausalLMHandler(Generator):
 
     def expected_weights_bytes(self, device: Device) -> int:
         folder, extra = source_of(self.path)
-        element = torch.finfo(getattr(torch, auto_dtype(device, self.spec.dtype))).bits // 8
+        dtype = auto_dtype(device, self.spec.dtype, trained_dtype(self.path))
+        element = torch.finfo(getattr(torch, dtype)).bits // 8
         if extra:  # a GGUF file, dequantised to `element`
             return self.path.stat().st_size * GGUF_WEIGHTS_PER_BYTE * element
         return weight_file_bytes(folder, element)
 
     def load(self, device: Device) -> None:
-        self.dtype = auto_dtype(device, self.spec.dtype)
+        self.dtype = auto_dtype(device, self.spec.dtype, trained_dtype(self.path))
         tokenizer, model = load_causal_lm(self.path, getattr(torch, self.dtype))
+        model = model.to(device.torch_device).eval()
+        probe = list(tokenizer("Hello, how are you?")["input_ids"])
+        refuse_non_finite(model, device.torch_device, probe, self.dtype)  # before it is kept
         self._tokenizer = tokenizer
-        self._model = model.to(device.torch_device).eval()
+        self._model = model
         self._device = device.torch_device
         config = model.config
         positions = int(getattr(config, "max_position_embeddings", 0) or self.spec.max_context)
