@@ -8,8 +8,10 @@ Runs the real server in-process on the device and prints (and writes to OUT/gpu_
    save_pretrained, so nothing has to travel): the learned price against the peak measured
    with the model run alone, and their ratio;
 3. a flood at high concurrency with mixed sizes (the real model and the simulated one, which
-   really allocates on the device) against a pool limited to --pool-gib: OOMs (must be 0),
-   rejected, served, throughput, and the peak of torch's allocations against the limit;
+   really allocates on the device) against a pool limited to --pool-gib by torch's
+   per-process memory fraction, so the allocator itself refuses past it: OOMs (must be 0),
+   rejected, served, throughput, and the peak of what torch's allocator reserved (and of
+   its live tensors) against the limit;
 4. a real device-side assert in a child process, and how vramgate classifies it;
 5. generation (a randomly initialised Llama made on the spot): 4 concurrent chats after
    warm-up (how many ran at once, each one's price and its source), and the learned price
@@ -64,8 +66,39 @@ def device_facts(service: Any) -> dict[str, Any]:
     }
 
 
+def limit_memory(service: Any, limit: int, cuda: Any = None) -> dict[str, Any]:
+    """Let jobs hold at most `limit` bytes above the weights. On CUDA the card itself is
+    limited: torch's per-process memory fraction, past which its allocator raises out of
+    memory whatever the card has free (so '0 OOM' can fail from real exhaustion), and
+    which the server reads as the device's limit. Without CUDA (the dry run) only the
+    server's own arithmetic is: a larger reserve."""
+    memory = service.memory
+    memory.snapshot(fresh=True)
+    if service.device.kind != "cuda":
+        memory.reserve = max(0, memory.pool_bytes() + memory.reserve - limit)
+        return {"how": "reserve (no CUDA: the server's arithmetic only)", "limit_bytes": limit}
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    total = memory.snapshot(fresh=True).total
+    allowed = memory.baseline + memory.reserve + limit
+    fraction = min(1.0, (allowed + 1) / total)  # torch truncates fraction × total
+    cuda.set_per_process_memory_fraction(fraction, service.device.index)
+    memory.snapshot(fresh=True)
+    return {"how": "per-process memory fraction", "fraction": fraction, "allowed_bytes": allowed}
+
+
+def unlimit_memory(service: Any) -> None:
+    if service.device.kind == "cuda":
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(1.0, service.device.index)
+
+
 def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, int]]) -> dict:
-    """Each bucket's peak with the model alone on the device, outside the server."""
+    """Each bucket's peak with the model alone on the device, outside the server: from a
+    cache given back first, so that a CUDA peak is what the allocator had to reserve."""
     from app.engine.choose import make_device
     from app.models.embedding import EmbeddingHandler
     from app.settings import ModelSpec, load_settings
@@ -78,6 +111,7 @@ def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, in
     for tokens, batch in shapes:
         prepared = handler.preprocess([text(tokens)] * batch)
         device.synchronize()
+        device.empty_cache()
         device.begin_peak()
         base = device.allocated()
         handler.forward(prepared)
@@ -335,9 +369,7 @@ def main() -> int:
     with live_server(settings) as live:
         service = live.service
         snap = service.memory.snapshot(fresh=True)
-        # Limit the pool: reserve everything above --pool-gib of what jobs may hold.
-        memory = service.memory
-        memory.reserve = max(0, memory.pool_bytes() + memory.reserve - limit)
+        report["limit"] = limit_memory(service, limit)
         report["device"] = device_facts(service)
         import httpx
 
@@ -362,7 +394,8 @@ def main() -> int:
             }
             for b, peak in report["isolated_peaks"].items()
         ]
-        if torch.cuda.is_available() and args.device.startswith("cuda"):
+        on_cuda = args.device.startswith("cuda")
+        if on_cuda:
             torch.cuda.reset_peak_memory_stats()
         base = service.device.allocated()
         rng = __import__("random").Random(7)
@@ -375,8 +408,10 @@ def main() -> int:
                 bodies.append({"model": "sim", "input": text(rng.choice([10, 50, 200]))})
         result = asyncio.run(flood(live.url, bodies, args.clients))
         status = live.status()
-        on_cuda = args.device.startswith("cuda")
-        peak = torch.cuda.max_memory_allocated() - base if on_cuda else None  # not on CPU
+        # what fails a job is the allocator's reserved segments, not its live tensors
+        reserved = torch.cuda.max_memory_reserved() - base if on_cuda else None  # not on CPU
+        allocated = torch.cuda.max_memory_allocated() - base if on_cuda else None
+        unlimit_memory(service)
         report["flood"] = {
             **result,
             "requests_per_s": round(args.requests / result["seconds"], 1),
@@ -384,7 +419,8 @@ def main() -> int:
             "rejected": status["counters"]["rejected"],
             "served": status["counters"]["served"],
             "pool_limit_bytes": limit,
-            "peak_allocated_above_weights": peak,
+            "peak_reserved_above_weights": reserved,
+            "peak_allocated_above_weights": allocated,
             "snapshot_total": snap.total,
         }
     report["device_side_assert"] = device_side_assert(args.device)

@@ -40,3 +40,29 @@ def test_gpu_check_dry_run_on_the_cpu_reports_generation(tmp_path):
     # hidden 64, 1 head of 64, 1 KV head, 1 layer, float32: 2 × 1 × 1 × 64 × 4 bytes
     assert {line["per_token_bytes"] for line in generation["lines"]} == {512}
     assert report["flood"]["ooms"] == 0
+
+
+def test_the_flood_limits_the_card_itself_and_the_server_sees_the_limit(tmp_path):
+    """On a 139 GiB GPU a pool shrunk by the server's own arithmetic (a larger reserve)
+    cannot run out for real: nothing stops torch taking more. The check sets torch's
+    per-process memory fraction, so the allocator itself refuses past the limit (see
+    tests/engine/fake_cuda for torch's rule); the server must see that limit too, or it
+    admits more than the card may give and its '0 OOM' fails for the wrong reason."""
+    from bench.gpu_check import limit_memory
+    from tests.core.test_cache_return import _lane
+    from tests.engine.fake_cuda import CachingCuda
+
+    gib = 2**30
+    card = CachingCuda(total=139 * gib)
+    lane = _lane(tmp_path, card, [0.0])
+    reserve = lane.memory.reserve
+    weights = card.alloc(3 * gib)  # a model's weights: the pool is above them
+    lane.memory.baseline = card.allocated
+    limit_memory(lane, 4 * gib, cuda=card)
+    assert lane.memory.reserve == reserve  # the reserve for other programs is as it was
+    assert 0 < card.fraction < 0.1
+    lane.memory.snapshot(fresh=True)
+    # within the bytes a float's fraction of 139 GiB rounds away
+    assert abs(lane.memory.pool_bytes() - 4 * gib) <= 1024
+    assert abs(lane.memory.capacity_bytes() - 4 * gib) <= 1024
+    card.free(weights)
