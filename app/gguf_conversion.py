@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.model_families import refusal
 from app.pull_source import PullError
 
 WEIGHTS_FILE = "model.safetensors"
@@ -80,6 +81,9 @@ def convert_gguf(gguf: Path, target: Path, say: Any) -> torch.dtype:
 
     say(f"converting {gguf.name} to a safetensors folder, tensor by tensor (once)")
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    why = refusal(config.model_type)
+    if why is not None:
+        raise PullError(f"{gguf.name} cannot be converted for the torch engine: {why}")
     target.mkdir(parents=True, exist_ok=True)
     try:
         shapes = write_weights(gguf, config, target / WEIGHTS_FILE, torch.float16)

@@ -226,6 +226,16 @@ def detect_kind(model: Path) -> Kind:
     return "embedding"
 
 
+def check_servable(folder: Path) -> None:
+    """Refuses a folder of a transformers family this installation cannot serve."""
+    from app.model_families import refusal
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    why = refusal(config.get("model_type"))
+    if why is not None:
+        raise PullError(f"{folder.name} cannot be served: {why}")
+
+
 def default_name(model: Path) -> str:
     stem = model.name.split(".")[0] if model.is_file() else model.name
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:64] or "model"
@@ -297,6 +307,8 @@ def _pull_into(
 
     models_dir = settings.resolved_models_dir
     model = locate(fetch(source, scratch, progress))
+    if model.is_dir():
+        check_servable(model)
     name = name or default_name(model)
     if not re.match(MODEL_NAME_PATTERN, name):
         raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")

@@ -4,19 +4,25 @@
 
 For the CUDA flavour: every CUDA library the build environment has (cuBLAS, cuBLASLt,
 cudart, each cuDNN sub-library, ...) is in the bundle at its package-relative place; for
-every flavour: both executables are there, no driver library is, and the size is reported.
+every flavour: both executables are there, no driver library is, the size is reported,
+and (unless --skip-modules) the bundle's Python archive holds the configuration, modeling
+and tokenization modules of every transformers family `pull` accepts
+(app.model_families), read from the archive PyInstaller built, as the bundle imports them.
 Exit status 1 on any problem.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import pkgutil
 import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # app.model_families
 from cuda_libs import Platform, is_driver, missing_groups, select_libraries
 
 
@@ -25,12 +31,14 @@ class Report:
     size_bytes: int = 0
     files: int = 0
     cuda_libraries: int = 0
+    family_modules: int = 0
     errors: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         lines = [
             f"bundle size {self.size_bytes / 2**20:.0f} MiB in {self.files} files; "
-            f"{self.cuda_libraries} CUDA libraries"
+            f"{self.cuda_libraries} CUDA libraries; {self.family_modules} transformers family "
+            "modules"
         ]
         lines += [f"ERROR: {error}" for error in self.errors]
         lines.append("bundle check " + ("FAILED" if self.errors else "passed"))
@@ -72,6 +80,48 @@ def check(bundle: Path, flavour: str, site: Path, platform: Platform) -> Report:
     return report
 
 
+FAMILY_MODULES = ("configuration_", "modeling_", "tokenization_")
+
+
+def family_modules(packages: list[str]) -> list[str]:
+    """The modules of these transformers packages that loading a model imports, as this
+    build environment has them."""
+    found = []
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        where = list(spec.submodule_search_locations or []) if spec else []
+        found += [
+            f"{package}.{module.name}"
+            for module in pkgutil.iter_modules(where)
+            if module.name.startswith(FAMILY_MODULES)
+        ]
+    return sorted(found)
+
+
+def bundled_modules(bundle: Path, platform: Platform) -> set[str]:
+    """The Python modules in the bundle's archive (PYZ), as its executables import them."""
+    from PyInstaller.archive.readers import CArchiveReader
+
+    exe = bundle / ("vramgate-cli.exe" if platform == "windows" else "vramgate-cli")
+    archive = CArchiveReader(str(exe))
+    name = next(n for n in archive.toc if n.endswith(".pyz"))
+    return set(archive.open_embedded_archive(name).toc)
+
+
+def missing_family_modules(expected: list[str], bundled: set[str]) -> list[str]:
+    return [module for module in expected if module not in bundled]
+
+
+def check_modules(bundle: Path, platform: Platform, report: Report) -> None:
+    from app.model_families import transformers_packages
+
+    expected = family_modules(transformers_packages())
+    missing = missing_family_modules(expected, bundled_modules(bundle, platform))
+    if missing:
+        report.errors.append(f"transformers modules missing from the bundle: {', '.join(missing)}")
+    report.family_modules = len(expected) - len(missing)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
@@ -82,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("windows", "linux"),
         default="windows" if sys.platform == "win32" else "linux",
     )
+    parser.add_argument("--skip-modules", action="store_true", help="skip the family check")
     args = parser.parse_args(argv)
     report = check(args.bundle, args.flavour, args.site, args.platform)
+    if not args.skip_modules:
+        check_modules(args.bundle, args.platform, report)
     print(report.text())
     return 1 if report.errors else 0
 

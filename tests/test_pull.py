@@ -4,6 +4,7 @@ the Hugging Face hub (up to the request it makes, against a local recording serv
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from app.pull_source import PullError, Source, parse_source
 from app.settings import ConfigSource, ModelSpec, load_settings
 from tests.live import clean_env, live_server, make_settings
 from tests.random_models import (
+    save_random_bert,
     save_random_cross_encoder,
     save_random_llama,
     save_random_llama_gguf,
@@ -591,3 +593,29 @@ def test_a_forced_pull_that_cannot_move_in_keeps_the_folder_it_would_replace(
     assert (old / "weights.bin").read_bytes() == b"the old model"
     assert not (tmp_path / "config.toml").exists()
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny-chat"]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "frozen", "why"),
+    [
+        ("new", False, "transformers does not know"),  # gte-base-en-v1.5: its own code
+        ("t5", True, "this bundle does not carry"),
+    ],
+)
+def test_a_folder_of_a_family_that_cannot_be_served_is_refused_with_the_reason(
+    tmp_path, monkeypatch, model_type, frozen, why
+):
+    """A model that ships its own code never loads (vramgate does not run it), and the
+    bundle loads the families it carries (app.model_families): pull refuses the others
+    before a byte is copied, saying why. Before, both were pulled and failed to load."""
+    folder = save_random_bert(tmp_path / "src" / "odd-embed", hidden=32, layers=1, heads=2,
+                              max_seq=64)  # fmt: skip
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"model_type": model_type}))
+    monkeypatch.setattr(sys, "frozen", frozen, raising=False)
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    with pytest.raises(PullError, match=why) as refused:
+        pull(str(folder), settings, tmp_path / "config.toml")
+    assert repr(model_type) in str(refused.value)
+    assert list((tmp_path / "models").iterdir()) == []
+    assert not (tmp_path / "config.toml").exists()

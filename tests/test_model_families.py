@@ -1,0 +1,56 @@
+"""app.model_families: the transformers families the bundle carries and pull accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.model_families import (
+    EMBEDDING_FAMILIES,
+    FAMILIES,
+    GENERATION_FAMILIES,
+    refusal,
+    transformers_packages,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_app_spec_collects_the_list_pull_reads():
+    spec = (ROOT / "app.spec").read_text()
+    assert "from app.model_families import transformers_packages" in spec
+    assert "for package in FAMILY_PACKAGES for module in collect_submodules(package)" in spec
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_module_a_family_builds_comes_from_a_collected_package(model_type):
+    """Each family's model, built from its default config on the meta device (no
+    weights), as the embedding, rerank and generation handlers build it: every module
+    class in it, and its tokenizer classes, come from a package the bundle collects
+    (Gemma 3's vision tower from SigLIP's)."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type)
+    classes = AutoModelForCausalLM if model_type in GENERATION_FAMILIES else AutoModel
+    with torch.device("meta"):
+        if model_type == "gemma3":  # Gemma 3 >= 4B: the text model and its SigLIP tower
+            from transformers import Gemma3ForConditionalGeneration
+
+            model = Gemma3ForConditionalGeneration(config)
+        else:
+            model = classes.from_config(config)
+    used = {type(m).__module__.rpartition(".")[0] for m in model.modules()}
+    used = {p for p in used if p.startswith("transformers.models.")}
+    assert used <= set(transformers_packages((model_type,))), used
+    assert used <= set(transformers_packages())
+
+
+def test_pull_accepts_the_families_and_refuses_the_rest_in_the_bundle():
+    for model_type in EMBEDDING_FAMILIES + GENERATION_FAMILIES:
+        assert refusal(model_type, frozen=True) is None
+        assert refusal(model_type, frozen=False) is None
+    assert "does not carry" in (refusal("t5", frozen=True) or "")
+    assert refusal("t5", frozen=False) is None  # a pip install serves what transformers has
+    assert "does not know" in (refusal("new", frozen=False) or "")
