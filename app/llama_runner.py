@@ -37,6 +37,15 @@ def params_of(config: dict[str, Any]) -> Any:
     if config["threads"] > 0:
         p.cpuparams.n_threads = p.cpuparams_batch.n_threads = int(config["threads"])
     p.cache_ram_mib = int(config["cache_ram_mib"])
+    if config.get("embedding"):  # vectors, not text: each input whole in one micro-batch
+        p.embedding = True
+        # one KV pool: with split per-slot KV, xllamacpp 2026.10 gave wrong vectors for all
+        # but one of several inputs decoded together (tests/models/test_llama_embed.py);
+        # at most `parallel` inputs of at most `context` tokens fit it
+        p.kv_unified = True
+        pooling = str(config.get("pooling") or "mean").upper()
+        p.pooling_type = getattr(xlc.llama_pooling_type, f"LLAMA_POOLING_TYPE_{pooling}")
+        p.n_batch = p.n_ubatch = int(config["n_ctx"]) // int(config["parallel"])
     p.use_jinja = True
     p.endpoint_slots = True
     p.endpoint_props = True

@@ -284,8 +284,10 @@ class InferenceService:
         probe: bool,
         model_wait_s: float,
     ) -> InferenceResult:
-        if sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS and all(
-            isinstance(item, str) for item in inputs
+        if (
+            handler.preprocess_on_loop
+            and sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS
+            and all(isinstance(item, str) for item in inputs)
         ):  # tokenised on the loop: a thread hop costs more than the work
             prepared = handler.preprocess(inputs)
         else:  # large inputs and every image on the CPU pool, so the loop stays responsive

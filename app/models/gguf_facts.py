@@ -27,6 +27,7 @@ class GgufFacts:
     chat_template: str | None
     file_bytes: int
     quantization: str = "unknown"  # its file type, as llama.cpp names it: Q4_1, Q8_0, F16
+    pooling: str | None = None  # an embedding model's: mean, cls, last, rank (None: unsaid)
 
     def kv_bytes_per_token(self, kv_type: str, layers: int | None = None) -> int:
         """One token's KV cells in `layers` layers (all, by default) at `kv_type`."""
@@ -90,7 +91,12 @@ def read_gguf_facts(path: Path) -> GgufFacts:
         chat_template=template if isinstance(template, str) else None,
         file_bytes=path.stat().st_size,
         quantization=_file_type(get("general.file_type")),
+        pooling=_POOLING.get(int(get(f"{arch}.pooling_type", -1) or -1)),
     )
+
+
+# llama.cpp's enum llama_pooling_type (include/llama.h), as GGUF files store it
+_POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
 def _file_type(value: Any) -> str:

@@ -34,6 +34,7 @@ class OneShotModel(ModelHandler, Generic[In]):
     """Inputs of type `In` in, one output row per input out, in one forward."""
 
     postprocess_on_loop = True  # False: postprocess runs on the CPU pool (heavy encoding)
+    preprocess_on_loop = True  # False: never on the loop, however short (a runner's round trip)
 
     @abstractmethod
     def preprocess(self, inputs: list[In]) -> Prepared: ...

@@ -15,6 +15,7 @@ from app.models.causal_lm import CausalLMHandler
 from app.models.embedding import EmbeddingHandler
 from app.models.kinds import CAPABILITIES, LACKING
 from app.models.llama_cpp import LlamaCppHandler, llama_cpp_available
+from app.models.llama_embed import LlamaCppEmbedder
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
@@ -43,6 +44,7 @@ HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
     ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
     ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),
     ("llama.cpp", "generation"): lambda spec, _: LlamaCppHandler(spec),
+    ("llama.cpp", "embedding"): lambda spec, _: LlamaCppEmbedder(spec),
 }
 
 
