@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +150,30 @@ class TokenStream:
         if reason is not None and not self.cancelled.is_set():
             self.cancel_reason = reason
         self.cancelled.set()
+
+
+class IncrementalText:
+    """The text of a growing answer, decoding only its last few tokens at each step, not
+    the whole answer again (TGI's and vLLM's prefix and read offsets): `extend` decodes
+    the tokens from the last complete piece on, with the piece before it as context (a
+    tokenizer may spell a token differently at the start of a text), and appends what
+    they add once it is whole (no half UTF-8 sequence)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._prefix = 0  # where the context window starts
+        self._read = 0  # where the tokens not yet turned into text start
+        self.text = ""
+
+    def extend(self, ids: list[int]) -> str:
+        """The answer's text so far, `ids` being every token it has (a longer list each
+        call); the tail of a character still being spelt waits for its next token."""
+        before = self._decode(ids[self._prefix : self._read])
+        now = self._decode(ids[self._prefix :])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self.text += now[len(before) :]
+            self._prefix, self._read = self._read, len(ids)
+        return self.text
 
 
 class StopScanner:

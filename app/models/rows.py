@@ -13,6 +13,7 @@ from app.models.constrained import Constraint
 from app.models.decoding import (
     DecodeResult,
     GenerationInput,
+    IncrementalText,
     StopScanner,
     TokenLogprob,
     TokenStream,
@@ -39,6 +40,22 @@ class Row:
     bound: int = 0  # the tokens its stream was admitted for (its bucket's token bound)
     constraint: Constraint | None = None  # the grammar its tokens follow (JSON output)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if its request asks
+    text: IncrementalText | None = None  # its answer's text, decoded step by step
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether its next token is its logits' argmax and nothing else: sampled for
+        every such row of a step at once, on the device."""
+        p = self.task.params
+        return (
+            p.temperature <= 0
+            and not p.logit_bias
+            and p.repetition_penalty == 1.0
+            and not p.frequency_penalty
+            and not p.presence_penalty
+            and p.logprobs is None
+            and self.constraint is None
+        )
 
     @property
     def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens

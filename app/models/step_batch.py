@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from app.models.constrained import Constraint
-from app.models.decoding import DecodeResult, GenerationInput, TokenStream
+from app.models.decoding import DecodeResult, GenerationInput, IncrementalText, TokenStream
 from app.models.forward_cost import ForwardCost
 from app.models.kv_cache import (
     MIN_SHARED,
@@ -288,10 +288,11 @@ class StepBatcher:
         positions = torch.tensor([[row.position] for row in rows])
         out = self._run(input_ids, mask, positions, batch.cache)
         batch.cache, batch.mask = getattr(out, self._cache_arg), mask
-        for index, row in enumerate(rows):
+        tokens = self._choose(rows, out.logits[:, -1])
+        for row, token in zip(rows, tokens, strict=True):
             row.position += 1
             row.steps += 1
-            self._advance(row, self._sample(row, out.logits[index, -1]))
+            self._advance(row, token)
         self._drop_finished(batch)
 
     def _run(
@@ -341,8 +342,22 @@ class StepBatcher:
         self._drop_finished(batch)
 
     def _first_tokens(self, rows: list[Row], logits: torch.Tensor) -> None:
-        for index, row in enumerate(rows):
-            self._advance(row, self._sample(row, logits[index]))
+        for row, token in zip(rows, self._choose(rows, logits), strict=True):
+            self._advance(row, token)
+
+    def _choose(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
+        """Each row's next token from its row of `logits`: the plain greedy rows' argmax
+        all at once on the model's device (one copy back, not one per row), the others
+        through their own sampling."""
+        greedy = [i for i, row in enumerate(rows) if row.plain_greedy]
+        chosen: dict[int, int] = {}
+        if greedy:
+            picks = logits[greedy].argmax(dim=-1) if len(greedy) < len(rows) else None
+            picks = logits.argmax(dim=-1) if picks is None else picks
+            chosen = dict(zip(greedy, picks.tolist(), strict=True))
+        return [
+            chosen[i] if i in chosen else self._sample(row, logits[i]) for i, row in enumerate(rows)
+        ]
 
     def _sample(self, row: Row, logits: torch.Tensor) -> int:
         allowed = row.constraint.allowed() if row.constraint is not None else None
@@ -363,7 +378,9 @@ class StepBatcher:
             row.finish = "stop"
             return
         row.produced.append(token)
-        row.stream.emit(row.scanner.push(self._decode(row.produced)))
+        if row.text is None:
+            row.text = IncrementalText(self._decode)
+        row.stream.emit(row.scanner.push(row.text.extend(row.produced)))
         if row.scanner.stopped or (row.constraint is not None and row.constraint.complete):
             row.finish = "stop"
         elif len(row.produced) >= row.task.max_tokens:

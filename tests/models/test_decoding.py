@@ -37,3 +37,47 @@ def test_false_alarm_prefix_is_released_and_broken_utf8_waits():
     assert plain.push("caf\ufffd") == "caf"
     assert plain.push("café") == "é"
     assert plain.push("café!", final=True) == "!"
+
+
+TEXTS = [
+    "The capital of France is Paris, and its café serves crème brûlée.",
+    "A dragon 🐉 learns to bake bread; it's 3.14 times harder than it looks!",
+    "Ünïcödé  spaces\tand\nnew lines",
+]
+
+
+def tokenizers(tmp_path):
+    """Two real tokenizers that spell text differently: a byte-level BPE (a token may
+    be half a UTF-8 character) and BERT's WordPiece (## pieces, spaces between words)."""
+    from transformers import AutoTokenizer
+
+    from app.models.embedding import embedded_model_path
+    from tests.random_models import save_random_llama
+
+    bpe = save_random_llama(tmp_path / "bpe", context=64)
+    minilm = embedded_model_path()
+    return [AutoTokenizer.from_pretrained(bpe), AutoTokenizer.from_pretrained(minilm)]
+
+
+def test_incremental_text_ends_as_the_whole_decode_and_only_ever_grows(tmp_path):
+    from app.models.decoding import IncrementalText
+
+    for tokenizer in tokenizers(tmp_path):
+        calls: list[int] = []
+
+        def decode(ids: list[int], tokenizer=tokenizer, calls=calls) -> str:
+            calls.append(len(ids))
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        for text in TEXTS:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            calls.clear()
+            incremental, seen = IncrementalText(decode), ""
+            for end in range(1, len(ids) + 1):
+                now = incremental.extend(ids[:end])
+                assert now.startswith(seen) and "\ufffd" not in now
+                seen = now
+            whole = tokenizer.decode(ids, skip_special_tokens=True)
+            assert seen == whole
+            # each step decodes a short window, never the whole answer again
+            assert max(calls) <= 8 and sum(calls) <= 6 * len(ids)
