@@ -95,11 +95,13 @@ class Tray:
     ) -> None:
         import pystray
 
+        from tray.xorg_icon import icon_class
+
         self.supervisor = supervisor
         self.exit_code = 0
         self.view = view_of(None)
         self.actions = TrayActions(url, supervisor, log_dir, token=token)
-        self.icon = pystray.Icon(
+        self.icon = icon_class(pystray.Icon)(
             "vramgate",
             render(self.view.icon),
             self.view.tooltip,
