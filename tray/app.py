@@ -107,7 +107,7 @@ class Tray:
             self.view.tooltip,
             menu=pystray.Menu(lambda: to_pystray(build_menu(self.view, self.actions))),
         )
-        self.monitor = Monitor(url, supervisor, self.show)
+        self.monitor = Monitor(url, supervisor, self.show, token=token)
 
     def show(self, view: TrayView, previous: TrayView | None) -> None:
         """Redraw only what changed."""

@@ -3,11 +3,12 @@ anything it shows has changed."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import logging
 import threading
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,61 @@ from tray.view import TrayView, view_of
 log = logging.getLogger("vramgate.tray.monitor")
 
 
-def fetch_status(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout) as response:
-            return json.load(response)
-    except (urllib.error.URLError, OSError, ValueError):
+class StatusConnection:
+    """GET /status over one kept-alive HTTP/1.1 connection, opened again when it broke
+    (a restarted server). One connection for the tray's life, not one a second: a poll
+    that asked the server to close left a TIME_WAIT on the server's own port each time,
+    where a restarted server binds (Windows' exclusive bind may refuse it over them)."""
+
+    def __init__(
+        self, url: str, token: Callable[[], str | None] = lambda: None, timeout: float = 2.0
+    ) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.token = token
+        self.timeout = timeout
+        self._connection: http.client.HTTPConnection | None = None
+
+    def fetch(self) -> dict[str, Any] | None:
+        """/status, or None when the server does not answer (the poll is tried once more
+        on a fresh connection when a kept one turns out closed)."""
+        for fresh in (self._connection is None, True):
+            try:
+                return self._get()
+            except (OSError, http.client.HTTPException, ValueError):
+                self.close()
+                if fresh:
+                    return None
         return None
+
+    def _get(self) -> dict[str, Any] | None:
+        if self._connection is None:
+            self._connection = http.client.HTTPConnection(self.host, self.port, self.timeout)
+        headers = {"Accept": "application/json"}
+        token = self.token()  # read each time: an `auto` token appears at start
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._connection.request("GET", "/status", headers=headers)
+        response = self._connection.getresponse()
+        body = response.read()  # read whole, so the connection can carry the next poll
+        if response.will_close:
+            self.close()
+        return json.loads(body) if response.status == 200 else None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(OSError):
+                self._connection.close()
+            self._connection = None
+
+
+def fetch_status(url: str, token: Callable[[], str | None] = lambda: None) -> dict[str, Any] | None:
+    """One /status, on a connection of its own."""
+    connection = StatusConnection(url, token)
+    try:
+        return connection.fetch()
+    finally:
+        connection.close()
 
 
 class Monitor:
@@ -33,8 +83,10 @@ class Monitor:
         on_view: Callable[[TrayView, TrayView | None], None],
         *,
         interval_s: float = 1.0,
+        token: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.url = url
+        self.status = StatusConnection(url, token)
         self.supervisor = supervisor
         self.on_view = on_view
         self.interval_s = interval_s
@@ -49,10 +101,11 @@ class Monitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        self.status.close()
 
     def poll(self) -> TrayView:
         """One poll; calls `on_view` if the view changed."""
-        status = fetch_status(self.url)
+        status = self.status.fetch()
         delta = 0
         if status is not None:
             queue_full = status["counters"]["rejected"].get("queue_full", 0)

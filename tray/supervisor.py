@@ -3,8 +3,10 @@
 Crash-only: whatever kills the server (a crash, a fatal CUDA error that poisoned the
 context, the user's task manager), a fresh one starts, after a capped exponential
 backoff that resets once a child has run healthily for a while. Repeated fast crashes
-end in giving up, said in the tray; a port already in use or invalid settings are never
-retried (a restart cannot fix them).
+end in giving up, said in the tray; invalid settings are never retried (a restart cannot
+fix them), nor is a port that another program holds. A port still held just after a
+server of ours ended is retried, with backoff and within bounds: what the old server
+left on it (connections in TIME_WAIT) may refuse Windows' exclusive bind for a while.
 """
 
 from __future__ import annotations
@@ -51,17 +53,32 @@ class RestartPolicy:
         healthy_s: float = 60.0,
         fast_s: float = 10.0,
         max_fast: int = 5,
+        port_retries: int = 10,
+        port_wait_s: float = 240.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base_s, self.cap_s = base_s, cap_s
         self.healthy_s, self.fast_s, self.max_fast = healthy_s, fast_s, max_fast
+        # Windows keeps a closed connection in TIME_WAIT for up to 240 s by default
+        # (TcpTimedWaitDelay); past that, or past the retries, another program has it.
+        self.port_retries, self.port_wait_s = port_retries, port_wait_s
+        self.clock = clock
         self.failures = 0  # exits since the last healthy run
         self.fast = 0  # consecutive exits soon after starting
+        self.ended_at: float | None = None  # when a server of ours last let go of the port
+        self.port_tries = 0  # exits 74 since then
+
+    def server_ended(self) -> None:
+        """A server of ours held the port until now (it exited, or a restart the person
+        asked for ended it)."""
+        self.ended_at, self.port_tries = self.clock(), 0
 
     def decide(self, exit_code: int, uptime_s: float) -> RestartDecision:
         if exit_code == EXIT_PORT_IN_USE:
-            return RestartDecision(False, 0, "the port is already in use")
+            return self._port_taken()
         if exit_code == EXIT_INVALID_SETTINGS:
             return RestartDecision(False, 0, "the settings are invalid (see the log)")
+        self.server_ended()
         if uptime_s >= self.healthy_s:
             self.failures = self.fast = 0
         self.failures += 1
@@ -76,6 +93,22 @@ class RestartPolicy:
             return RestartDecision(True, 0, "an inference thread wedged; restarting")
         delay = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
         return RestartDecision(True, delay, f"the server exited with code {exit_code}")
+
+    def _port_taken(self) -> RestartDecision:
+        if self.ended_at is None:
+            return RestartDecision(False, 0, "the port is in use by another program")
+        waited = self.clock() - self.ended_at
+        if self.port_tries >= self.port_retries or waited >= self.port_wait_s:
+            return RestartDecision(
+                False, 0, f"the port is in use by another program ({waited:.0f}s after ours)"
+            )
+        self.port_tries += 1
+        delay = min(self.cap_s, self.base_s * 2 ** (self.port_tries - 1))
+        return RestartDecision(
+            True,
+            delay,
+            f"the port is not free yet; trying again ({self.port_tries} of {self.port_retries})",
+        )
 
 
 def server_command(
@@ -179,6 +212,7 @@ class Supervisor:
                     return
                 requested, self._restart_requested = self._restart_requested, False
             if requested:
+                self.policy.server_ended()
                 self.restarts += 1
                 self._set("restarting", "restart requested")
                 continue

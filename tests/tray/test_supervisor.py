@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
-from tests.live import wait_until
-from tray.supervisor import OUTPUT_LOG, RestartPolicy, Supervisor
+from tests.live import free_port, wait_until
+from tray.supervisor import OUTPUT_LOG, RestartPolicy, Supervisor, server_command
 
 # (exit code, uptime) sequence -> (restart?, delay) of the last decision
 POLICY_TABLE = [
@@ -22,7 +26,7 @@ POLICY_TABLE = [
     pytest.param([(1, 20)] * 5 + [(1, 120)], (True, 1.0), id="a healthy run resets it"),
     pytest.param([(1, 0.5)] * 5, (False, 0), id="repeated fast crashes give up"),
     pytest.param([(EXIT_FATAL_DEVICE, 30)], (True, 0.0), id="fatal device error restarts now"),
-    pytest.param([(EXIT_PORT_IN_USE, 0.5)], (False, 0), id="port in use is never retried"),
+    pytest.param([(EXIT_PORT_IN_USE, 0.5)], (False, 0), id="a first start on a taken port"),
     pytest.param([(EXIT_INVALID_SETTINGS, 0.5)], (False, 0), id="invalid settings neither"),
 ]
 
@@ -35,6 +39,52 @@ def test_restart_policy_table(exits, expected):
         decision = policy.decide(code, uptime)
     assert (decision.restart, decision.delay_s) == expected
     assert decision.reason
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TAKEN = (EXIT_PORT_IN_USE, 0.5)
+ENDED = ("ended",)  # a restart the person asked for: our server let go of the port
+# Steps: an exit (code, uptime), ENDED, or ("wait", seconds) -> the last decision.
+PORT_TABLE = [
+    pytest.param([TAKEN], (False, 0, "another program"), id="first start: another program"),
+    pytest.param([(1, 20), TAKEN], (True, 1.0, "trying again"), id="after our crash: retried"),
+    pytest.param([ENDED, TAKEN], (True, 1.0, "trying again"), id="after a requested restart"),
+    pytest.param([ENDED, TAKEN, TAKEN, TAKEN], (True, 4.0, "3 of 10"), id="with backoff"),
+    pytest.param([ENDED] + [TAKEN] * 6, (True, 30.0, "6 of 10"), id="capped"),
+    pytest.param([ENDED] + [TAKEN] * 11, (False, 0, "another program"), id="bounded in count"),
+    pytest.param([ENDED, ("wait", 300), TAKEN], (False, 0, "another program"), id="and in time"),
+    pytest.param([ENDED] + [TAKEN] * 5 + [(1, 120), TAKEN], (True, 1.0, "1 of 10"), id="reset"),
+    pytest.param([ENDED] + [TAKEN] * 4 + [(1, 0.5)], (True, 1.0, "code 1"), id="not fast crashes"),
+]
+
+
+@pytest.mark.parametrize(("steps", "expected"), PORT_TABLE)
+def test_port_in_use_after_our_own_server_is_retried_a_bounded_number_of_times(steps, expected):
+    """Issue 29, 15: a restarted server may find the port still held by what its
+    predecessor left (connections in TIME_WAIT, which Windows' exclusive bind may refuse
+    for minutes). That is retried, with backoff, a bounded number of times and for a
+    bounded time; a first start that finds the port taken says another program has it."""
+    clock = Clock()
+    policy = RestartPolicy(clock=clock)
+    decision = None
+    for step in steps:
+        if step == ENDED:
+            policy.server_ended()
+        elif step[0] == "wait":
+            clock.now += step[1]
+        else:
+            decision = policy.decide(*step)
+            clock.now += step[1] + (decision.delay_s if decision.restart else 0)
+    restart, delay, words = expected
+    assert (decision.restart, decision.delay_s) == (restart, delay), decision
+    assert words in decision.reason
 
 
 def child(script: str) -> list[str]:
@@ -87,6 +137,41 @@ def test_port_in_use_is_not_a_restart_loop(supervise):
     wait_until(lambda: sup.state == "gave_up", 10, "gave up")
     time.sleep(0.3)
     assert sup.restarts == 0 and "port" in sup.message
+
+
+def test_a_restarted_server_that_finds_its_port_held_is_tried_again(supervise, tmp_path):
+    """A real server is killed; something holds its port while the next one starts
+    (as a lingering TIME_WAIT can on Windows): that one exits 74, the supervisor tries
+    again after a backoff, and once the port is free the server serves again."""
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'device = "simulated:1GiB"\nport = {port}\n'
+        f'data_dir = "{tmp_path}/data"\nlog_dir = "{tmp_path}/log"\n'
+    )
+    url = f"http://127.0.0.1:{port}"
+    sup = supervise(server_command(config), policy=RestartPolicy(base_s=0.5, cap_s=1))
+    wait_until(lambda: healthy(url), 90, "first server ready")
+    holder = socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        os.kill(sup.pid, signal.SIGKILL)
+        wait_until(lambda: not healthy(url), 10, "server gone")
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        wait_until(lambda: sup.last_exit == EXIT_PORT_IN_USE and sup.state != "running", 60, "74")
+        assert sup.state == "restarting", sup.message
+    finally:
+        holder.close()
+    wait_until(lambda: healthy(url), 90, "the server back once the port is free")
+    assert sup.state == "running"
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_repeated_fast_crashes_give_up_and_say_so(supervise):
