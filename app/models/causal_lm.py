@@ -1,20 +1,15 @@
 """Text generation from a causal language model: a Hugging Face folder (safetensors) or a
-GGUF file (read through transformers' GGUF loader, dequantised on load; `vramgate pull`
-converts a GGUF once to a folder so later loads are fast).
+GGUF file on the torch engine (read through transformers' GGUF loader, dequantised on
+load; `vramgate pull --convert` converts a GGUF once to a folder so later loads are fast).
 
 The dtype follows the device (bfloat16 where the GPU computes it natively, compute
 capability 8.0 and later, else float16, or float32 for a model trained in bfloat16; a
-model whose first forward is not finite is refused; float32 on the CPU); chats
-use the model's own chat template. Generation is our own step loop with a KV cache under
+model whose first forward is not finite is refused; on the CPU the faster of float32 and
+bfloat16, measured at load: app.models.cpu_dtype); chats use the model's own chat
+template. Generation is our own step loop with a KV cache under
 `torch.inference_mode()`, every stream of the model in one batch that rows join and leave
 at each step (app.models.step_batch), so a cancelled stream stops before its next step
 and every step is counted (`forward_calls`).
-
-Bucket: (prompt tokens, prompt + max_tokens), each rounded up (app.models.decoding). The
-price is a line (app.sched.budget): KV bytes per token × the token bound + the prefill's
-activations; before measurements, both come from the config (`geometry`), and every
-finished generation reports its own KV cache's bytes (its tokens × one token's bytes, read
-off the batch's tensors).
 """
 
 from __future__ import annotations
@@ -33,6 +28,7 @@ from app.errors import InvalidRequest
 from app.models.base import Prepared, read_chat_template, read_json_object, weight_file_bytes
 from app.models.card import ModelCard
 from app.models.constrained import Grammars
+from app.models.cpu_dtype import fastest_on_cpu
 from app.models.decoding import (
     DecodeResult,
     Prompt,
@@ -146,6 +142,10 @@ class CausalLMHandler(Generator):
         tokenizer, model = load_causal_lm(self.path, getattr(torch, self.dtype))
         model = model.to(device.torch_device).eval()
         probe = list(tokenizer("Hello, how are you?")["input_ids"])
+        if device.kind == "cpu" and self.spec.dtype == "auto":  # the faster, measured
+            params = inspect.signature(model.forward).parameters
+            cache_arg = "cache" if "cache" in params else "past_key_values"
+            model, self.dtype = fastest_on_cpu(model, probe, cache_arg)
         refuse_non_finite(model, device.torch_device, probe, self.dtype)  # before it is kept
         self._tokenizer = tokenizer
         self._model = model
