@@ -346,3 +346,28 @@ def test_a_second_load_is_admitted_for_what_the_first_measured_kept_with_the_pri
     again = LlamaCppHandler(spec)
     again.loads = LoadLedger(BudgetBook(tmp_path / "prices.json"), device.key)
     assert again.fitted_bytes(device, 2**40) == measured
+
+
+def test_keep_alive_ends_an_idle_runner_and_its_memory_is_ours_no_more(
+    server_factory, smollm2_gguf
+):
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=smollm2_gguf,
+        context_length=512,
+        parallel=1,
+        load="startup",
+        keep_alive="1s",
+    )
+    live = server_factory(models=(spec,), device="cpu")
+    answer = OpenAI(base_url=live.url + "/v1", api_key="unused").chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=4
+    )
+    assert answer.choices[0].message.content
+    pid = model_row(live)["runner_pid"]
+    assert pid and live.service.device.runners.keys() == {pid}
+    wait_until(lambda: model_row(live)["state"] == "unloaded", 30, "keep-alive unload")
+    assert live.service.device.runners == {}
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert model_row(live)["runner_pid"] is None
