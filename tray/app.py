@@ -8,9 +8,7 @@ import contextlib
 import functools
 import logging
 import logging.handlers
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from app.settings import Settings, config_path, load_settings
 from tray import single_instance
 from tray.icon import render
 from tray.menu import Item, TrayActions, build_menu
+from tray.messages import port_taken_text, tell
 from tray.monitor import Monitor
 from tray.supervisor import Supervisor, server_command
 from tray.view import TrayView, view_of
@@ -130,8 +129,7 @@ class Tray:
             return
         self.exit_code = EXIT_PORT_IN_USE
         log.error("the server's port is in use by another program; vramgate stops")
-        with contextlib.suppress(NotImplementedError):  # not every backend can notify
-            self.icon.notify("The port is in use by another program; vramgate stops.")
+        tell("vramgate", "The port is in use by another program; vramgate stops.", self.icon)
         threading.Timer(QUIT_AFTER_PORT_CONFLICT_S, self.icon.stop).start()
 
     def run(self) -> int:
@@ -148,22 +146,6 @@ class Tray:
         return self.exit_code
 
 
-def show_error(title: str, text: str) -> bool:
-    """Tell the person, before any tray icon exists: a message box on Windows, a desktop
-    notification elsewhere (where `notify-send` is). Whether it was shown."""
-    if sys.platform == "win32":
-        import ctypes
-
-        mb_iconerror = 0x10
-        ctypes.windll.user32.MessageBoxW(None, text, title, mb_iconerror)  # type: ignore[attr-defined]
-        return True
-    notify = shutil.which("notify-send")
-    if notify is None:
-        return False
-    done = subprocess.run([notify, "--urgency=critical", title, text], check=False, timeout=10)
-    return done.returncode == 0
-
-
 def run_tray(config_file: Path | None = None) -> int:
     try:
         settings = load_settings({}, config_file)
@@ -173,8 +155,7 @@ def run_tray(config_file: Path | None = None) -> int:
         where = config_file or config_path()
         log.error("vramgate cannot start: the config %s is invalid: %s", where, exc)
         text = f"vramgate cannot start: {where} is invalid.\n\n{exc}\n\nDetails: {log_dir}"
-        if not show_error("vramgate", text):
-            log.error("no way to show the message here (no message box, no notify-send)")
+        tell("vramgate", text)
         return EXIT_INVALID_SETTINGS
     configure_tray_logging(settings.resolved_log_dir)
     lock = single_instance.acquire(settings.resolved_data_dir)
@@ -189,6 +170,8 @@ def run_tray(config_file: Path | None = None) -> int:
             settings.host,
             config_file or "the config file",
         )
+        where = config_file or config_path()
+        tell("vramgate", port_taken_text(settings.host, settings.port, where))
         return EXIT_PORT_IN_USE
     url = server_url(settings)
     client_auth.install(settings, url)

@@ -195,17 +195,33 @@ def test_real_tray_shows_live_figures_survives_a_killed_server_and_stays_single(
     assert servers_for(config) == []
 
 
-def test_tray_refuses_a_port_that_is_taken(desktop, tmp_path):
+def fake_notify_send(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
+    """`notify-send` as a script that records what it was asked to show (no notification
+    daemon runs here), first on PATH."""
+    shown = tmp_path / "shown.txt"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "notify-send"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {shown}\n')
+    fake.chmod(0o755)
+    return env | {"PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}, shown
+
+
+def test_tray_refuses_a_port_that_is_taken_and_tells_the_person(desktop, tmp_path):
+    """Issue 29, 16: a double-click while another program has the port ended the tray
+    with 74 and a log line only; the person now gets a message saying which port."""
     import socket
 
+    env, shown = fake_notify_send(tmp_path, desktop.env)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
+        port = taken.getsockname()[1]
         config = tmp_path / "config.toml"
-        config.write_text(CONFIG.format(port=taken.getsockname()[1], tmp=tmp_path))
+        config.write_text(CONFIG.format(port=port, tmp=tmp_path))
         result = subprocess.run(
             [sys.executable, "-m", "app", "tray", "--config", str(config)],
-            env=desktop.env,
+            env=env,
             capture_output=True,
             text=True,
             timeout=60,
@@ -213,3 +229,41 @@ def test_tray_refuses_a_port_that_is_taken(desktop, tmp_path):
     assert result.returncode == 74
     assert "already in use" in result.stderr
     assert servers_for(config) == []
+    assert shown.exists(), "no message was shown"
+    message = shown.read_text()
+    assert message.startswith("--urgency=critical\nvramgate\nvramgate cannot start: port ")
+    assert f"port {port} on 127.0.0.1 is in use by another program" in message
+    assert str(config) in message
+
+
+def test_a_port_taken_after_the_icon_is_up_is_told_and_ends_the_tray(desktop, tmp_path):
+    """The port is free when the tray looks, then another program takes it before the
+    server binds: the server exits 74 at its first start, which is not retried; the
+    tray says so (pystray's X11 icon has no notifications: through notify-send) and
+    ends with 74."""
+    import socket
+
+    env, shown = fake_notify_send(tmp_path, desktop.env)
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG.format(port=port, tmp=tmp_path))
+    tray = subprocess.Popen(
+        [sys.executable, "-m", "app", "tray", "--config", str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    with socket.socket() as taken:
+        try:
+            wait_until(lambda: desktop.title().startswith("vramgate"), 30, "the icon")
+            taken.bind(("127.0.0.1", port))  # before the server child binds (seconds later)
+            taken.listen()
+            code = tray.wait(60)
+        finally:
+            if tray.poll() is None:
+                tray.kill()
+                tray.wait()
+    assert code == 74
+    assert shown.exists(), "no message was shown"
+    message = shown.read_text()
+    assert "vramgate\nThe port is in use by another program; vramgate stops." in message
