@@ -10,23 +10,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from app.core.health import Health
 from app.core.requests import ValidGenerationRequest
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, InferenceResult
 from app.errors import ExceedsDevice, OutOfMemory, VramgateError
 from app.models.base import ModelHandler
 from app.models.decoding import SamplingParams
 from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel, Reranker
-
-if TYPE_CHECKING:
-    from app.core.service import InferenceService
+from app.models.registry import ModelRegistry
+from app.settings import Settings
 
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
 
 
-async def exercise(
-    service: InferenceService, model: str, handler: ModelHandler, *, probe_only: bool
-) -> None:
+class Door(Protocol):
+    """What warm-up and the probe use of the service (app.core.service): its front door
+    and what it knows, and nothing that would tie this module back to it."""
+
+    settings: Settings
+    registry: ModelRegistry
+    health: Health
+
+    async def serving(
+        self, model: str, capability: Any, *, probe: bool, keep_alive: float | None = None
+    ) -> Any: ...
+
+    async def one_shot(
+        self,
+        model: str,
+        handler: OneShotModel[Any],
+        inputs: list[Any],
+        watch: ClientWatch | None,
+        model_wait_s: float = 0.0,
+        *,
+        probe: bool = False,
+    ) -> InferenceResult: ...
+
+    async def generate(
+        self, request: ValidGenerationRequest, watch: ClientWatch | None, *, probe: bool = False
+    ) -> AdmittedGeneration: ...
+
+
+async def exercise(service: Door, model: str, handler: ModelHandler, *, probe_only: bool) -> None:
     """A model's warm-up requests (each too big for this device skipped), or its
     probe: one tiny request."""
     if isinstance(handler, OneShotModel):
@@ -54,7 +82,7 @@ async def exercise(
                 generation.close()
 
 
-async def probe_loop(service: InferenceService) -> None:
+async def probe_loop(service: Door) -> None:
     """The readiness check's tiny real inference on a loaded model, every
     `health_interval`, so a wedged worker shows. With every model unloaded (the user's
     choice) nothing can wedge."""
