@@ -27,7 +27,19 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._request_series(self.registry)
+        self._device_gauges(self.registry)
+        self.ready = Gauge("vramgate_ready", "1 when the server is ready", registry=self.registry)
+        # For /status: plain counters and a window of recent latencies.
+        self.served: Counter[str] = Counter()
+        self.served_by_device: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.oom_count = 0
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self._success: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
+    def _request_series(self, r: CollectorRegistry) -> None:
+        """What requests did: served, refused, out of memory, waits and run times."""
         self.requests = PromCounter(
             "vramgate_requests",
             "Requests by model, outcome and the device that served them",
@@ -61,6 +73,9 @@ class Metrics:
             registry=r,
         )
 
+    def _device_gauges(self, r: CollectorRegistry) -> None:
+        """What each device holds now, and the learned prices."""
+
         def per_device(name: str, text: str) -> Gauge:
             return Gauge(name, text, ["device"], registry=r)
 
@@ -81,14 +96,6 @@ class Metrics:
             ["model", "bucket", "device"],
             registry=r,
         )
-        self.ready = Gauge("vramgate_ready", "1 when the server is ready", registry=r)
-        # For /status: plain counters and a window of recent latencies.
-        self.served: Counter[str] = Counter()
-        self.served_by_device: Counter[str] = Counter()
-        self.rejected: Counter[str] = Counter()
-        self.oom_count = 0
-        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        self._success: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
     def observe_success(
         self, model: str, wait_s: float, run_s: float, total_s: float, device: str = ""
