@@ -12,6 +12,7 @@ import httpx
 from app.settings import ModelSpec, SimulatedBucket
 
 MiB = 2**20
+RESERVE = 200 * MiB  # left to other programs
 # "a" generates for 40 steps × 25 ms holding 700 MiB; "b" has 600 MiB of weights
 A = ModelSpec(
     name="a",
@@ -41,7 +42,8 @@ def start_stream(url: str, model: str, status) -> tuple[threading.Thread, list[s
 
 
 def test_simulated_a_load_waits_for_room_for_its_weights(server_factory):
-    live = server_factory(device="simulated:1GiB", models=(A, B), max_concurrent=4)
+    # with a reserve: a's weights and stream (800 MiB) fit below it, b's 600 MiB never do
+    live = server_factory(device="simulated:1GiB", reserve=RESERVE, models=(A, B), max_concurrent=4)
     device = live.service.device
     with live.client() as client:
         assert client.post("/admin/models/b/unload").json()["state"] == "unloaded"
@@ -50,15 +52,16 @@ def test_simulated_a_load_waits_for_room_for_its_weights(server_factory):
         assert client.post("/v1/completions", json=short).status_code == 200
         stream, lines, ended = start_stream(live.url, "a", live.status)
         assert not any(p.exclusive for p in live.service.scheduler.gate.permits)
-        # 1 GiB − a's 100 MiB of weights − its stream's 700 MiB leaves no room for 600 MiB
+        # 1 GiB − reserve − a's 100 MiB of weights − its stream's 700 MiB: no room for 600
         loaded = client.post("/admin/models/b/load").json()
         stream.join()
     # The simulated device really holds b's weights: a load that had not waited for the
     # stream to end would have run out of memory and left b "failed".
+    assert device.oom_count == 0
+    assert device.high_water <= 1024 * MiB - RESERVE, device.high_water / MiB
     assert loaded["state"] == "ready", loaded
     assert ended
     assert lines[-1] == "data: [DONE]" and "error" not in lines[-2]
-    assert device.oom_count == 0 and device.high_water <= 1024 * MiB
 
 
 def test_simulated_unload_ends_a_running_stream_with_an_error_event_not_a_500(server_factory):
