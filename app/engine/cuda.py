@@ -67,6 +67,18 @@ class CudaDevice(Device):
             return {}
         return {p.pid: int(p.usedGpuMemory) for p in procs if p.usedGpuMemory is not None}
 
+    def process_bytes(self, pid: int) -> int | None:
+        return self._used_by_pid().get(pid)
+
+    def child_visible(self) -> str:
+        """This GPU by its UUID: an index would be read through the child's own
+        CUDA_VISIBLE_DEVICES and CUDA's fastest-first order, perhaps another card."""
+        try:
+            uuid = self._nvml.nvmlDeviceGetUUID(self._handle)
+        except self._nvml.NVMLError:
+            return str(self.index)
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
     def snapshot(self) -> MemorySnapshot:
         info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
         total, free = int(info.total), int(info.free)

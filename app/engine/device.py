@@ -119,6 +119,16 @@ class Device(ABC):
         """The runner `pid` ended: its memory is no longer ours."""
         self.__dict__.setdefault("_runners", {}).pop(pid, None)
 
+    def process_bytes(self, pid: int) -> int | None:
+        """What process `pid` holds on this device as the driver reports it; None where
+        it reports nothing per process (the CPU's, a simulated device, Windows' WDDM)."""
+        return None
+
+    def child_visible(self) -> str:
+        """CUDA_VISIBLE_DEVICES for a child process that must use this device alone, and
+        only it ("" keeps a child off every GPU)."""
+        return ""
+
     @property
     def runners(self) -> dict[int, int]:
         """Our runner processes on this device: pid → the bytes their engine reported."""

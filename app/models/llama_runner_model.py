@@ -69,6 +69,7 @@ class LlamaRunnerModel(ModelHandler):
         self._client: RunnerClient | None = None  # its listener, while loaded
         self._device: Device | None = None
         self._footprint = Footprint({}, {})
+        self._measured: int | None = None  # on a GPU: the process's own use, as measured
         self.split: LayerSplit | None = None
         self._admitted: int | None = None  # the bytes the gate admitted the load for
 
@@ -161,15 +162,16 @@ class LlamaRunnerModel(ModelHandler):
             "key": key,
             **self.runner_settings(),
         }
-        env = {"CUDA_VISIBLE_DEVICES": str(getattr(device, "index", ""))}
-        if device.kind != "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ""  # a CUDA build on a CPU device stays off the GPU
+        # this device alone (a CUDA build on a CPU or simulated device stays off the GPU)
+        env = {"CUDA_VISIBLE_DEVICES": device.child_visible()}
         argv = runner_argv("app.llama_runner", RUNNER_COMMAND)
         runner = RunnerProcess(self.name, argv, env)
         started = time.perf_counter()
+        free_before = device.snapshot().free
         ready = runner.start(config, LOAD_TIMEOUT_S)
         self._runner, self._device = runner, device
         self._footprint = runner.footprint()
+        self._measured = self._process_bytes(device, int(ready["pid"]), free_before)
         device.adopt(int(ready["pid"]), self.weights_bytes())
         if self.loads is not None and device.kind in MEASURED_ON:
             fingerprint = self.fingerprint or self.identify()
@@ -193,12 +195,23 @@ class LlamaRunnerModel(ModelHandler):
             device.id,
         )
 
+    def _process_bytes(self, device: Device, pid: int, free_before: int) -> int | None:
+        """On a GPU, what the runner's process holds there beyond the buffers its log
+        names (its CUDA context, the runtime's own): the driver's figure for the pid,
+        else how far the device's free memory fell during the load. None elsewhere."""
+        if device.kind != "cuda":
+            return None
+        reported = device.process_bytes(pid)
+        if reported is not None:
+            return reported
+        return max(0, free_before - device.snapshot().free)
+
     def weights_bytes(self) -> int:
         """What the runner reserved on our device (on the CPU: all it allocated)."""
         if self._runner is None or self._device is None:
             return 0
-        if self._device.kind == "cuda":
-            return self._footprint.device_bytes
+        if self._device.kind == "cuda":  # the log's buffers, or the process's whole use
+            return max(self._footprint.device_bytes, self._measured or 0)
         if self._device.kind == "cpu":
             return self._footprint.device_bytes + self._footprint.host_bytes
         # a simulated GPU: a CPU build logs no GPU buffers; the split's own bytes stand in
@@ -225,7 +238,7 @@ class LlamaRunnerModel(ModelHandler):
             runner.stop(STOP_GRACE_S)
             if self._device is not None and runner.pid is not None:
                 self._device.release(runner.pid)
-        self._footprint = Footprint({}, {})
+        self._footprint, self._measured = Footprint({}, {}), None
 
     # -- requests ----------------------------------------------------------------------
     async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

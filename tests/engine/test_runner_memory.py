@@ -56,3 +56,37 @@ def test_on_a_simulated_gpu_a_runner_holds_what_its_engine_reported():
     assert (snap.ours, snap.free, snap.used_by_others) == (600 * MiB, GiB - 600 * MiB, 0)
     device.release(4242)
     assert device.snapshot().free == GiB
+
+
+def test_on_a_gpu_a_runner_is_ours_by_the_drivers_figure_for_its_pid_and_sees_that_card_alone():
+    """A fake driver (tests/engine/test_device.py's, which this machine needs: no GPU)
+    reporting a runner's pid beside ours: the runner's bytes are the driver's, counted
+    as ours and not as another program's; a child is told the card by its UUID."""
+    import os
+
+    from app.engine.cuda import CudaDevice
+    from tests.engine.test_device import FakeCudaStats, FakeNvml
+
+    runner_pid = 4242
+
+    class Driver(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: str):
+            procs = [(os.getpid(), 300 * MiB), (runner_pid, 900 * MiB), (999, 500 * MiB)]
+            return [type("Proc", (), {"pid": p, "usedGpuMemory": b})() for p, b in procs]
+
+        def nvmlDeviceGetUUID(self, handle: str) -> str:
+            return self.gpus[int(handle.removeprefix("gpu"))][0]
+
+    total = 8 * 1024 * MiB
+    nvml = Driver(total=total, free=total - 1700 * MiB, ours=None)
+    device = CudaDevice(0, nvml=nvml, cuda=FakeCudaStats(100 * MiB, 200 * MiB))
+    # the fake's cuda:0 is NVML's second card (CUDA orders fastest first): its UUID, not
+    # an index a child would read through its own CUDA_VISIBLE_DEVICES
+    assert device.child_visible() == "GPU-bbbb"
+    assert device.process_bytes(runner_pid) == 900 * MiB
+    device.adopt(runner_pid, 600 * MiB)  # its log said less: the driver's figure wins
+    snap = device.snapshot()
+    assert snap.ours == 300 * MiB + 900 * MiB
+    assert snap.used_by_others == 500 * MiB
+    device.release(runner_pid)
+    assert device.snapshot().used_by_others == 500 * MiB + 900 * MiB
