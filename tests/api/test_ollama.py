@@ -312,3 +312,22 @@ def test_show_and_tags_of_a_gguf_say_its_engine_format_and_quantization(smollm2_
     assert (shown.details.format, shown.details.quantization_level) == ("gguf", "Q4_1")
     assert listed.details.family == "llama"
     assert models[0].model_dump()["engine"] == "llama.cpp"
+
+
+def test_a_pulled_gguf_is_deleted_with_its_folder_and_projector(served, tmp_path):
+    """A GGUF is kept in a folder of its own (with its mmproj): deleting the model takes
+    the folder, not the file alone."""
+    live, client, _ = served
+    llama = save_random_llama(tmp_path / "src-llama", context=64)
+    source = tmp_path / "src"
+    source.mkdir()
+    from tests.random_models import save_random_llama_gguf
+
+    gguf = save_random_llama_gguf(llama, source / "tiny-gguf.gguf")
+    (source / "mmproj-tiny.gguf").write_bytes(b"projector")
+    assert list(client.pull(str(gguf), stream=True))[-1].status == "success"
+    folder = live.app.state.models_source.settings().resolved_models_dir / "tiny-gguf"
+    assert sorted(p.name for p in folder.iterdir()) == ["mmproj-tiny.gguf", "tiny-gguf.gguf"]
+    assert client.delete("tiny-gguf").status == "success"
+    assert not folder.exists()
+    assert "tiny-gguf" not in [m.model for m in client.list().models]
