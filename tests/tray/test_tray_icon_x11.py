@@ -20,6 +20,7 @@ from tray.icon import BACKGROUND
 
 pytestmark = test_tray_xvfb.pytestmark  # slow; needs Xvfb, trayer, xdotool, imagemagick
 REPO = Path(__file__).resolve().parents[2]
+READY = "VRAM 0.0 / 8.0 GiB · 0 running · 0 waiting"
 
 
 def icon_windows(screen: Desktop) -> list[str]:
@@ -114,7 +115,7 @@ def test_the_icon_stays_docked_drawn_and_current_from_launch_until_15s_after_rea
             loader.join(60)
         # The title follows the server once the load is over: the tray is still answering.
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not desktop.title().startswith("VRAM 0.0"):
+        while time.monotonic() < deadline and not desktop.title().startswith(READY):
             time.sleep(0.2)
         title = desktop.title()
     finally:
@@ -127,7 +128,7 @@ def test_the_icon_stays_docked_drawn_and_current_from_launch_until_15s_after_rea
     assert shrunk == [], f"the icon's window changed size from {first}: {shrunk}"
     blank = [round(at, 1) for at, _, drawn in samples if drawn < 20]
     assert blank == [], f"the icon was not drawn at {blank} s"
-    assert title.startswith("VRAM 0.0 / 8.0 GiB · 0 running · 0 waiting"), title
+    assert title.startswith(READY), title
 
 
 def _healthy(url: str) -> bool:
