@@ -371,3 +371,26 @@ def test_keep_alive_ends_an_idle_runner_and_its_memory_is_ours_no_more(
     assert live.service.device.runners == {}
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert model_row(live)["runner_pid"] is None
+
+
+def test_a_reader_who_leaves_frees_the_runners_slot_and_the_gates(smol):
+    """A streamed chat whose caller goes away after a few tokens: its slot in the gate
+    comes back and the runner stops generating for it (the connection is closed, which
+    cancels llama.cpp's task), long before its 400 tokens would have been done."""
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
+    predicted = runner_gauge(smol, "tokens_predicted_total")
+    with httpx.stream("POST", smol.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for index, _ in enumerate(sse_events(r)):
+            if index == 3:
+                break  # the caller leaves
+    wait_until(lambda: smol.service.scheduler.running_for("smol") == 0, 20, "slot back")
+    wait_until(lambda: runner_gauge(smol, "requests_processing") == 0, 20, "runner idle")
+    produced = runner_gauge(smol, "tokens_predicted_total") - predicted
+    print(f"the runner produced {produced:.0f} tokens for the stream its reader left")
+    assert produced < 200  # not its 400
