@@ -26,6 +26,7 @@ from app.core.pricing import Handler, Pricer
 from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.scheduler import Limits, Scheduler
 from app.core.snapshot import CoreSnapshot
+from app.core.spill import SPILL_WARNING, SpillWatch
 from app.core.state import ServerState
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult, Job, JobResult, cost_of, log_request
@@ -112,6 +113,7 @@ class InferenceService:
         )
         self.memory.reclaimable = self.lifecycle.reclaimable
         self.history = history if history is not None else History()
+        self.spill = SpillWatch()  # a driver spilling into system RAM (app.core.spill)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- what it looks like ------------------------------------------------------------
@@ -376,6 +378,20 @@ class InferenceService:
         total_s = self.clock() - started
         self.metrics.observe_success(job.model, waited, run_s, total_s, self.device.id)
         log_request(job, result, "ok")
+        if self.device.kind in ("cuda", "simulated") and job.stream is None:
+            self._watch_spill(run_s, job.quote.expected_s)
+
+    def _watch_spill(self, run_s: float, expected_s: float) -> None:
+        """A driver that spills into system RAM is said where the person looks (the
+        device's warnings: /status, the tray), and unsaid once runs are fast again."""
+        snap = self.memory.snapshot()
+        was = self.spill.spilling
+        if self.spill.observe(run_s, expected_s, snap.free, snap.total) == was:
+            return
+        others = tuple(w for w in self.device.warnings if w != SPILL_WARNING)
+        self.device.warnings = (*others, SPILL_WARNING) if self.spill.spilling else others
+        if self.spill.spilling:
+            log.warning("device %s: %s", self.device.id, SPILL_WARNING)
 
     def _refused(self, model: str, exc: VramgateError) -> None:
         label = model if model in self.registry.entries else "unknown"  # bounded labels
