@@ -158,10 +158,26 @@ class Device(ABC):
         block = torch.empty(max(0, nbytes), dtype=torch.uint8, device=self.torch_device)
         if self.torch_device.type == "cpu":
             block.fill_(0)  # touch the pages so the RAM is really resident
+        with self._held_here(nbytes):
+            try:
+                yield
+            finally:
+                del block
+
+    @contextlib.contextmanager
+    def _held_here(self, nbytes: int) -> Iterator[None]:
+        counts = self.__dict__.setdefault("_held_by_thread", threading.local())
+        counts.bytes = getattr(counts, "bytes", 0) + nbytes
         try:
             yield
         finally:
-            del block
+            counts.bytes -= nbytes
+
+    def held_by_this_thread(self) -> int:
+        """What the `hold`s entered on this thread hold now: a simulated generation's
+        cache as the device counts it, not as the model says it."""
+        counts = self.__dict__.get("_held_by_thread")
+        return int(getattr(counts, "bytes", 0)) if counts is not None else 0
 
     def job_stream(self) -> contextlib.AbstractContextManager[Any]:
         """Where one job's device work is queued (CUDA: the inference thread's own stream,
@@ -411,7 +427,8 @@ class SimulatedDevice(Device):
             self._peak = max(self._peak, self._allocated)
             self.high_water = max(self.high_water, self._allocated + self._external)
         try:
-            yield
+            with self._held_here(nbytes):
+                yield
         finally:
             with self._lock:
                 self._allocated -= nbytes

@@ -222,7 +222,10 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
         scanner = StopScanner(task.params.stop)
         text, produced, steps, finish = "", 0, 0, "length"
         with contextlib.ExitStack() as memory:
-            memory.enter_context(self._device.hold(held))
+            fixed = int(gen.true_fixed_bytes) if gen is not None else held
+            memory.enter_context(self._device.hold(fixed))  # the prefill's activations
+            before_cache = self._device.held_by_this_thread()
+            memory.enter_context(self._device.hold(held - fixed))  # the prompt's cache
             for _ in range(task.max_tokens):
                 if stream.cancelled.is_set():
                     finish = "cancelled"
@@ -241,6 +244,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
                 if scanner.stopped:
                     finish = "stop"
                     break
+            cache_bytes = self._device.held_by_this_thread() - before_cache
         if not scanner.stopped:
             stream.emit(scanner.push(text, final=True))
         kv_tokens = prompt + max(0, steps - 1) if steps else 0
@@ -251,7 +255,9 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
             finish,
             steps,
             kv_tokens=kv_tokens,
-            kv_bytes=per_token * kv_tokens,  # its cache, as a real model's is measured
+            # its cache as the device held it (a real model's is read off its tensors),
+            # not the model's own arithmetic
+            kv_bytes=cache_bytes if per_token else 0,
         )
 
     def postprocess(self, raw: Any) -> np.ndarray:

@@ -521,3 +521,25 @@ def test_the_cuda_context_is_no_room_for_models_or_jobs():
     device = CudaDevice(0, nvml=CardNvml(card), cuda=card)
     memory = MemoryView(device, reserve=512 * MiB, clock=time.monotonic)
     assert memory.device_bytes() == 24 * gib - 500 * MiB - 512 * MiB
+
+
+def test_a_threads_holds_are_counted_apart_from_other_threads():
+    """What a simulated generation reports as its cache is what the device counted for
+    the holds its own thread entered, not its own arithmetic, and not its neighbours'."""
+    device = SimulatedDevice(2**30)
+    seen: dict[str, int] = {}
+    inside = threading.Barrier(2)
+
+    def hold(name: str, nbytes: int) -> None:
+        with device.hold(nbytes), device.hold(nbytes):
+            inside.wait(5)
+            seen[name] = device.held_by_this_thread()
+            inside.wait(5)
+
+    threads = [threading.Thread(target=hold, args=(n, b)) for n, b in (("a", 10), ("b", 300))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {"a": 20, "b": 600}
+    assert device.held_by_this_thread() == 0 and device.allocated() == 0
