@@ -34,7 +34,7 @@ def test_help_and_errors_go_to_the_console_log_not_a_missing_stream(tmp_path):
 def test_a_pull_with_its_progress_bar_runs_without_streams(tmp_path):
     source = tmp_path / "src" / "m"
     source.mkdir(parents=True)
-    (source / "config.json").write_text('{"architectures": ["BertModel"]}')
+    (source / "config.json").write_text('{"architectures": ["BertModel"], "model_type": "bert"}')
     (source / "weights.bin").write_bytes(bytes(3 * 2**20))
     config = tmp_path / "config.toml"
     code, written = windowed(
