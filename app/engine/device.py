@@ -166,18 +166,28 @@ class Device(ABC):
 
     @contextlib.contextmanager
     def _held_here(self, nbytes: int) -> Iterator[None]:
-        counts = self.__dict__.setdefault("_held_by_thread", threading.local())
-        counts.bytes = getattr(counts, "bytes", 0) + nbytes
+        """Counts `nbytes` for the thread that enters the hold, until it is let go (on
+        whichever thread: a model's weights are held by its loader, let go by its unload)."""
+        thread = threading.get_ident()
+        counts: dict[int, int] = self.__dict__.setdefault("_held_by_thread", {})
+        lock: threading.Lock = self.__dict__.setdefault("_held_lock", threading.Lock())
+        with lock:
+            counts[thread] = counts.get(thread, 0) + nbytes
         try:
             yield
         finally:
-            counts.bytes -= nbytes
+            with lock:  # a hold of 0 bytes may come back after the others emptied it
+                left = counts.get(thread, 0) - nbytes
+                if left:
+                    counts[thread] = left
+                else:
+                    counts.pop(thread, None)
 
     def held_by_this_thread(self) -> int:
         """What the `hold`s entered on this thread hold now: a simulated generation's
         cache as the device counts it, not as the model says it."""
-        counts = self.__dict__.get("_held_by_thread")
-        return int(getattr(counts, "bytes", 0)) if counts is not None else 0
+        counts: dict[int, int] = self.__dict__.get("_held_by_thread", {})
+        return counts.get(threading.get_ident(), 0)
 
     def job_stream(self) -> contextlib.AbstractContextManager[Any]:
         """Where one job's device work is queued (CUDA: the inference thread's own stream,

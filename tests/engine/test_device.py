@@ -543,3 +543,25 @@ def test_a_threads_holds_are_counted_apart_from_other_threads():
         thread.join()
     assert seen == {"a": 20, "b": 600}
     assert device.held_by_this_thread() == 0 and device.allocated() == 0
+
+
+def test_a_hold_let_go_on_another_thread_is_uncounted_for_the_one_that_took_it():
+    """A model's weights are held by its loader's thread and let go by its unload's."""
+    import contextlib
+
+    device = SimulatedDevice(2**30)
+    stack = contextlib.ExitStack()
+    taken: list[int] = []
+
+    def load() -> None:
+        stack.enter_context(device.hold(100))
+        taken.append(device.held_by_this_thread())
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    loader.join()
+    unloader = threading.Thread(target=stack.close)
+    unloader.start()
+    unloader.join()
+    assert taken == [100] and device.allocated() == 0
+    assert device.__dict__["_held_by_thread"] == {}
