@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from app.engine.cuda import CudaDevice
-from app.engine.device import CpuDevice, Device, SimulatedDevice
+from app.engine.device import CpuDevice, Device
 from app.engine.nvml import _safe_pynvml, nvidia_gpus
+from app.engine.simulated_device import SimulatedDevice
 from app.errors import DeviceUnavailable
 from app.settings import Settings
 

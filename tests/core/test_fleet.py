@@ -21,7 +21,7 @@ def test_models_are_placed_by_the_memory_free_now_not_the_cards_total(tmp_path):
     """A display card already half used by the desktop has less room than a smaller idle
     card: a model goes where it fits now."""
     from app.core.fleet import place_models
-    from app.engine.device import SimulatedDevice
+    from app.engine.simulated_device import SimulatedDevice
     from app.settings import SimulatedBucket
     from tests.live import make_settings
 

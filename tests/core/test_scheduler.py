@@ -24,8 +24,8 @@ from app.core.pricing import Pricer
 from app.core.scheduler import Limits, Scheduler
 from app.core.watch import ClientWatch
 from app.core.work import Job
-from app.engine.device import SimulatedDevice
 from app.engine.executor import Executor
+from app.engine.simulated_device import SimulatedDevice
 from app.errors import ClientGone, QueueFull, QueueTimeout, ShuttingDown
 from app.metrics import Metrics
 from app.models.base import Prepared

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from app.engine.choose import make_device
-from app.engine.device import CpuDevice, SimulatedDevice
+from app.engine.device import CpuDevice
+from app.engine.simulated_device import SimulatedDevice
 from app.errors import DeviceUnavailable
 from app.settings import load_settings
 

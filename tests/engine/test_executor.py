@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from app.engine.device import SimulatedDevice
 from app.engine.executor import Executor
+from app.engine.simulated_device import SimulatedDevice
 
 MiB = 2**20
 

@@ -9,7 +9,8 @@ import sys
 
 import psutil
 
-from app.engine.device import CpuDevice, SimulatedDevice
+from app.engine.device import CpuDevice
+from app.engine.simulated_device import SimulatedDevice
 
 MiB = 2**20
 HOLD = 300 * MiB

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine.device import SimulatedDevice
+from app.engine.simulated_device import SimulatedDevice
 from app.errors import InvalidRequest
 from app.models.simulated import SimulatedHandler
 from app.settings import FaultInjection, ModelSpec, SimulatedBucket
