@@ -384,12 +384,10 @@ class InferenceService:
     def _watch_spill(self, run_s: float, expected_s: float) -> None:
         """A driver that spills into system RAM is said where the person looks (the
         device's warnings: /status, the tray), and unsaid once runs are fast again."""
-        snap = self.memory.snapshot()
-        was = self.spill.spilling
+        snap, was = self.memory.snapshot(), self.spill.spilling
         if self.spill.observe(run_s, expected_s, snap.free, snap.total) == was:
             return
-        others = tuple(w for w in self.device.warnings if w != SPILL_WARNING)
-        self.device.warnings = (*others, SPILL_WARNING) if self.spill.spilling else others
+        self.device.warnings = self.spill.warnings(self.device.warnings)
         if self.spill.spilling:
             log.warning("device %s: %s", self.device.id, SPILL_WARNING)
 

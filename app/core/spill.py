@@ -29,6 +29,11 @@ class SpillWatch:
     spilling: bool = False
     _streak: int = 0
 
+    def warnings(self, current: tuple[str, ...]) -> tuple[str, ...]:
+        """A device's warnings with this one said while spilling, and only then."""
+        others = tuple(w for w in current if w != SPILL_WARNING)
+        return (*others, SPILL_WARNING) if self.spilling else others
+
     def observe(self, run_s: float, expected_s: float, free: int, total: int) -> bool:
         """One finished run; whether the device reads as spilling now."""
         slow = expected_s > 0 and run_s > self.slow_factor * expected_s
