@@ -170,9 +170,11 @@ class LlamaRunnerModel(ModelHandler):
         free_before = device.snapshot().free
         ready = runner.start(config, LOAD_TIMEOUT_S)
         self._runner, self._device = runner, device
-        self._footprint = runner.footprint()
-        self._measured = self._process_bytes(device, int(ready["pid"]), free_before)
-        device.adopt(int(ready["pid"]), self.weights_bytes())
+        try:  # a load that fails past here ends its runner: nothing is left running
+            self._serving(device, ready, key, free_before)
+        except BaseException:
+            self.unload()
+            raise
         if self.loads is not None and device.kind in MEASURED_ON:
             fingerprint = self.fingerprint or self.identify()
             where = self._load_config(self.split.on_device)
@@ -180,10 +182,6 @@ class LlamaRunnerModel(ModelHandler):
             self.loads.record(
                 self.name, self.dtype, fingerprint, where, self.weights_bytes(), load_s
             )
-        host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
-        self._client = RunnerClient(host, int(port), key)
-        props = asyncio.run(self._client.call("GET", "/props"))  # on the loader's thread
-        self.loaded(props)
         log.info(
             "model %s: runner pid %s, %s, %d cells x %d slots, %.1f MiB on %s",
             self.name,
@@ -194,6 +192,16 @@ class LlamaRunnerModel(ModelHandler):
             self.weights_bytes() / 2**20,
             device.id,
         )
+
+    def _serving(self, device: Device, ready: dict[str, Any], key: str, free_before: int) -> None:
+        """The started runner measured, adopted by the device, and asked what it serves."""
+        assert self._runner is not None
+        self._footprint = self._runner.footprint()
+        self._measured = self._process_bytes(device, int(ready["pid"]), free_before)
+        device.adopt(int(ready["pid"]), self.weights_bytes())
+        host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
+        self._client = RunnerClient(host, int(port), key)
+        self.loaded(asyncio.run(self._client.call("GET", "/props")))  # the loader's thread
 
     def _process_bytes(self, device: Device, pid: int, free_before: int) -> int | None:
         """On a GPU, what the runner's process holds there beyond the buffers its log

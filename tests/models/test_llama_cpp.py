@@ -394,3 +394,21 @@ def test_a_reader_who_leaves_frees_the_runners_slot_and_the_gates(smol):
     produced = runner_gauge(smol, "tokens_predicted_total") - predicted
     print(f"the runner produced {produced:.0f} tokens for the stream its reader left")
     assert produced < 200  # not its 400
+
+
+def test_a_load_that_fails_after_its_runner_started_leaves_nothing_running(smollm2_gguf):
+    """Past the runner's start (its answer to /props read wrong, here), the load fails
+    whole: the process is ended and the device counts nothing of it."""
+    from app.engine.device import CpuDevice
+
+    class Refusing(LlamaCppHandler):
+        def loaded(self, props: dict) -> None:
+            self.pid_seen = self.runner_pid
+            raise ValueError("the runner's /props said nothing usable")
+
+    device = CpuDevice()
+    model = Refusing(ModelSpec(name="smol", kind="generation", path=smollm2_gguf))
+    with pytest.raises(ValueError, match="nothing usable"):
+        model.load(device)
+    assert device.runners == {} and model.runner_pid is None
+    assert not psutil.pid_exists(model.pid_seen)
