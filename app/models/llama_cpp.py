@@ -36,7 +36,6 @@ from app.settings import ModelSpec
 log = logging.getLogger("vramgate.llama_cpp")
 
 
-
 class LlamaCppHandler(LlamaRunnerModel, Generator):
     """Text generation on a runner: tokenised by it before queueing, streamed from it."""
 
