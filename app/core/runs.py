@@ -76,13 +76,15 @@ class GroupRunner:
         handler = leader.handler
         if leader.stream is not None:
             assert isinstance(handler, Generator)
+            streamed: asyncio.Future[tuple[DecodeResult, Measurement]]
             if handler.streams_on_loop:
-                work = asyncio.ensure_future(self._on_loop(handler, leader.prepared, leader.stream))
+                on_loop = self._on_loop(handler, leader.prepared, leader.stream)
+                streamed = asyncio.ensure_future(on_loop)
             else:
-                work = self._executor.submit_device(
+                streamed = self._executor.submit_device(
                     handler.generate, leader.prepared, leader.stream, stream=True
                 )
-            return Running(permit, jobs, self._clock(), work, leader.prepared, leader.key)
+            return Running(permit, jobs, self._clock(), streamed, leader.prepared, leader.key)
         assert isinstance(handler, OneShotModel)
         merged, key = self._pricer.group(jobs) or (leader.prepared, leader.key)
         work = self._executor.submit_device(handler.forward, merged)
