@@ -303,7 +303,7 @@ def _pull_into(
     """The model staged in `scratch`, moved into the models folder, then entered in the
     config; the move is undone when the entry cannot be written."""
     from app.gguf_conversion import convert_gguf  # imports torch: only when pulling
-    from app.models.llama_cpp import llama_cpp_available
+    from app.models.llama_runner_model import llama_cpp_available
 
     models_dir = settings.resolved_models_dir
     model = locate(fetch(source, scratch, progress))

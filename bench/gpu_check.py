@@ -272,7 +272,8 @@ def device_side_assert(device_spec: str) -> dict[str, Any]:
 def llama_split_check(work: Path, device_spec: str, layers: int = 16) -> dict[str, Any]:
     """A GGUF larger than the room it is given: the split, planned and as it happened."""
     from app.models.layer_split import bytes_on_device
-    from app.models.llama_cpp import LlamaCppHandler, llama_cpp_available
+    from app.models.llama_cpp import LlamaCppHandler
+    from app.models.llama_runner_model import llama_cpp_available
     from app.settings import ModelSpec
     from tests.live import live_server, make_settings
     from tests.random_models import save_random_llama, save_random_llama_gguf

@@ -29,6 +29,7 @@ log = logging.getLogger("vramgate.device")
 
 GiB = 2**30
 MiB = 2**20
+_HELD_LOCK = threading.Lock()  # guards every device's per-thread hold counts (rarely held)
 
 # Allocation failures that torch raises as a plain RuntimeError (torch.AcceleratorError
 # from 2.8 on) rather than torch.OutOfMemoryError. The texts are those torch builds:
@@ -170,13 +171,12 @@ class Device(ABC):
         whichever thread: a model's weights are held by its loader, let go by its unload)."""
         thread = threading.get_ident()
         counts: dict[int, int] = self.__dict__.setdefault("_held_by_thread", {})
-        lock: threading.Lock = self.__dict__.setdefault("_held_lock", threading.Lock())
-        with lock:
+        with _HELD_LOCK:
             counts[thread] = counts.get(thread, 0) + nbytes
         try:
             yield
         finally:
-            with lock:  # a hold of 0 bytes may come back after the others emptied it
+            with _HELD_LOCK:  # a hold of 0 bytes may come back after the others emptied it
                 left = counts.get(thread, 0) - nbytes
                 if left:
                     counts[thread] = left
@@ -238,6 +238,7 @@ class CpuDevice(Device):
         self.id = "cpu"
         self.name = f"{psutil.cpu_count(logical=True)}-thread CPU"
         self._process = psutil.Process()
+        self._runner_procs: dict[int, psutil.Process] = {}  # adopted runners' handles
         # Linux: reads per batch at a few µs, under the GIL
         self._proc = None if sample_peak else _ProcMemory.open()
         self._sampler = _PeakSampler(self._rss) if self._proc is None else None
@@ -258,10 +259,15 @@ class CpuDevice(Device):
 
     def _runners_rss(self) -> int:
         """Our runner processes' resident sets (one that just ended counts nothing)."""
+        runners = self.runners
+        for gone in self._runner_procs.keys() - runners.keys():
+            self._runner_procs.pop(gone, None)  # snapshots come from several threads
         total = 0
-        for pid in self.runners:
+        for pid in runners:
             try:
-                total += int(psutil.Process(pid).memory_info().rss)
+                proc = self._runner_procs.get(pid) or psutil.Process(pid)
+                self._runner_procs[pid] = proc
+                total += int(proc.memory_info().rss)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return total

@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Any
 
 from app.engine.runner_client import RunnerAnswer
-from app.engine.runner_process import RunnerFailed
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.base import Prepared
 from app.models.card import ModelCard
@@ -28,7 +27,7 @@ from app.models.decoding import (
 )
 from app.models.kinds import Generator
 from app.models.llama_requests import completion_body, decode_result, logprobs_of
-from app.models.llama_runner_model import LlamaRunnerModel, llama_cpp_available
+from app.models.llama_runner_model import LlamaRunnerModel
 from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
@@ -130,6 +129,3 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
     def card(self) -> ModelCard:
         card = super().card()
         return replace(card, chat_template=self.chat_template or self.facts().chat_template)
-
-
-__all__ = ["LlamaCppHandler", "LlamaRunnerModel", "RunnerFailed", "llama_cpp_available"]

@@ -14,8 +14,9 @@ from app.models.base import ModelHandler
 from app.models.causal_lm import CausalLMHandler
 from app.models.embedding import EmbeddingHandler
 from app.models.kinds import CAPABILITIES, LACKING
-from app.models.llama_cpp import LlamaCppHandler, llama_cpp_available
+from app.models.llama_cpp import LlamaCppHandler
 from app.models.llama_embed import LlamaCppEmbedder
+from app.models.llama_runner_model import llama_cpp_available
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
