@@ -7,12 +7,13 @@ Nothing else in vramgate reads the environment. The object is built once at star
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
 from pydantic import (
@@ -21,8 +22,14 @@ from pydantic import (
     SecretStr,
     TypeAdapter,
     field_validator,
+    model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from app.durations import keep_alive_seconds
 from app.model_spec import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
@@ -128,6 +135,12 @@ class Settings(BaseSettings):
         (ModelSpec(name=DEFAULT_MODEL_NAME),),
         description="models to serve, NAME=KIND[:PATH] on the command line (repeatable)",
     )
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        {},
+        description="names clients send, mapped to served models: glob pattern to model, "
+        'first match wins, e.g. "claude-*" = "coder" for Claude Code, "gpt-*" = "coder" for '
+        "Codex (a [model_aliases] table in the config file; pattern=model,... as a flag)",
+    )
     max_body_bytes: ByteSize = Field(
         ByteSize(4 * 2**20), description="largest request body accepted (413 beyond)"
     )
@@ -222,6 +235,31 @@ class Settings(BaseSettings):
         if sizes and any(parse_bytes(size.strip()) <= 0 for size in sizes.split(",")):
             raise ValueError("a simulated device needs a positive size")
         return value.strip()
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _alias_pairs(cls, value: Any) -> Any:
+        """`pattern=model,pattern=model` (a flag or an environment variable) or JSON."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("{"):
+                return json.loads(text)
+            pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError(f"model aliases {value!r} are not pattern=model,...")
+            return {pattern.strip(): model.strip() for pattern, model in pairs}
+        return value
+
+    @model_validator(mode="after")
+    def _aliases_name_served_models(self) -> Settings:
+        served = {spec.name for spec in self.models}
+        for pattern, model in self.model_aliases.items():
+            if model not in served:
+                raise ValueError(
+                    f"model alias {pattern!r} names {model!r}, which is not served "
+                    f"(served: {', '.join(sorted(served))})"
+                )
+        return self
 
     @field_validator("models")
     @classmethod

@@ -113,6 +113,7 @@ async def list_models(request: Request) -> dict[str, Any]:
                 "capabilities": list(card.capabilities),
                 "context_length": card.context_length,
                 "state": entry["state"],
+                "aliases": fleet.aliases_of(entry["name"]),  # names that also reach it
             }
         )
     return {"object": "list", "data": data}

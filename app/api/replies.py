@@ -308,6 +308,7 @@ def usage(outcomes: list[DecodeResult], cost: Cost) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": outcomes[0].cached_tokens if outcomes else 0},
         "queue_ms": round(cost.queue_s * 1000, 3),
         "run_ms": round(cost.run_s * 1000, 3),
         "vram_bytes": cost.price_bytes,

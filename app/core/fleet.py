@@ -10,9 +10,11 @@ only; /status and /metrics show every device, and their sums.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from app.core.placement import Load, Placement, Room, Wanted, place, soonest
@@ -68,21 +70,40 @@ class Fleet:
         loads = [_load_of(lane, model) for lane in lanes]
         return self._by_id[soonest(loads)]
 
+    def resolve(self, model: str) -> str:
+        """The served model a request's name means: itself, or the model of the first
+        `model_aliases` pattern it matches (Claude Code asks for claude-..., Codex for
+        gpt-...); a name neither serves nor matches stays as is (its lane answers 404)."""
+        if any(_serves(lane, model) for lane in self.lanes):
+            return model
+        for pattern, served in self.settings.model_aliases.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return served
+        return model
+
     async def run(self, request: OneShotRequest, watch: ClientWatch) -> InferenceResult:
         """Any one-shot request, on the device that admits it soonest."""
-        return await self.lane_for(request.model).run(request, watch)
+        served = self.resolve(request.model)
+        if served != request.model:
+            request = replace(request, model=served)  # type: ignore[type-var]  # dataclasses
+        return await self.lane_for(served).run(request, watch)
 
     async def generate(
         self, request: ValidGenerationRequest, watch: ClientWatch | None
     ) -> AdmittedGeneration:
-        return await self.lane_for(request.model).generate(request, watch)
+        served = self.resolve(request.model)
+        if served != request.model:
+            request = replace(request, model=served)
+        return await self.lane_for(served).generate(request, watch)
 
     def card(self, model: str) -> ModelCard:
         """What `model` is (app.models.card), loaded or not; 404 for one not served."""
+        model = self.resolve(model)
         return self.lane_for(model).registry.entry(model).handler.card()
 
     def handler(self, model: str, capability: type[H]) -> H:
         """A serving copy's handler (what describes the model: labels, dimensions)."""
+        model = self.resolve(model)
         return self.lane_for(model).registry.serving(model, capability)
 
     # -- start and stop -----------------------------------------------------------------
@@ -137,10 +158,14 @@ class Fleet:
             return self.lanes[0].memory_line()
         return " | ".join(f"{lane.device.id} {lane.memory_line()}" for lane in self.lanes)
 
+    def aliases_of(self, model: str) -> list[str]:
+        """The `model_aliases` patterns that name `model`."""
+        return [p for p, served in self.settings.model_aliases.items() if served == model]
+
     def status(self) -> dict[str, Any]:
         """The /status document: the sums on top, each device under `devices`."""
         views = [lane.view() for lane in self.lanes]
-        return status_document(
+        document = status_document(
             CoreSnapshot.combined(views),
             self._describe_devices(),
             self.models(),
@@ -149,6 +174,8 @@ class Fleet:
             self.gave_back_view(),
             [self._device_row(lane, view) for lane, view in zip(self.lanes, views, strict=True)],
         )
+        document["model_aliases"] = dict(self.settings.model_aliases)
+        return document
 
     def set_gauges(self) -> None:
         """/metrics' gauges: each device's, with a `device` label."""

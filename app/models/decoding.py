@@ -82,6 +82,7 @@ class DecodeResult:
     kv_tokens: int = 0  # tokens its KV cache held at the end
     kv_bytes: int = 0  # that cache's own bytes, measured on its tensors (0: unknown)
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
 
 
 def generation_prepared(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.core.fleet import lane_specs
 from app.settings import ModelSpec
 
@@ -32,3 +34,33 @@ def test_models_are_placed_by_the_memory_free_now_not_the_cards_total(tmp_path):
     model = ModelSpec(name="m", kind="simulated", weights=3 * gib, buckets=buckets)
     settings = make_settings(tmp_path, device="simulated:8GiB,4GiB", models=(model,))
     assert place_models(settings, settings.models, [display, idle]) == {"m": ("simulated:1",)}
+
+
+def test_simulated_model_aliases_let_agents_name_their_own_models(server_factory):
+    """Claude Code asks for claude-... names and Codex for gpt-...: with `model_aliases`
+    those reach a served model through the official client; the answer keeps the name
+    asked for; /v1/models and /status show the aliases; a name neither served nor
+    matched stays a 404 listing what is served."""
+    import openai
+
+    from app.settings import ModelSpec, SimulatedBucket
+
+    sim = ModelSpec(
+        name="coder", kind="simulated", buckets=(SimulatedBucket(size=64, bytes=2**20, run_ms=1),)
+    )
+    aliases = {"claude-*": "coder", "gpt-*": "coder"}
+    live = server_factory(device="simulated:1GiB", models=(sim,), model_aliases=aliases)
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model="gpt-5-codex", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert answer.model == "gpt-5-codex" and answer.choices[0].message.content
+    listed = {m.id: m for m in client.models.list().data}
+    assert listed["coder"].model_extra["aliases"] == ["claude-*", "gpt-*"]
+    with live.client() as raw:
+        assert raw.get("/status").json()["model_aliases"] == aliases
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(
+            model="llama3", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    assert "coder" in str(refused.value) and refused.value.body["code"] == "model_not_found"
