@@ -83,6 +83,7 @@ class DecodeResult:
     kv_bytes: int = 0  # that cache's own bytes, measured on its tensors (0: unknown)
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
+    stop_sequence: str | None = None  # the stop string that ended it (finish "stop"), if one did
 
 
 def generation_prepared(
@@ -186,13 +187,15 @@ class StopScanner:
         self.stop = tuple(s for s in stop if s)
         self.sent = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string found, the earliest in the text
         self.text = ""
 
     def push(self, text: str, final: bool = False) -> str:
         for s in self.stop:
             at = text.find(s)
-            if at != -1:
+            if at != -1:  # a later match is earlier in the text: the one cut here
                 self.stopped = True
+                self.matched = s
                 text = text[:at]
                 final = True
         self.text = text

@@ -69,4 +69,5 @@ def decode_result(
         finish_reason=finish,
         steps=produced + 1,
         logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
+        stop_sequence=str(final["stopping_word"]) if final.get("stop_type") == "word" else None,
     )

@@ -110,6 +110,7 @@ class Row:
                 kv_tokens=self.position,
                 kv_bytes=kv_bytes,
                 logprobs=tuple(self.logprobs) if self.task.params.logprobs is not None else None,
+                stop_sequence=self.scanner.matched,
             )
         self.error = error
         self.done.set()

@@ -258,6 +258,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
             # its cache as the device held it (a real model's is read off its tensors),
             # not the model's own arithmetic
             kv_bytes=cache_bytes if per_token else 0,
+            stop_sequence=scanner.matched,
         )
 
     def postprocess(self, raw: Any) -> np.ndarray:

@@ -29,6 +29,13 @@ def test_stop_string_split_across_steps_is_held_back_then_cut():
     assert scanner.stopped and scanner.text == "Hello "
 
 
+def test_the_stop_string_that_ended_the_text_is_named_the_earliest_of_several():
+    scanner = StopScanner(("END", "\n\n", "x"))
+    assert scanner.push("ab\n") == "ab" and scanner.matched is None  # "\n" may begin one
+    scanner.push("ab\n\ncd END x")
+    assert scanner.stopped and scanner.matched == "\n\n" and scanner.text == "ab"
+
+
 def test_false_alarm_prefix_is_released_and_broken_utf8_waits():
     scanner = StopScanner(("END",))
     assert scanner.push("an E") == "an "
