@@ -88,6 +88,18 @@ class WrongModelKind(InvalidRequest):
     code = "unsupported_model"
 
 
+class UnsupportedTool(InvalidRequest):
+    """A hosted tool (web search, code interpreter, ...) that runs on OpenAI's servers."""
+
+    code = "unsupported_tool"
+
+
+class InvalidResponseId(InvalidRequest):
+    """A response id that is not of the form ours take (checked before it names a file)."""
+
+    code = "invalid_response_id"
+
+
 class UnsafeSource(InvalidRequest):
     """A pull source that could run code or read files the person did not mean to serve
     (`pip:` with a URL, path or option; a model folder holding a link)."""
@@ -99,6 +111,16 @@ class ModelNotFound(VramgateError):
     status = 404
     error_type = "invalid_request_error"
     code = "model_not_found"
+
+
+class ResponseNotFound(ModelNotFound):
+    """A stored response (the Responses API's) that is not kept here, or no longer."""
+
+    code = "response_not_found"
+
+
+class PreviousResponseNotFound(ResponseNotFound):
+    code = "previous_response_not_found"
 
 
 class BodyTooLarge(VramgateError):

@@ -90,6 +90,21 @@ class Metrics:
         self.device_ours = per_device(
             "vramgate_device_ours_bytes", "Device memory held by this server"
         )
+        self.prefix_bytes = per_device(
+            "vramgate_prefix_cache_bytes", "Bytes the prefix cache holds (reclaimable)"
+        )
+        self.prefix_entries = per_device(
+            "vramgate_prefix_cache_entries", "Ended generations kept in the prefix cache"
+        )
+        self.prefix_lookups = per_device(
+            "vramgate_prefix_cache_lookups", "Generations that looked for a cached prefix"
+        )
+        self.prefix_hits = per_device(
+            "vramgate_prefix_cache_hits", "Generations that reused a cached prefix"
+        )
+        self.prefix_tokens = per_device(
+            "vramgate_prefix_cache_reused_tokens", "Prompt tokens not prefilled thanks to it"
+        )
         self.price = Gauge(
             "vramgate_price_bytes",
             "Learned price per bucket",

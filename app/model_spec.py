@@ -47,9 +47,10 @@ class ModelSpec(BaseModel):
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
-    # generation: the context cap (llama.cpp: each slot's cells); `context_length` too
-    max_context: int = Field(
-        default=4096,
+    # generation: the context cap, `context_length` too (None: the model's own maximum on
+    # the torch engine; on llama.cpp, whose slots' cells are taken at load, 4096 at most)
+    max_context: int | None = Field(
+        default=None,
         ge=16,
         le=1_048_576,
         validation_alias=AliasChoices("max_context", "context_length"),
@@ -62,6 +63,11 @@ class ModelSpec(BaseModel):
     flash_attention: Literal["auto", "on", "off"] = "auto"  # llama.cpp
     gpu_layers: int | Literal["auto"] = Field(default="auto")  # llama.cpp: auto = the gate's
     threads: int = Field(default=0, ge=0, le=512)  # llama.cpp: CPU threads (0: its default)
+    # generation: keep ended streams' KV for prompts that begin the same way (torch: the
+    # server's prefix cache; llama.cpp: its slots' prompt cache)
+    prefix_cache: bool = True
+    # llama.cpp: its host-RAM prompt cache (llama.cpp's own default is 8 GiB)
+    prompt_cache_ram: ByteSize = ByteSize(512 * 2**20)
     # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()

@@ -215,6 +215,13 @@ class Settings(BaseSettings):
     data_dir: Path | None = Field(
         None, description="learned prices live here (default: user data dir)"
     )
+    max_stored_responses: int = Field(
+        1000,
+        ge=0,
+        le=1_000_000,
+        description="Responses API answers kept in DATA_DIR/responses for "
+        "previous_response_id and GET /v1/responses/{id}; the oldest go beyond it (0: none)",
+    )
     log_dir: Path | None = Field(None, description="rotating log files (default: user log dir)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 

@@ -69,7 +69,7 @@ async def exercise(service: Door, model: str, handler: ModelHandler, *, probe_on
         return
     assert isinstance(handler, Generator)
     prompts = [handler.probe_prompt()] if probe_only else handler.warmup_prompts()
-    params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0)
+    params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0, prefix_cache=False)
     for prompt in prompts:
         with contextlib.suppress(OutOfMemory, ExceedsDevice):
             request = ValidGenerationRequest(model, prompt, params)

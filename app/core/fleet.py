@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 from app.core.placement import Load, Placement, Room, Wanted, place, soonest
 from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.service import DRAIN_S, InferenceService
-from app.core.snapshot import CoreSnapshot, least_advanced, set_price_gauges, status_document
+from app.core.snapshot import (
+    CoreSnapshot,
+    combined_cache_view,
+    least_advanced,
+    set_cache_gauges,
+    set_price_gauges,
+    status_document,
+)
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult
 from app.engine.device import Device
@@ -175,12 +182,14 @@ class Fleet:
             [self._device_row(lane, view) for lane, view in zip(self.lanes, views, strict=True)],
         )
         document["model_aliases"] = dict(self.settings.model_aliases)
+        document["prefix_cache"] = combined_cache_view([lane.store_view() for lane in self.lanes])
         return document
 
     def set_gauges(self) -> None:
         """/metrics' gauges: each device's, with a `device` label."""
         for lane in self.lanes:
             lane.view().set_gauges(self.metrics, lane.device.id)
+            set_cache_gauges(self.metrics, lane.device.id, lane.store_view())
         self.metrics.ready.set(1 if self.ready else 0)
         set_price_gauges(self.metrics, self.book.snapshot())
 
@@ -199,7 +208,13 @@ class Fleet:
     def _device_row(self, lane: InferenceService, view: CoreSnapshot) -> dict[str, Any]:
         served = self.metrics.served_by_device.get(lane.device.id, 0)
         models = [name for name, devices in self.placement.items() if lane.device.id in devices]
-        return {**lane.device.describe(), **view.device_view(), "models": models, "served": served}
+        return {
+            **lane.device.describe(),
+            **view.device_view(),
+            "models": models,
+            "served": served,
+            "prefix_cache": lane.store_view(),
+        }
 
     def _devices(self) -> list[Device]:
         return [lane.device for lane in self.lanes]

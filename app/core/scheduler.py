@@ -28,6 +28,7 @@ from app.core.watch import ClientWatch
 from app.core.work import Job
 from app.engine.executor import Executor
 from app.errors import ClientGone, RunTimeout, VramgateError
+from app.models.prefix_cache import PrefixStore
 from app.sched.gate import MemoryGate
 from app.sched.tickets import Permit, Reject, Ticket, Wait
 from app.settings import Settings
@@ -81,8 +82,11 @@ class Scheduler:
         failures: FailureMapper,
         limits: Limits,
         clock: Callable[[], float],
+        store: PrefixStore | None = None,
     ) -> None:
+        """`store`: the device's prefix cache, kept within what no permit holds."""
         self._pricer = pricer
+        self._store = store
         self._limits = limits
         self._clock = clock
         self.gate = MemoryGate(
@@ -208,7 +212,9 @@ class Scheduler:
     # -- events: admission and completion ---------------------------------------------
     def _launch(self, permits: Sequence[Permit]) -> None:
         """Start the work of permits the gate just granted. A permit whose members all
-        left meanwhile goes straight back, and what that admits starts too."""
+        left meanwhile goes straight back, and what that admits starts too. The prefix
+        cache is first fitted to what the permits leave, before any of their work runs."""
+        self.fit_store()
         pending = list(permits)
         while pending:
             permit = pending.pop(0)
@@ -223,6 +229,12 @@ class Scheduler:
                 pending += self.gate.release(permit)
                 continue
             self._start_run(permit, members)
+
+    def fit_store(self) -> None:
+        """The prefix cache may hold what the pool has beyond the permits' bytes: cached
+        prefixes never make a request wait, and go when other programs take memory."""
+        if self._store is not None:
+            self._store.set_limit(self.gate.pool_bytes() - self.gate.held_bytes)
 
     def _start_run(self, permit: Permit, members: list[Entry]) -> None:
         jobs = [entry.job for entry in members if entry.job is not None]

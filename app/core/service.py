@@ -94,6 +94,7 @@ class InferenceService:
             failures=failures,
             limits=Limits.of(settings),
             clock=clock,
+            store=registry.store,
         )
         self.health = Health(self.state, self.scheduler, settings, clock, self._fatal)
         self.in_flight = InFlight(clock)  # requests per model, admission to reply
@@ -120,6 +121,10 @@ class InferenceService:
     @property
     def ready(self) -> bool:
         return self.health.ready
+
+    def store_view(self) -> dict[str, Any]:
+        """The device's prefix cache: bytes, entries, hits (app.models.prefix_cache)."""
+        return self.registry.store.view()
 
     def view(self) -> CoreSnapshot:
         """One picture of the core now (see app.core.snapshot)."""

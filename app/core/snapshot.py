@@ -216,3 +216,20 @@ def status_document(
         },
         "latency": metrics.latency_summary(),
     }
+
+
+def combined_cache_view(views: list[dict[str, Any]]) -> dict[str, Any]:
+    """The devices' prefix caches (app.models.prefix_cache) as one: sums, and the hit
+    rate over every lookup."""
+    keys = ("bytes", "entries", "tokens", "lookups", "hits", "tokens_reused", "evicted")
+    total = {key: sum(view[key] for view in views) for key in keys}
+    total["hit_rate"] = round(total["hits"] / total["lookups"], 3) if total["lookups"] else None
+    return total
+
+
+def set_cache_gauges(metrics: Metrics, device: str, view: dict[str, Any]) -> None:
+    metrics.prefix_bytes.labels(device).set(view["bytes"])
+    metrics.prefix_entries.labels(device).set(view["entries"])
+    metrics.prefix_lookups.labels(device).set(view["lookups"])
+    metrics.prefix_hits.labels(device).set(view["hits"])
+    metrics.prefix_tokens.labels(device).set(view["tokens_reused"])

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.engine.device import Device
 from app.models.card import ModelCard
+from app.models.prefix_cache import PrefixStore
 from app.sched.budget import LoadLedger
 from app.settings import ModelSpec
 
@@ -201,6 +202,9 @@ class ModelHandler(ABC):
     # What loads measured (set by the registry): a handler whose load is sized by its
     # settings (a GGUF's layers and context) plans from it once it has been measured
     loads: LoadLedger | None = None
+    # Where ended generations' KV is kept for prompts that begin the same way (set by
+    # the registry: one per device; app.models.prefix_cache); a model may not use it
+    prefix_store: PrefixStore | None = None
 
     # Whether its requests hold nothing beyond what its load reserved (a runner's KV
     # cells): they are quoted at no bytes and admitted by `cell_capacity` alone.

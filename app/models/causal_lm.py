@@ -47,6 +47,7 @@ from app.settings import ModelSpec
 
 # GGUF weights are dequantised on load: a 4-bit file holds at most 2 weights a byte.
 GGUF_WEIGHTS_PER_BYTE = 2
+FALLBACK_CONTEXT = 4096  # a config that names no maximum
 
 
 def source_of(path: Path) -> tuple[Path, dict[str, str]]:
@@ -113,7 +114,7 @@ class CausalLMHandler(Generator):
         super().__init__(spec)
         assert spec.path is not None, "ModelSpec checks that a generation model has a path"
         self.path = Path(spec.path)
-        self.context = spec.max_context
+        self.context = spec.max_context or FALLBACK_CONTEXT
         self._model: Any = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
@@ -151,8 +152,8 @@ class CausalLMHandler(Generator):
         self._model = model
         self._device = device.torch_device
         config = model.config
-        positions = int(getattr(config, "max_position_embeddings", 0) or self.spec.max_context)
-        self.context = min(positions, self.spec.max_context)
+        own = int(getattr(config, "max_position_embeddings", 0) or 0) or FALLBACK_CONTEXT
+        self.context = min(own, self.spec.max_context or own)  # the model's own by default
         self._eos = self._eos_ids(model, tokenizer)
         params = inspect.signature(model.forward).parameters
         self._keep_last_logits = "logits_to_keep" in params
@@ -179,6 +180,7 @@ class CausalLMHandler(Generator):
             packable=packable,
             dtype=self._model.dtype,
             constrain=self._grammars.constraint if self._grammars else None,
+            store=self.prefix_store,
         )
 
     def _joinable(self) -> bool:

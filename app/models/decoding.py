@@ -50,6 +50,7 @@ class SamplingParams:
     min_p: float = 0.0  # 0: off
     json_schema: str | None = None  # the answer must be JSON valid against this (JSON text)
     logprobs: int | None = None  # None: off; k: each token's log-probability, the k likeliest
+    prefix_cache: bool = True  # False: no cached prefix used or kept (warm-up, the probe)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,13 @@ def generation_prepared(
             param="messages",
         )
     room = context - prompt
+    if params.max_tokens is not None and params.max_tokens > room:
+        raise ContextLengthExceeded(
+            f"the prompt has {prompt} tokens and max_tokens is {params.max_tokens}: "
+            f"{prompt + params.max_tokens} in all, over model {model!r}'s context of "
+            f"{context} tokens (ask for at most {room}, or set the model's context_length)",
+            param="max_tokens",
+        )
     wanted = params.max_tokens if params.max_tokens is not None else default_cap
     max_tokens = max(1, min(wanted, room))
     p = next_pow2(prompt, MIN_TOKEN_BUCKET)

@@ -19,6 +19,7 @@ stream's time to first token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -217,13 +218,54 @@ def best_source(prompt: Sequence[int], batches: Sequence[Batch]) -> Source | Non
     return best
 
 
+@dataclass
+class KeptLayer:
+    keys: torch.Tensor  # [1, heads, tokens, head_dim]
+    values: torch.Tensor
+
+
+@dataclass
+class Kept:
+    """An ended row's KV, kept in the prefix cache (app.models.prefix_cache): one row of
+    real tokens, shaped like a batch's cache so that it can be copied from as one."""
+
+    layers: list[KeptLayer]
+    mask: torch.Tensor  # [1, tokens], all ones
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [t for layer in self.layers for t in (layer.keys, layer.values)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def source(self, count: int) -> Source:
+        return (self, self.mask, 0, count)
+
+
+def kept_row(batch: Batch, index: int) -> Kept:
+    """Row `index` of `batch`: its real tokens' keys and values, copied out."""
+    columns = batch.mask[index].nonzero().flatten()
+    layers = []
+    for layer in batch.cache.layers:
+        where = columns.to(layer.keys.device)
+        keys = layer.keys[index : index + 1, :, where].clone()
+        values = layer.values[index : index + 1, :, where].clone()
+        layers.append(KeptLayer(keys, values))
+    return Kept(layers, torch.ones((1, int(columns.numel())), dtype=torch.long))
+
+
+def better(first: Source | None, second: Source | None) -> Source | None:
+    """The source that offers more tokens."""
+    if first is None or (second is not None and second[3] > first[3]):
+        return second
+    return first
+
+
 def copied_inputs(
-    rows: Sequence[Row], batches: Sequence[Batch]
+    rows: Sequence[Row], sources: Sequence[Source | None]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None:
-    """Prefill inputs for `rows` that copy each one's prompt
-    prefix from a running row of `batches` where one shares it; None when none does, or
-    when the copy would pad the group past its bounds."""
-    sources = [best_source(row.task.prompt_ids, batches) for row in rows]
+    """Prefill inputs for `rows` that copy each one's prompt prefix from its source (a
+    running row, or a kept one); None when none has one, or when the copy would pad the
+    group past its bounds."""
     if not any(sources):
         return None
     copied = copied_prefixes(sources)

@@ -39,6 +39,7 @@ log = logging.getLogger("vramgate.llama_cpp")
 LOAD_TIMEOUT_S = 600.0
 MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not simulated)
 STOP_GRACE_S = 5.0
+SLOT_CONTEXT = 4096  # a slot's cells where the setting names none
 
 
 def llama_cpp_available() -> bool:
@@ -62,7 +63,7 @@ class LlamaRunnerModel(ModelHandler):
         super().__init__(spec)
         assert spec.path is not None, "ModelSpec checks that a GGUF model has a path"
         self.path = Path(spec.path)
-        self.context = spec.max_context  # each slot's cells, once loaded
+        self.context = spec.max_context or SLOT_CONTEXT  # each slot's cells, once loaded
         self.dtype = "gguf"
         self._facts: GgufFacts | None = None
         self._runner: RunnerProcess | None = None
@@ -80,8 +81,10 @@ class LlamaRunnerModel(ModelHandler):
         return self._facts
 
     def _context_for(self, facts: GgufFacts) -> int:
-        trained = facts.context_length or self.spec.max_context
-        return min(trained, self.spec.max_context)
+        """Each slot's cells: the setting, else the model's own maximum up to SLOT_CONTEXT
+        (cells are taken at load, for every slot, whether requests use them or not)."""
+        trained = facts.context_length or SLOT_CONTEXT
+        return min(trained, self.spec.max_context or SLOT_CONTEXT)
 
     def planned_split(self, device: Device, free_bytes: int | None = None) -> LayerSplit:
         """How many layers go to `device` for this spec (all of them on the CPU): from

@@ -17,6 +17,7 @@ from app.models.kinds import CAPABILITIES, LACKING
 from app.models.llama_cpp import LlamaCppHandler
 from app.models.llama_embed import LlamaCppEmbedder
 from app.models.llama_runner_model import llama_cpp_available
+from app.models.prefix_cache import PrefixStore
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
@@ -95,16 +96,20 @@ class ModelRegistry:
         device: Device,
         image_bounds: tuple[int, int] = (4096, 2**24),
         loads: LoadLedger | None = None,
+        store: PrefixStore | None = None,
     ) -> None:
-        """`loads`: what loads measured, which handlers that size their loads read."""
+        """`loads`: what loads measured, which handlers that size their loads read;
+        `store`: the device's prefix cache, which generation models may keep KV in."""
         self.device = device
         self._image_bounds = image_bounds
         self._loads = loads
+        self.store = store or PrefixStore()
         self.entries = {spec.name: ModelEntry(self._handler(spec)) for spec in specs}
 
     def _handler(self, spec: ModelSpec) -> ModelHandler:
         handler = make_handler(spec, self._image_bounds)
         handler.loads = self._loads
+        handler.prefix_store = self.store if spec.prefix_cache else None
         return handler
 
     def add(self, spec: ModelSpec) -> None:
@@ -182,6 +187,7 @@ class ModelRegistry:
         """Drop one model's weights (blocking; no job of it may be running). Returns the
         bytes our allocations shrank by."""
         entry = self.entries[name]
+        self.store.drop_model(name)  # not weights: out of what this unload measures
         before = self.device.allocated()
         own = entry.handler.measured_load_bytes()  # a runner's: ended with its process
         entry.handler.unload()

@@ -41,6 +41,7 @@ class Row:
     constraint: Constraint | None = None  # the grammar its tokens follow (JSON output)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if its request asks
     text: IncrementalText | None = None  # its answer's text, decoded step by step
+    cached: int = 0  # prompt tokens whose KV was copied (a running or kept row's), not computed
 
     @property
     def plain_greedy(self) -> bool:
@@ -110,6 +111,7 @@ class Row:
                 kv_tokens=self.position,
                 kv_bytes=kv_bytes,
                 logprobs=tuple(self.logprobs) if self.task.params.logprobs is not None else None,
+                cached_tokens=self.cached,
                 stop_sequence=self.scanner.matched,
             )
         self.error = error

@@ -34,13 +34,19 @@ from app.models.forward_cost import ForwardCost
 from app.models.kv_cache import (
     MIN_SHARED,
     Batch,
+    Kept,
+    Source,
     best_source,
+    better,
     common_prefix,
     copied_inputs,
+    copied_prefixes,
     fits,
+    kept_row,
     suffix_inputs,
 )
 from app.models.packing import packed_inputs, shared_prefix, unpacked
+from app.models.prefix_cache import Entry, PrefixStore
 from app.models.rows import Row
 from app.models.sampling import sample, token_logprob
 
@@ -70,11 +76,13 @@ class StepBatcher:
         packable: bool = False,
         dtype: torch.dtype = torch.float32,
         constrain: Callable[[str], Constraint] | None = None,
+        store: PrefixStore | None = None,
     ) -> None:
         """`forward` is the model; `decode` token ids to text; `on_forward` counts steps;
         `cost` learns what a forward costs from the forwards run here; `packable`: the
         model honours packed prefills' masks (app.models.packing), `dtype` its floats;
-        `constrain` makes a row's grammar state from its compiled grammar."""
+        `constrain` makes a row's grammar state from its compiled grammar; `store`
+        keeps ended rows' KV for later prompts that begin the same way (None: off)."""
         self._forward = forward
         self._decode = decode
         self._eos = eos
@@ -87,6 +95,8 @@ class StepBatcher:
         self.packable = packable and joinable and keep_last_logits
         self._dtype = dtype
         self._constrain = constrain
+        self._name = name
+        self._store = store if joinable else None  # rows of other caches cannot be copied
         self._cond = threading.Condition()
         self._pending: deque[Row] = deque()  # handed in, not yet prefilled (guarded)
         self._closed = False
@@ -223,7 +233,11 @@ class StepBatcher:
         ):
             return self._prefill_chunk(rows[0])
         ids = [row.task.prompt_ids for row in rows]
-        copied = copied_inputs(rows, self._batches)
+        sources = [self._source(row) for row in rows]
+        copied = copied_inputs(rows, sources)
+        if copied is not None:
+            for row, source in zip(rows, sources, strict=True):
+                row.cached = source[3] if source else 0
         if copied is None and self.packable and len(rows) > 1:
             shared = shared_prefix(ids)
             if shared >= MIN_SHARED:
@@ -255,9 +269,32 @@ class StepBatcher:
             row.position = len(row.task.prompt_ids)
             row.steps += 1
 
+    def _source(self, row: Row) -> Source | None:
+        """Where `row`'s prompt prefix is held already: a running row's, or a kept one
+        of the prefix cache, whichever holds more of it."""
+        prompt = row.task.prompt_ids
+        running = best_source(prompt, self._batches)
+        if self._store is None or not row.task.params.prefix_cache:
+            return running
+        entry, count = self._store.longest(self._name, prompt)
+        kept = entry.payload.source(count) if entry is not None else None
+        return better(running, kept)
+
+    def _restored(self, row: Row) -> None:
+        """A long prompt about to be prefilled: the prefix a running or kept row holds
+        becomes its cache, and its chunks start after it."""
+        source = self._source(row)
+        copied = copied_prefixes([source]) if source is not None else None
+        if source is None or copied is None:
+            return
+        row.cache, row.position = copied[0], source[3]
+        row.cached = source[3]
+
     def _prefill_chunk(self, row: Row) -> int:
         """One chunk of a long prompt, in the row's own cache."""
         prompt = row.task.prompt_ids
+        if row.cache is None and row.position == 0:
+            self._restored(row)
         chunk = prompt[row.position : row.position + PREFILL_CHUNK]
         start, end = row.position, row.position + len(chunk)
         input_ids = torch.tensor([chunk])
@@ -394,14 +431,28 @@ class StepBatcher:
         if len(keep) == len(batch.rows):
             return True
         per_token = batch.token_bytes()
-        for row in batch.rows:
+        for index, row in enumerate(batch.rows):
             if row.finish is not None:
+                self._keep(batch, index, row)
                 row.end(self._decode, finish=row.finish, kv_bytes=per_token * row.position)
         if not keep:
             self._batches.remove(batch)
             return False
         batch.keep(keep)
         return True
+
+    def _keep(self, batch: Batch, index: int, row: Row) -> None:
+        """An ended row's KV goes to the prefix cache, under the tokens it holds (the
+        prompt and the answer's tokens fed back), where the store has room for it."""
+        store = self._store
+        if store is None or row.finish == "cancelled" or not row.task.params.prefix_cache:
+            return
+        prompt = row.task.prompt_ids
+        ids = tuple(prompt) + tuple(row.produced[: row.position - len(prompt)])
+        if len(ids) < MIN_SHARED or store.covers(self._name, ids):
+            return
+        kept: Kept = kept_row(batch, index)
+        store.put(Entry(self._name, ids, kept.nbytes, kept))
 
     def _fail(self, rows: list[Row], exc: BaseException) -> None:
         """A failed forward: its rows (and every batch's state) are given up."""
