@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -84,6 +84,26 @@ class SimulatedDevice(Device):
         finally:
             with self._lock:
                 self._allocated -= nbytes
+
+    def keep(self, nbytes: int) -> Callable[[], None] | None:
+        """`nbytes` held until the returned function is called, counted to no thread (a
+        simulated model's prefix cache entry, let go from any thread); None when they do
+        not fit now (nothing is kept, and that is no out-of-memory)."""
+        with self._lock:
+            if self._allocated + self._external + sum(self.runners.values()) + nbytes > (
+                self.capacity
+            ):
+                return None
+            self._allocated += nbytes
+            self._peak = max(self._peak, self._allocated)
+            self.high_water = max(self.high_water, self._allocated + self._external)
+        held = [nbytes]
+
+        def release() -> None:
+            with self._lock:
+                self._allocated -= held.pop() if held else 0
+
+        return release
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "high_water": self.high_water, "ooms": self.oom_count}

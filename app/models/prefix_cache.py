@@ -117,7 +117,9 @@ class PrefixStore:
                         old.ids
                     ):
                         self._remove(old, dropped)
-                dropped += self._trim(self._limit - entry.nbytes)
+                evicted = self._trim(self._limit - entry.nbytes)
+                self.stats.evicted += len(evicted)
+                dropped += evicted
                 self._entries.append(entry)
                 self._held += entry.nbytes
         for old in dropped:

@@ -37,6 +37,7 @@ from app.models.decoding import (
 )
 from app.models.images import encode_png, image_size
 from app.models.kinds import Embedder, Generator, ImageModel
+from app.models.prefix_cache import MIN_CACHED, Entry
 from app.sched.budget import Geometry
 from app.settings import ModelSpec, SimulatedBucket
 
@@ -216,6 +217,7 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
         else:
             held = int(gen.true_fixed_bytes) + int(gen.true_kv_bytes_per_token) * prompt
             per_token, step_ms = int(gen.true_kv_bytes_per_token), gen.step_ms
+        cached = self._cached_prefix(task)
         answer = task.max_tokens
         if gen is not None and gen.answer_tokens is not None:
             answer = int(rng.integers(gen.answer_tokens[0], gen.answer_tokens[1] + 1))
@@ -248,6 +250,9 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
         if not scanner.stopped:
             stream.emit(scanner.push(text, final=True))
         kv_tokens = prompt + max(0, steps - 1) if steps else 0
+        if gen is not None and finish != "cancelled":
+            fed = [zlib.crc32(word.encode("utf-8")) for word in text.split()][: kv_tokens - prompt]
+            self._keep(task, [*task.prompt_ids, *fed], int(gen.true_kv_bytes_per_token))
         return DecodeResult(
             scanner.text,
             prompt,
@@ -259,7 +264,28 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
             # not the model's own arithmetic
             kv_bytes=cache_bytes if per_token else 0,
             stop_sequence=scanner.matched,
+            cached_tokens=cached,
         )
+
+    def _cached_prefix(self, task: GenerationInput) -> int:
+        """The prompt tokens a kept prefix holds (a real model would not prefill them)."""
+        store = self.prefix_store
+        if store is None or not task.params.prefix_cache or self.spec.generation is None:
+            return 0
+        return store.longest(self.name, task.prompt_ids)[1]
+
+    def _keep(self, task: GenerationInput, ids: list[int], per_token: int) -> None:
+        """An ended generation's KV (as the device holds it: its true bytes per token)
+        stays in the prefix cache, where the simulated device and the store have room."""
+        store, device = self.prefix_store, self._device
+        keep = getattr(device, "keep", None)
+        if store is None or keep is None or not task.params.prefix_cache or len(ids) < MIN_CACHED:
+            return
+        if store.covers(self.name, ids):
+            return
+        release = keep(per_token * len(ids))
+        if release is not None:
+            store.put(Entry(self.name, tuple(ids), per_token * len(ids), None, release))
 
     def postprocess(self, raw: Any) -> np.ndarray:
         """One unit vector per input, picked by the input's CRC-32 from a fixed table:

@@ -1,0 +1,190 @@
+"""The prefix cache (app.models.prefix_cache): the store's rules; on the torch engine, a
+resent conversation is not prefilled again and answers exactly as without the cache; on a
+simulated GPU, kept prefixes give way to a flood of distinct prompts with no
+out-of-memory and no refusal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from app.models.prefix_cache import MIN_CACHED, Entry, PrefixStore
+from app.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
+from tests.random_models import save_random_llama
+
+MiB = 2**20
+
+
+def _entry(model: str, ids: list[int], nbytes: int, released: list[str]) -> Entry:
+    return Entry(model, tuple(ids), nbytes, None, lambda: released.append(f"{model}{len(ids)}"))
+
+
+def test_store_finds_the_longest_prefix_of_the_same_model_and_leaves_one_token_to_compute():
+    store, released = PrefixStore(), []
+    store.set_limit(10 * MiB)
+    assert store.put(_entry("a", list(range(40)), MiB, released))
+    assert store.put(_entry("b", list(range(80)), MiB, released))
+    entry, count = store.longest("a", list(range(60)))
+    assert entry is not None and entry.model == "a" and count == 40
+    _, whole = store.longest("a", list(range(40)))
+    assert whole == 39  # the last prompt token is fed: its logits give the first new token
+    assert store.longest("a", [*range(MIN_CACHED - 1), 999]) == (None, 0)  # too short a share
+    assert store.view()["lookups"] == 3 and store.view()["hits"] == 2
+
+
+def test_store_keeps_within_its_limit_evicting_least_recently_used_and_longer_replaces_prefix():
+    store, released = PrefixStore(), []
+    store.set_limit(3 * MiB)
+    for start in (0, 100, 200):
+        assert store.put(_entry("m", list(range(start, start + 20)), MiB, released))
+    store.longest("m", list(range(0, 30)))  # the first is used again: the second is oldest
+    assert store.put(_entry("m", list(range(300, 320)), MiB, released))
+    assert released == ["m20"] and store.held_bytes == 3 * MiB
+    assert not store.longest("m", list(range(100, 130)))[0]  # it was the one evicted
+    # a longer conversation replaces its own prefix
+    assert store.put(_entry("m", list(range(300, 340)), MiB, released))
+    assert store.view()["entries"] == 3 and store.covers("m", list(range(300, 330)))
+    # the limit shrinks (a permit took the room): entries go, oldest first
+    freed = store.set_limit(MiB)
+    assert freed == 2 * MiB and store.held_bytes == MiB and store.view()["evicted"] == 3
+    # an entry bigger than the room is not kept, and is released at once
+    assert not store.put(_entry("m", list(range(500, 540)), 2 * MiB, released))
+    assert released[-1] == "m40" and store.held_bytes == MiB
+    assert store.drop_model("m") == MiB and len(store) == 0
+
+
+@pytest.fixture(scope="module")
+def llama_twice(tmp_path_factory: pytest.TempPathFactory):
+    """One small random Llama served twice: "cached" with the prefix cache, "plain"
+    without it."""
+    from tests.live import live_server, make_settings
+
+    folder = save_random_llama(tmp_path_factory.mktemp("llama"), context=2048)
+    specs = (
+        ModelSpec(name="cached", kind="generation", path=folder, load="startup"),
+        ModelSpec(name="plain", kind="generation", path=folder, load="startup", prefix_cache=False),
+    )
+    settings = make_settings(tmp_path_factory.mktemp("server"), device="cpu", models=specs)
+    with live_server(settings) as live:
+        yield live
+
+
+def test_torch_engine_resent_conversation_reuses_its_prefix_and_answers_the_same(llama_twice):
+    """An agent's turns: the same long system prompt and a history that grows. With the
+    cache, each turn after the first reports most of its prompt as cached; its greedy
+    answer (random weights: its text is noise, but deterministic noise) equals the one
+    computed without the cache, token for token: a prefix copied at the wrong positions
+    or missing a token would change it."""
+    client = OpenAI(base_url=llama_twice.url + "/v1", api_key="unused", max_retries=0)
+    system = " ".join(f"rule {i}: answer briefly." for i in range(50))
+    answers: dict[str, list[str]] = {"cached": [], "plain": []}
+    reused: list[tuple[int, int]] = []
+    for model in ("cached", "plain"):
+        messages = [{"role": "system", "content": system}]
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"question {turn}"})
+            reply = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=8, temperature=0
+            )
+            text = reply.choices[0].message.content or ""
+            answers[model].append(text)
+            messages.append({"role": "assistant", "content": text})
+            details = reply.usage.prompt_tokens_details
+            if model == "cached":
+                reused.append((reply.usage.prompt_tokens, details.cached_tokens))
+            else:
+                assert details.cached_tokens == 0
+    assert answers["cached"] == answers["plain"]
+    assert reused[0][1] == 0  # nothing kept yet
+    assert all(cached >= prompt // 2 for prompt, cached in reused[1:]), reused
+    cache = httpx.get(llama_twice.url + "/status").json()["prefix_cache"]
+    assert cache["bytes"] > 0 and cache["entries"] >= 1 and cache["hits"] == 2
+    metrics = httpx.get(llama_twice.url + "/metrics").text
+    assert 'vramgate_prefix_cache_hits{device="cpu"} 2.0' in metrics
+
+
+def test_torch_engine_short_prompts_in_one_group_copy_from_the_cache(llama_twice):
+    """Prompts under a prefill chunk are prefilled together, each copying its kept
+    prefix: two at once after one that ended, both cached, both as without the cache."""
+    client = OpenAI(base_url=llama_twice.url + "/v1", api_key="unused", max_retries=0)
+    prompt = "one two three four five six seven eight nine ten " * 4
+
+    def ask(model: str, tail: str) -> tuple[str, int]:
+        reply = client.completions.create(
+            model=model, prompt=prompt + tail, max_tokens=6, temperature=0
+        )
+        return reply.choices[0].text, reply.usage.prompt_tokens_details.cached_tokens
+
+    ask("cached", "")
+
+    async def both(model: str) -> list[tuple[str, int]]:
+        return list(await asyncio.gather(*(asyncio.to_thread(ask, model, t) for t in "ab")))
+
+    cached, plain = asyncio.run(both("cached")), asyncio.run(both("plain"))
+    assert [text for text, _ in cached] == [text for text, _ in plain]
+    assert all(count >= MIN_CACHED for _, count in cached), cached
+
+
+GENERATION = SimulatedGeneration(
+    kv_bytes_per_token=1 * MiB,
+    fixed_bytes=32 * MiB,
+    true_kv_bytes_per_token=1 * MiB,
+    true_fixed_bytes=32 * MiB,
+    step_ms=2,
+    answer_tokens=(8, 16),
+)
+
+
+def test_simulated_gpu_flood_of_distinct_prompts_evicts_kept_prefixes_without_oom_or_refusal(
+    server_factory,
+):
+    """A simulated 2 GiB GPU. A conversation's turns fill the prefix cache (each
+    turn's KV kept: 1 MiB a token); then 48 clients send distinct 300-word prompts, each
+    admitted for ~330 MiB: the kept prefixes must give their bytes to admitted jobs
+    (else the simulated device raises out-of-memory) and never make a request wait past
+    its deadline or be refused."""
+    model = ModelSpec(
+        name="sim",
+        kind="simulated",
+        generation=GENERATION,
+        buckets=(SimulatedBucket(size=4096, bytes=MiB, run_ms=1),),
+    )
+    live = server_factory(device="simulated:2GiB", max_queue=1000, models=(model,))
+    history = " ".join(f"w{i}" for i in range(400))
+    cached_turns = []
+    with live.client() as client:
+        for turn in range(4):
+            body = {
+                "model": "sim",
+                "messages": [{"role": "user", "content": history}],
+                "max_tokens": 16,
+            }
+            answer = client.post("/v1/chat/completions", json=body).json()
+            cached_turns.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+            history += " " + answer["choices"][0]["message"]["content"] + f" next{turn}"
+        before = client.get("/status").json()["prefix_cache"]
+    assert cached_turns[0] == 0 and all(c >= 400 for c in cached_turns[1:]), cached_turns
+    assert before["bytes"] >= 400 * MiB
+
+    async def flood() -> Counter[int]:
+        codes: Counter[int] = Counter()
+        async with httpx.AsyncClient(base_url=live.url, timeout=120) as client:
+
+            async def one(index: int) -> None:
+                words = " ".join(f"f{index}x{i}" for i in range(300))
+                body = {"model": "sim", "prompt": words, "max_tokens": 16}
+                codes[(await client.post("/v1/completions", json=body)).status_code] += 1
+
+            await asyncio.gather(*(one(i) for i in range(48)))
+        return codes
+
+    codes = asyncio.run(flood())
+    status = httpx.get(live.url + "/status").json()
+    print(f"\nbefore the flood {before}; after {status['prefix_cache']}; answers {dict(codes)}")
+    assert codes == Counter({200: 48})
+    assert status["device"]["ooms"] == 0
+    assert status["prefix_cache"]["evicted"] > 0  # the flood took the kept bytes
