@@ -19,12 +19,14 @@ from app.api import (
     openai_routes,
     ops_routes,
     rerank_routes,
+    responses_routes,
     vision_routes,
 )
 from app.api.errors import ERROR_RESPONSES, OLLAMA_ERROR_RESPONSES, install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
 from app.core.fleet import Fleet, build_fleet
+from app.core.response_store import ResponseStore
 from app.engine.choose import make_devices
 from app.engine.device import Device
 from app.logconfig import set_snapshot_provider
@@ -90,6 +92,9 @@ def create_app(
     app.state.request_shutdown = on_shutdown_request
     app.state.models_source = models_source
     app.state.pulling = None  # the pull under way (one at a time)
+    app.state.responses = ResponseStore(  # the Responses API's stored answers
+        settings.resolved_data_dir / "responses", settings.max_stored_responses
+    )
     routers = (
         openai_routes.router,
         vision_routes.router,
@@ -97,6 +102,7 @@ def create_app(
         admin_routes.router,
         ollama_routes.router,
         rerank_routes.router,
+        responses_routes.router,
     )
     for router in routers:
         errors = OLLAMA_ERROR_RESPONSES if router is ollama_routes.router else ERROR_RESPONSES

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.errors import from_validation_errors
 from app.api.replies import Reply, admit_choices
+from app.api.responses_schemas import ResponsesRequest
 from app.api.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -75,6 +76,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ChatRequest,
     CompletionRequest,
     PredictRequest,
+    ResponsesRequest,
 )
 REF = "#/components/schemas/{model}"
 
