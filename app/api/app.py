@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app import __version__
 from app.api import (
     admin_routes,
+    anthropic_routes,
     ollama_routes,
     openai_routes,
     ops_routes,
@@ -22,7 +23,12 @@ from app.api import (
     responses_routes,
     vision_routes,
 )
-from app.api.errors import ERROR_RESPONSES, OLLAMA_ERROR_RESPONSES, install_error_handlers
+from app.api.errors import (
+    ANTHROPIC_ERROR_RESPONSES,
+    ERROR_RESPONSES,
+    OLLAMA_ERROR_RESPONSES,
+    install_error_handlers,
+)
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
 from app.core.fleet import Fleet, build_fleet
@@ -107,6 +113,7 @@ def create_app(
     for router in routers:
         errors = OLLAMA_ERROR_RESPONSES if router is ollama_routes.router else ERROR_RESPONSES
         app.include_router(router, responses=errors)
+    app.include_router(anthropic_routes.router, responses=ANTHROPIC_ERROR_RESPONSES)
     install_error_handlers(app)
     return app
 
@@ -149,4 +156,5 @@ class VramgateApp(FastAPI):
             document = super().openapi()
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(openai_routes.request_schemas())
+            schemas.update(anthropic_routes.anthropic_schemas())
         return super().openapi()

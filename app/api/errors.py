@@ -79,14 +79,63 @@ OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 OLLAMA_PREFIX = "/api/"
+ANTHROPIC_PREFIX = "/v1/messages"  # and /v1/messages/count_tokens
+
+# Anthropic's error types by HTTP status (its SDKs pick their exception by the status).
+ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message", "code"],
+            "properties": {
+                "type": {"type": "string"},
+                "message": {"type": "string"},
+                "code": {"type": "string"},  # vramgate's stable code
+                "param": {"type": ["string", "null"]},
+            },
+        },
+    },
+}
+ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": text,
+        "content": {"application/json": {"schema": ANTHROPIC_ERROR_SCHEMA}},
+    }
+    for status, text in _ERROR_STATUSES.items()
+}
+
+
+def anthropic_body(error: VramgateError) -> dict[str, Any]:
+    """The error in Anthropic's shape, with our stable code, param and details beside."""
+    if error.status < 500:
+        kind = ANTHROPIC_TYPES.get(error.status, "invalid_request_error")
+    else:
+        kind = ANTHROPIC_TYPES.get(error.status, "api_error")
+    inner = {**error.body()["error"], "type": kind}
+    return {"type": "error", "error": inner}
 
 
 def error_response(error: VramgateError, path: str = "") -> JSONResponse:
     """The error in OpenAI's shape; on Ollama's routes (`path` under /api/) in Ollama's:
-    `error` is the message (its clients raise it as is), `code` our stable code beside it."""
+    `error` is the message (its clients raise it as is), `code` our stable code beside it;
+    on Anthropic's (/v1/messages) in Anthropic's, `code` beside its `type`."""
     body = error.body()
     if path.startswith(OLLAMA_PREFIX):
         body = {"error": error.message, "code": error.code}
+    elif path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/"):
+        body = anthropic_body(error)
     return JSONResponse(body, status_code=error.status, headers=error.headers())
 
 

@@ -115,9 +115,13 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
 def screen(route: Route, data: Any) -> Any:
     """A request body with the ignored fields (and refused ones that ask for nothing)
     taken out; a refused field that asks for something is a 400 naming it."""
+    return screen_fields(FIELDS[route], data)
+
+
+def screen_fields(table: dict[str, FieldSupport], data: Any) -> Any:
+    """`screen` with a route's own table (Anthropic's, in app.api.anthropic_schemas)."""
     if not isinstance(data, dict):
         return data
-    table = FIELDS[route]
     kept = {}
     for name, value in data.items():
         field = table.get(name)

@@ -49,6 +49,8 @@ JSON_ROUTES = {
     "/v1/embeddings",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/rerank",
     "/rerank",
 }
@@ -202,7 +204,10 @@ class RequestGuard:
         # the page's origin, which must be this server's (checked above).
         page_action = path.startswith(PAGE_ACTIONS) and origin is not None and not cors
         if guarded and page_token is None and not self._authorised(scope, headers, page_action):
-            raise Unauthorized("a valid bearer token is required (Authorization: Bearer …)")
+            raise Unauthorized(
+                "a valid token is required (Authorization: Bearer …, or x-api-key: … as "
+                "Anthropic's clients send it)"
+            )
         if method == "POST" and inference:
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
             is_json = kind == "application/json" or kind.endswith("+json")
@@ -214,13 +219,17 @@ class RequestGuard:
                 )
 
     def _authorised(self, scope: Scope, headers: dict[str, str], page_action: bool) -> bool:
-        """The bearer token; or a page's session: its cookie alone opens the pages
-        themselves, and with its page key it reads (GET) and takes the dashboard's own
-        model actions (`page_action`). The cookie reaches every local web server the
-        browser visits; the key only this server's own pages."""
+        """The bearer token (or the same token as `x-api-key`, Anthropic's header); or a
+        page's session: its cookie alone opens the pages themselves, and with its page key
+        it reads (GET) and takes the dashboard's own model actions (`page_action`). The
+        cookie reaches every local web server the browser visits; the key only this
+        server's own pages."""
         assert self.token is not None
         given = headers.get("authorization", "").encode("latin-1")
         if hmac.compare_digest(given, self.token):
+            return True
+        key = headers.get("x-api-key")
+        if key is not None and hmac.compare_digest(f"Bearer {key}".encode("latin-1"), self.token):
             return True
         session = self._session(scope, headers)
         if session is None:
@@ -296,7 +305,10 @@ class RequestGuard:
         return [
             (b"access-control-allow-origin", origin.encode("latin-1")),
             (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-            (b"access-control-allow-headers", b"authorization, content-type"),
+            (
+                b"access-control-allow-headers",
+                b"authorization, content-type, x-api-key, anthropic-version, anthropic-beta",
+            ),
             (b"access-control-max-age", b"600"),
             (b"vary", b"Origin"),
         ]

@@ -81,15 +81,15 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
 REF = "#/components/schemas/{model}"
 
 
-def _openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
     schema = {"$ref": REF.format(model=model.__name__)}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-def request_schemas() -> dict[str, Any]:
+def request_schemas(models: tuple[type[BaseModel], ...] = REQUEST_MODELS) -> dict[str, Any]:
     """The request bodies' schemas and their parts, for the OpenAPI components."""
     components: dict[str, Any] = {}
-    for model in REQUEST_MODELS:
+    for model in models:
         schema = model.model_json_schema(ref_template=REF)
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
@@ -121,7 +121,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-@router.post("/embeddings", openapi_extra=_openapi_body(EmbeddingRequest))
+@router.post("/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
 async def create_embeddings(request: Request) -> Response:
     """Also served by `HotRoutes` (see HOT_ROUTES), past the framework's layers."""
 
@@ -191,14 +191,14 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/chat/completions", openapi_extra=_openapi_body(ChatRequest), responses=STREAMED)
+@router.post("/chat/completions", openapi_extra=openapi_body(ChatRequest), responses=STREAMED)
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI chat completions, streamed as server-sent events with `stream: true`."""
     body = _parse(ChatRequest, await read_body(request))
     return await _complete(request, body, "chat.completion", "chatcmpl")
 
 
-@router.post("/completions", openapi_extra=_openapi_body(CompletionRequest), responses=STREAMED)
+@router.post("/completions", openapi_extra=openapi_body(CompletionRequest), responses=STREAMED)
 async def create_completion(request: Request) -> Response:
     """OpenAI (legacy) text completions, streamed with `stream: true`."""
     body = _parse(CompletionRequest, await read_body(request))

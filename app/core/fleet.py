@@ -37,6 +37,8 @@ from app.history import History
 from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.card import ModelCard
+from app.models.decoding import SamplingParams
+from app.models.kinds import Generator
 from app.models.registry import ModelRegistry, make_handler
 from app.sched.budget import BudgetBook, LoadLedger
 from app.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
@@ -102,6 +104,25 @@ class Fleet:
         if served != request.model:
             request = replace(request, model=served)
         return await self.lane_for(served).generate(request, watch)
+
+    async def count_tokens(self, request: ValidGenerationRequest) -> int:
+        """The prompt's tokens as its model's chat template and tokenizer make them (on
+        the CPU pool, or the runner's tokenizer): nothing is admitted to the gate, no
+        model runs. A model that is away loads first, as for any request."""
+        served = self.resolve(request.model)
+        lane = self.lane_for(served)
+        handler = await lane.serving(served, Generator, probe=False, keep_alive=request.keep_alive)
+        params = SamplingParams(max_tokens=1)  # the prompt only; no grammar compiled
+        lane.in_flight[served] += 1  # from here (no await between): no unload takes it away
+        try:
+            if handler.streams_on_loop:
+                prepared = await handler.prepare_on_loop(request.prompt, params, 1)
+            else:
+                prepare = handler.prepare_generation
+                prepared = await lane.executor.run_cpu(prepare, request.prompt, params, 1)
+        finally:
+            lane.in_flight[served] -= 1
+        return prepared.tokens
 
     def card(self, model: str) -> ModelCard:
         """What `model` is (app.models.card), loaded or not; 404 for one not served."""

@@ -100,7 +100,8 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         logprobs: list[TokenLogprob] = []
         final: dict[str, Any] = {}
         try:
-            async for chunk in client.events("/completion", completion_body(task)):
+            body = completion_body(task, self.spec.prefix_cache)
+            async for chunk in client.events("/completion", body):
                 if stream.cancelled.is_set():
                     break  # closing the connection cancels the task in llama.cpp
                 if "error" in chunk:
@@ -119,7 +120,10 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             raise self._stopped(exc) from exc
         if not final and not stream.cancelled.is_set():
             raise self._stopped(RuntimeError("the stream ended early"))
-        return decode_result(final, text, logprobs, prepared)
+        result = decode_result(final, text, logprobs, prepared)
+        if self.prefix_store is not None and task.params.prefix_cache:
+            self.prefix_store.record(result.cached_tokens)  # its hits in /status
+        return result
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         """A request costs no device bytes beyond the runner's: its KV cells were

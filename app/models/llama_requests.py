@@ -16,14 +16,15 @@ from app.models.decoding import DecodeResult, GenerationInput, TokenLogprob
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 
 
-def completion_body(task: GenerationInput) -> dict[str, Any]:
-    """llama.cpp's /completion request for a validated generation."""
+def completion_body(task: GenerationInput, cache: bool = True) -> dict[str, Any]:
+    """llama.cpp's /completion request for a validated generation; `cache`: its slot
+    keeps the prompt's KV for the next request that begins the same way."""
     p = task.params
     body: dict[str, Any] = {
         "prompt": task.prompt_ids,
         "n_predict": task.max_tokens,
         "stream": True,
-        "cache_prompt": True,
+        "cache_prompt": cache and p.prefix_cache,
         "temperature": p.temperature,
         "top_p": p.top_p,
         "top_k": p.top_k,
@@ -70,4 +71,11 @@ def decode_result(
         steps=produced + 1,
         logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
         stop_sequence=str(final["stopping_word"]) if final.get("stop_type") == "word" else None,
+        cached_tokens=cached_tokens(final),
     )
+
+
+def cached_tokens(final: dict[str, Any]) -> int:
+    """The prompt tokens llama.cpp took from its slot's cache (`timings.cache_n`)."""
+    timings = final.get("timings")
+    return int(timings.get("cache_n", 0) or 0) if isinstance(timings, dict) else 0

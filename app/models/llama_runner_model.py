@@ -40,6 +40,7 @@ LOAD_TIMEOUT_S = 600.0
 MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not simulated)
 STOP_GRACE_S = 5.0
 SLOT_CONTEXT = 4096  # a slot's cells where the setting names none
+CACHE_REUSE = 256  # llama.cpp --cache-reuse: the least chunk reused by shifting its KV
 
 
 def llama_cpp_available() -> bool:
@@ -126,9 +127,15 @@ class LlamaRunnerModel(ModelHandler):
 
     def fitted_bytes(self, device: Device, room: int) -> int:
         """The layers that fit in `room` (all, where they do): what the gate admits the
-        load for, and the most the load will take."""
-        self._admitted = self.planned_split(device, room).device_bytes
+        load for, and the most the load will take (on the CPU, its host prompt cache
+        too: the device's own memory)."""
+        ram = self.prompt_cache_ram() if device.kind == "cpu" else 0
+        self._admitted = self.planned_split(device, room - ram).device_bytes + ram
         return self._admitted
+
+    def prompt_cache_ram(self) -> int:
+        """llama.cpp's host-RAM prompt cache (0: off; its own default is 8 GiB)."""
+        return int(self.spec.prompt_cache_ram) if self.spec.prefix_cache else 0
 
     def runner_settings(self) -> dict[str, Any]:
         """What this kind adds to the runner's settings (app.llama_runner.params_of)."""
@@ -161,7 +168,8 @@ class LlamaRunnerModel(ModelHandler):
             "kv_type": self.spec.kv_cache_type.upper(),
             "flash_attention": self.spec.flash_attention,
             "threads": self.spec.threads,
-            "cache_ram_mib": 0,  # host RAM outside the gate's sight: off (see README)
+            "cache_ram_mib": self.prompt_cache_ram() // 2**20,
+            "cache_reuse": CACHE_REUSE if self.spec.prefix_cache else 0,
             "key": key,
             **self.runner_settings(),
         }
@@ -223,8 +231,9 @@ class LlamaRunnerModel(ModelHandler):
             return 0
         if self._device.kind == "cuda":  # the log's buffers, or the process's whole use
             return max(self._footprint.device_bytes, self._measured or 0)
-        if self._device.kind == "cpu":
-            return self._footprint.device_bytes + self._footprint.host_bytes
+        if self._device.kind == "cpu":  # and the prompt cache's RAM, which it may fill
+            footprint = self._footprint
+            return footprint.device_bytes + footprint.host_bytes + self.prompt_cache_ram()
         # a simulated GPU: a CPU build logs no GPU buffers; the split's own bytes stand in
         return self.split.device_bytes if self.split is not None else 0
 
@@ -292,6 +301,8 @@ class LlamaRunnerModel(ModelHandler):
             "context": self.context,
             "parallel": self.spec.parallel,
             "kv_cache_type": self.spec.kv_cache_type,
+            "prefix_cache": self.spec.prefix_cache,  # its slots' prompt cache
+            "prompt_cache_ram_bytes": self.prompt_cache_ram(),  # host RAM it may fill
             "runner_pid": self.runner_pid,
             "split": self.split.describe() if self.split is not None else None,
             "measured": {

@@ -412,3 +412,32 @@ def test_a_load_that_fails_after_its_runner_started_leaves_nothing_running(smoll
         model.load(device)
     assert device.runners == {} and model.runner_pid is None
     assert not psutil.pid_exists(model.pid_seen)
+
+
+def test_llama_cpp_slots_keep_a_resent_conversations_prompt(smol):
+    """An agent resends its conversation: llama.cpp's slot cache (cache_prompt, on)
+    serves the shared prefix, reported as cached tokens where clients read them and
+    counted in /status's prefix_cache."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0)
+    system = " ".join(f"Rule {i}: be brief and exact." for i in range(40))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]
+    before = smol.status()["prefix_cache"]
+    usages = []
+    for turn in range(2):
+        reply = client.chat.completions.create(
+            model="smol", messages=messages, max_tokens=8, temperature=0
+        )
+        usages.append(reply.usage)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": f"And turn {turn}?"},
+        ]
+    second = usages[1]
+    assert second.prompt_tokens_details.cached_tokens >= usages[0].prompt_tokens - 8, usages
+    after = smol.status()["prefix_cache"]
+    assert after["hits"] >= before["hits"] + 1
+    assert after["tokens_reused"] - before["tokens_reused"] >= usages[0].prompt_tokens - 8
+    row = model_row(smol)
+    assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] == 0
