@@ -35,6 +35,9 @@ def _done(note: str = "") -> FieldSupport:
     return FieldSupport("implemented", note)
 
 
+AUTOMATIC_CACHE = "the prefix cache is automatic: a prompt that begins like a kept one reuses it"
+
+
 def _ignored(note: str) -> FieldSupport:
     return FieldSupport("ignored", note)
 
@@ -80,9 +83,9 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "moderation": _ignored("no moderation here"),
         "parallel_tool_calls": _done("false: at most one call (a forced answer is one call)"),
         "prediction": _ignored("a latency hint; the answer is the same without it"),
-        "prompt_cache_key": _ignored("no prompt cache across requests"),
-        "prompt_cache_options": _ignored("no prompt cache across requests"),
-        "prompt_cache_retention": _ignored("no prompt cache across requests"),
+        "prompt_cache_key": _ignored(AUTOMATIC_CACHE),
+        "prompt_cache_options": _ignored(AUTOMATIC_CACHE),
+        "prompt_cache_retention": _ignored(AUTOMATIC_CACHE),
         "reasoning_effort": _ignored("no reasoning models' effort setting"),
         "response_format": _done("`text`, `json_object`, `json_schema`: constrained decoding"),
         "safety_identifier": _ignored("no accounts here"),
