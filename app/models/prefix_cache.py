@@ -104,6 +104,10 @@ class PrefixStore:
             mine = [e for e in self._entries if e.model == model]
             return any(shared_length(e.ids, ids) == len(ids) for e in mine)
 
+    def room(self) -> int:
+        """The most one entry may hold now (all the limit: older entries make way)."""
+        return self._limit
+
     def put(self, entry: Entry) -> bool:
         """Keep `entry` if it fits within the limit, evicting the least recently used
         for it; entries of its model that are a prefix of it go (it holds them). False

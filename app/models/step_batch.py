@@ -451,6 +451,8 @@ class StepBatcher:
         ids = tuple(prompt) + tuple(row.produced[: row.position - len(prompt)])
         if len(ids) < MIN_SHARED or store.covers(self._name, ids):
             return
+        if batch.token_bytes() * row.position > store.room():
+            return  # not copied at all: the copy itself would take bytes no one admitted
         kept: Kept = kept_row(batch, index)
         store.put(Entry(self._name, ids, kept.nbytes, kept))
 
