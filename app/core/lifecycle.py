@@ -177,7 +177,6 @@ class ModelLifecycle:
         give memory back to other programs (housekeeping; see app.core.eviction). The
         allocator's idle cache goes first (app.core.cache_return)."""
         self._cache.tick()
-        self._scheduler.fit_store()  # other programs' memory is the prefix cache's first
         waiting = [(t.owner, t.nbytes) for t in self._scheduler.gate.waiting]
         pool = self._memory.pool_bytes()  # the most it was since our last load or unload:
         self._settled_pool = max(self._settled_pool, pool - PRESSURE_MARGIN)

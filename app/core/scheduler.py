@@ -232,7 +232,8 @@ class Scheduler:
 
     def fit_store(self) -> None:
         """The prefix cache may hold what the pool has beyond the permits' bytes: cached
-        prefixes never make a request wait, and go when other programs take memory."""
+        prefixes never make a request wait, and as the pool follows the device, they go
+        first when other programs take memory (the device keeps the reserve free)."""
         if self._store is not None:
             self._store.set_limit(self.gate.pool_bytes() - self.gate.held_bytes)
 

@@ -14,6 +14,7 @@ from openai import OpenAI
 
 from app.models.prefix_cache import MIN_CACHED, Entry, PrefixStore
 from app.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
+from tests.live import wait_until
 from tests.random_models import save_random_llama
 
 MiB = 2**20
@@ -188,3 +189,31 @@ def test_simulated_gpu_flood_of_distinct_prompts_evicts_kept_prefixes_without_oo
     assert codes == Counter({200: 48})
     assert status["device"]["ooms"] == 0
     assert status["prefix_cache"]["evicted"] > 0  # the flood took the kept bytes
+
+
+def test_simulated_gpu_other_program_pressing_takes_the_kept_prefixes_first(server_factory):
+    """Another program takes memory until the device has less free than the reserve:
+    the kept prefixes go (the model stays loaded: it is not what pressed), and the
+    device gets the bytes back (housekeeping re-plans every tick, which fits the store
+    to the pool: with the device keeping the reserve free, the pool is what we hold)."""
+    model = ModelSpec(
+        name="sim",
+        kind="simulated",
+        generation=GENERATION,
+        buckets=(SimulatedBucket(size=4096, bytes=MiB, run_ms=1),),
+    )
+    live = server_factory(
+        device="simulated:2GiB", reserve=256 * MiB, headroom=64 * MiB, models=(model,)
+    )
+    with live.client() as client:
+        body = {"model": "sim", "prompt": " ".join(f"w{i}" for i in range(400)), "max_tokens": 8}
+        assert client.post("/v1/completions", json=body).status_code == 200
+        kept = client.get("/status").json()["prefix_cache"]["bytes"]
+    assert kept >= 400 * MiB
+    device = live.service.device
+    device.set_external(2048 * MiB - kept - 100 * MiB)  # 100 MiB free: under the reserve
+    wait_until(lambda: live.status()["prefix_cache"]["bytes"] == 0, 5, "the cache given back")
+    status = live.status()
+    assert status["prefix_cache"]["evicted"] == 1
+    assert [m["state"] for m in status["models"]] == ["ready"]
+    assert device.snapshot().free >= 256 * MiB and device.oom_count == 0
