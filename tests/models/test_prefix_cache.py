@@ -80,6 +80,8 @@ def test_torch_engine_resent_conversation_reuses_its_prefix_and_answers_the_same
     answer (random weights: its text is noise, but deterministic noise) equals the one
     computed without the cache, token for token: a prefix copied at the wrong positions
     or missing a token would change it."""
+    warmed = httpx.get(llama_twice.url + "/status").json()["prefix_cache"]
+    assert warmed["lookups"] == 0 and warmed["entries"] == 0  # warm-up neither used nor filled it
     client = OpenAI(base_url=llama_twice.url + "/v1", api_key="unused", max_retries=0)
     system = " ".join(f"rule {i}: answer briefly." for i in range(50))
     answers: dict[str, list[str]] = {"cached": [], "plain": []}
