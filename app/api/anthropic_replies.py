@@ -28,7 +28,7 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.decoding import DecodeResult
-from app.models.tools import read_calls
+from app.models.tools import ToolCall, read_calls
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PING_EVERY_S = 10.0  # a held answer (tools offered) sends nothing else until its end
@@ -48,9 +48,13 @@ class ThinkSplitter:
     def __init__(self, enabled: bool) -> None:
         self.state: Literal["start", "thinking", "text"] = "start" if enabled else "text"
         self.held = ""
+        self.after_thinking = False  # white space between </think> and the text is dropped
 
     def push(self, text: str) -> list[tuple[Kind, str]]:
         if self.state == "text":
+            if self.after_thinking:
+                text = text.lstrip()
+                self.after_thinking = not text
             return [("text", text)] if text else []
         self.held += text
         if self.state == "start":
@@ -66,9 +70,10 @@ class ThinkSplitter:
             cut = len(self.held) - _partial_tail(self.held, THINK_CLOSE)
             piece, self.held = self.held[:cut], self.held[cut:]
             return [("thinking", piece)] if piece else []
-        thought, rest = self.held[:at], self.held[at + len(THINK_CLOSE) :].lstrip()
-        self.state, self.held = "text", ""
-        return [(kind, text) for kind, text in (("thinking", thought), ("text", rest)) if text]
+        thought, rest = self.held[:at], self.held[at + len(THINK_CLOSE) :]
+        self.state, self.held, self.after_thinking = "text", "", True
+        pieces: list[tuple[Kind, str]] = [("thinking", thought)] if thought else []
+        return pieces + self.push(rest)
 
     def end(self) -> list[tuple[Kind, str]]:
         return self._flush("thinking" if self.state == "thinking" else "text")
@@ -142,7 +147,7 @@ class MessageReply:
         content: list[dict[str, Any]] = []
         if thought:
             content.append({"type": "thinking", "thinking": thought, "signature": ""})
-        calls = []
+        calls: list[ToolCall] = []
         if self.tools:
             left, calls = read_calls(rest, set(self.valid.tool_names))
             calls = calls if self.valid.parallel_tool_calls else calls[:1]
@@ -210,8 +215,8 @@ class MessageReply:
                 events = [e for kind, piece in splitter.end() for e in blocks.piece(kind, piece)]
             for event in [*events, *blocks.close()]:
                 yield event
-            delta = {"stop_reason": ending.stop_reason, "stop_sequence": ending.stop_sequence}
-            tail = {"type": "message_delta", "delta": delta, "usage": usage(outcome)}
+            stop = {"stop_reason": ending.stop_reason, "stop_sequence": ending.stop_sequence}
+            tail = {"type": "message_delta", "delta": stop, "usage": usage(outcome)}
             yield _event("message_delta", tail)
             yield _event("message_stop", {"type": "message_stop"})
         except VramgateError as exc:
@@ -304,7 +309,7 @@ async def _with_pings(deltas: AsyncIterator[str], every_s: float) -> AsyncIterat
             if not done:
                 yield None
                 continue
-            pending, finished = None, pending
+            finished, pending = pending, None
             try:
                 yield finished.result()
             except StopAsyncIteration:
