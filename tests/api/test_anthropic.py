@@ -316,3 +316,18 @@ def test_an_unknown_model_is_a_404_not_found_error(guarded):
         client.messages.create(model="gpt-4o", max_tokens=3, messages=ASK)
     assert missing.value.body["error"]["type"] == "not_found_error"
     assert missing.value.body["error"]["code"] == "model_not_found"
+
+
+def test_a_paused_server_is_a_503_overloaded_error_with_retry_after(guarded):
+    guarded.fleet.set_paused(True)
+    try:
+        answer = httpx.post(
+            guarded.url + "/v1/messages",
+            headers={"x-api-key": SECRET},
+            json={"model": MODEL, "max_tokens": 3, "messages": ASK},
+        )
+    finally:
+        guarded.fleet.set_paused(False)
+    assert answer.status_code == 503 and int(answer.headers["retry-after"]) >= 1
+    error = answer.json()["error"]
+    assert error["type"] == "overloaded_error" and error["code"] == "paused"
