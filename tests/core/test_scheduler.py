@@ -296,7 +296,7 @@ def test_shutdown_fails_the_waiting_stops_streams_and_lets_running_jobs_finish_s
     tmp_path,
 ):
     async def body(r: Rig) -> None:
-        stream = r.stream_job(words(8), max_tokens=60)  # the simulated model generates
+        stream = r.stream_job(words(8), max_tokens=50)  # the simulated model generates
         await r.scheduler.start(stream, None)  # returns once it runs
         assert r.scheduler.gate.running_streams == 1
         one_shot = r.job(words(64))
