@@ -8,13 +8,22 @@ from app.errors import ContextLengthExceeded
 from app.models.decoding import SamplingParams, StopScanner, generation_prepared
 
 
-def test_bucket_covers_the_worst_case_and_max_tokens_is_capped_by_the_context():
+def test_bucket_covers_the_worst_case_and_the_default_cap_is_cut_to_the_context():
     prepared = generation_prepared("m", [1] * 20, SamplingParams(max_tokens=100), 1024, 512)
     assert prepared.bucket.label == "p32t128" and prepared.payload.max_tokens == 100
-    capped = generation_prepared("m", [1] * 1000, SamplingParams(max_tokens=500), 1024, 512)
+    capped = generation_prepared("m", [1] * 1000, SamplingParams(), 1024, 512)
     assert capped.payload.max_tokens == 24 and capped.bucket.label == "p1024t1024"
     default = generation_prepared("m", [1] * 3, SamplingParams(), 1024, 512)
     assert default.payload.max_tokens == 512
+
+
+def test_max_tokens_asked_past_the_context_is_refused_naming_both_numbers():
+    with pytest.raises(ContextLengthExceeded) as refused:
+        generation_prepared("m", [1] * 1000, SamplingParams(max_tokens=500), 1024, 512)
+    message = refused.value.message
+    assert "1000 tokens" in message and "max_tokens is 500" in message
+    assert "context of 1024" in message and "at most 24" in message
+    assert refused.value.param == "max_tokens"
 
 
 def test_prompt_that_fills_the_context_is_refused_with_the_numbers():
