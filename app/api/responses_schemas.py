@@ -65,7 +65,8 @@ def _refused(note: str) -> FieldSupport:
     return FieldSupport("refused", note, _absent)
 
 
-# Every field of the `openai` package's ResponseCreateParams (a test walks them).
+# Every field of the `openai` package's ResponseCreateParams (a test walks them), and
+# what Codex CLI sends beside them.
 RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "model": _done("a served model, or a name `model_aliases` maps to one; echoed as asked"),
     "input": _done("text, or messages, function_call / function_call_output, reasoning items"),
@@ -95,6 +96,7 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "max_tool_calls": _ignored("hosted tools only; none run here"),
     "context_management": _ignored("no server-side compaction"),
     "access_programs": _ignored("no accounts here"),
+    "client_metadata": _ignored("Codex's turn and session ids: nothing to do with them"),
     "keep_alive": _done("vramgate extra (Ollama's): how long the model stays loaded idle"),
     "background": _refused("answers are synchronous or streamed, never queued in background"),
     "background_options": _refused("answers are never run in background"),
@@ -267,17 +269,23 @@ def chat_messages(items: list[InputItem]) -> list[dict[str, Any]]:
 
 
 def drop_oldest_turn(items: list[InputItem]) -> list[InputItem] | None:
-    """`items` without their oldest turn that is not a system (or developer) message, and
-    without the function outputs that answered calls no longer there; None when only the
-    last item is left to drop (it is what the answer is asked for)."""
-    for index, item in enumerate(items[:-1]):
-        if not (isinstance(item, MessageItem) and item.role in ("system", "developer")):
-            rest = items[:index] + items[index + 1 :]
-            calls = {i.call_id for i in rest if isinstance(i, FunctionCallItem)}
-            return [
-                i for i in rest if not isinstance(i, FunctionCallOutputItem) or i.call_id in calls
-            ]
-    return None
+    """`items` without their oldest turn (the first item that is no system or developer
+    message, up to the next user message: a question with the calls and answers that
+    followed it, so the roles still alternate), and without function outputs whose call
+    went; None when nothing but the last item could go (it is what is to be answered)."""
+    turns = [i for i, item in enumerate(items[:-1]) if not _is_role(item, "system", "developer")]
+    if not turns:
+        return None
+    start = turns[0]
+    users = [i for i in range(start + 1, len(items)) if _is_role(items[i], "user")]
+    rest = items[:start] + items[users[0] if users else start + 1 :]
+    calls = {item.call_id for item in rest if isinstance(item, FunctionCallItem)}
+    kept = [i for i in rest if not isinstance(i, FunctionCallOutputItem) or i.call_id in calls]
+    return kept if kept and kept[-1] is items[-1] else None
+
+
+def _is_role(item: InputItem, *roles: str) -> bool:
+    return isinstance(item, MessageItem) and item.role in roles
 
 
 # -- the request ------------------------------------------------------------------------
