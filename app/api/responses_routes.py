@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from app.api.errors import from_validation_errors
 from app.api.openai_routes import REF, STREAMED, client_watch, read_body
 from app.api.replies import admit_choices
+from app.api.responses_fields import screen
 from app.api.responses_replies import ResponseDraft, events, whole
 from app.api.responses_schemas import (
     ITEMS,
@@ -24,7 +25,7 @@ from app.api.responses_schemas import (
     drop_oldest_turn,
     dumped_items,
     has_image,
-    screen,
+    in_responses_terms,
 )
 from app.api.schemas import validate_generation_request
 from app.core.fleet import Fleet
@@ -38,6 +39,7 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration
 from app.errors import (
     ContextLengthExceeded,
+    InvalidRequest,
     PreviousResponseNotFound,
     ResponseNotFound,
     WrongModelKind,
@@ -45,8 +47,6 @@ from app.errors import (
 
 log = logging.getLogger("vramgate.responses")
 router = APIRouter(prefix="/v1", tags=["openai"])
-# chat's names for the fields a context error names, as this API calls them
-_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens"}
 
 
 # the body is validated here, not by FastAPI (as openai_routes' are); its schema is in the
@@ -88,7 +88,7 @@ async def create_response(request: Request) -> Response:
 
         def on_done(finished: dict[str, Any]) -> None:
             if body.store:
-                store.save(StoredResponse(finished, dumped_items(items)))
+                _save(store, StoredResponse(finished, dumped_items(items)))
 
         if not body.stream:
             watch.on_leave(generation.close)
@@ -146,6 +146,15 @@ async def list_input_items(
     }
 
 
+def _save(store: ResponseStore, stored: StoredResponse) -> None:
+    """Stored, or said in the log: the answer is given either way (a later
+    previous_response_id naming it is a 404 then)."""
+    try:
+        store.save(stored)
+    except OSError as exc:
+        log.error("response %s could not be stored in %s: %s", stored.id, store.folder, exc)
+
+
 def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
     check_response_id(response_id, "response_id")
     stored = store.load(response_id)
@@ -183,16 +192,17 @@ async def _admitted(
     """The generation admitted, with the items it was given: with `truncation: auto`,
     the oldest turns go, one at a time, until the prompt fits the model's context."""
     while True:
-        valid = validate_generation_request(body.chat_request(items), fleet.settings)
         try:
+            valid = validate_generation_request(body.chat_request(items), fleet.settings)
             (generation,) = await admit_choices(fleet, valid, watch)
             return items, valid, generation
         except ContextLengthExceeded as exc:
             shorter = drop_oldest_turn(items) if body.truncation == "auto" else None
             if shorter is None:
-                param = _PARAMS.get(exc.param or "", exc.param)
-                raise ContextLengthExceeded(exc.message, param=param) from None
+                raise in_responses_terms(exc) from None
             items = shorter
+        except InvalidRequest as exc:
+            raise in_responses_terms(exc) from None
 
 
 def _log_ignored(raw: bytes) -> None:

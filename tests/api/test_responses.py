@@ -21,9 +21,9 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import response_create_params
 
+from app.api.responses_fields import RESPONSE_FIELDS
 from app.api.responses_schemas import (
     ITEMS,
-    RESPONSE_FIELDS,
     FunctionCallItem,
     MessageItem,
     ReasoningItem,
@@ -342,3 +342,45 @@ def test_items_become_chat_turns_and_truncation_keeps_calls_with_their_outputs()
         FunctionCallItem,
     ]
     assert drop_oldest_turn(shorter) is None  # the system turn and the last one stay
+
+
+def test_a_forced_call_and_a_json_format_together_are_a_400_naming_text(live):
+    body = {
+        "model": MODEL,
+        "input": "hi",
+        "tools": [WEATHER],
+        "tool_choice": FORCED,
+        "text": {"format": {"type": "json_object"}},
+    }
+    assert refused(live, body, 400, "invalid_request")["param"] == "text"
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """Each event's data, after checking its `event:` line names its type."""
+    name = None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            data = json.loads(line.removeprefix("data: "))
+            assert data["type"] == name
+            yield data
+
+
+def test_a_stream_ended_by_the_server_ends_in_response_failed(live):
+    """The model is unloaded under the stream: its last event says so; nothing stored."""
+    body = {"model": MODEL, "input": "Tell a long story.", "max_output_tokens": 400}
+    before = stored_files(live)
+    with httpx.stream("POST", live.url + "/v1/responses", json={**body, "stream": True}) as answer:
+        assert answer.status_code == 200
+        events = []
+        for event in sse_events(answer.iter_lines()):
+            events.append(event)
+            if event["type"] == "response.output_text.delta" and len(events) == 5:
+                unload = live.url + "/admin/models/smollm2/unload?wait_s=0"
+                assert httpx.post(unload, timeout=60).status_code == 200
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    last = events[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
+    assert last["response"]["error"]["code"] and last["response"]["error"]["message"]
+    assert stored_files(live) == before
