@@ -78,6 +78,12 @@ class ImageTooLarge(InvalidRequest):
     code = "image_too_large"
 
 
+class InvalidImageSize(InvalidRequest):
+    """An image size a model cannot make: off its grid, or beyond the size bounds."""
+
+    code = "invalid_size"
+
+
 class ContextLengthExceeded(InvalidRequest):
     """OpenAI's code for a prompt the model's context cannot hold."""
 

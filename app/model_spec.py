@@ -43,7 +43,9 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=MODEL_NAME_PATTERN)
-    kind: Literal["embedding", "generation", "vision", "rerank", "simulated"] = "embedding"
+    kind: Literal["embedding", "generation", "vision", "rerank", "diffusion", "simulated"] = (
+        "embedding"
+    )
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
@@ -79,6 +81,9 @@ class ModelSpec(BaseModel):
     # vision: what the model returns, and (for a weights file) its torchvision architecture
     output: Literal["classes", "image"] = "classes"
     arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    # diffusion, a single-file checkpoint: a diffusers folder holding its pipeline's
+    # configs (model_index.json and each component's), so nothing is fetched
+    pipeline_config: Path | None = None
     # where it runs, of the server's devices (None: where it fits with the most room),
     # and on how many devices a copy of it serves (requests go where they fit soonest)
     device: str | None = Field(default=None, pattern=DEVICE_ID_PATTERN)
@@ -106,7 +111,7 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _generation_needs_a_path(self) -> ModelSpec:
 
-        if self.kind == "generation" and self.path is None:
+        if self.kind in ("generation", "diffusion") and self.path is None:
             raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
         return self
 

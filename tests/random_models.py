@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # Letters, and letters inside a word: any lower-case word spells out (no [UNK] for words)
@@ -241,4 +242,95 @@ def save_random_cross_encoder(folder: Path) -> Path:
         )  # fmt: skip
         BertForSequenceClassification(config).save_pretrained(plain)
         CrossEncoder(str(plain), device="cpu").save(str(folder))
+    return folder
+
+
+def _clip_tokenizer() -> Any:
+    """A CLIP tokenizer with a byte-level alphabet and no merges (any text encodes, one
+    token per character), padded to CLIP's 77 positions as Stable Diffusion's is."""
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<|startoftext|>", "<|endoftext|>", *alphabet, *(f"{c}</w>" for c in alphabet)]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def _clip_text_config(hidden: int) -> Any:
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, vocab_size=2 + 2 * 256,
+        hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+        num_hidden_layers=2, projection_dim=hidden, max_position_embeddings=77,
+    )  # fmt: skip
+
+
+def _tiny_vae() -> Any:
+    """Four blocks as Stable Diffusion's VAE has: its latents are 1/8 of the image a side."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        block_out_channels=[8, 8, 16, 16], in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+        layers_per_block=1, norm_num_groups=4, sample_size=64,
+    )  # fmt: skip
+
+
+def save_random_sd15(folder: Path) -> Path:
+    """A Stable Diffusion 1.5-shaped pipeline (UNet with cross-attention, a KL VAE whose
+    latents are 1/8 a side, one CLIP text encoder, a PNDM scheduler as SD 1.5 ships),
+    random and tiny (its default size is 64x64), saved with diffusers' `save_pretrained`."""
+    import torch
+    from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
+        out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
+        attention_head_dim=4, norm_num_groups=4,
+    )  # fmt: skip
+    scheduler = PNDMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", skip_prk_steps=True,
+        steps_offset=1, set_alpha_to_one=False,
+    )  # fmt: skip
+    pipeline = StableDiffusionPipeline(
+        unet=unet, vae=_tiny_vae(), text_encoder=CLIPTextModel(_clip_text_config(32)),
+        tokenizer=_clip_tokenizer(), scheduler=scheduler, safety_checker=None,
+        feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+    pipeline.save_pretrained(folder)
+    return folder
+
+
+def save_random_sdxl(folder: Path) -> Path:
+    """A Stable Diffusion XL-shaped pipeline: two CLIP text encoders (the second with a
+    projection, whose pooled output and the size conditioning feed the UNet's
+    `text_time` embedding), an Euler scheduler as SDXL ships; random and tiny (64x64)."""
+    import torch
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
+        out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
+        use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
+        transformer_layers_per_block=(1, 1), projection_class_embeddings_input_dim=6 * 8 + 32,
+        cross_attention_dim=64, norm_num_groups=4,
+    )  # fmt: skip
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
+        timestep_spacing="leading",
+    )  # fmt: skip
+    pipeline = StableDiffusionXLPipeline(
+        unet=unet, vae=_tiny_vae(), text_encoder=CLIPTextModel(_clip_text_config(32)),
+        text_encoder_2=CLIPTextModelWithProjection(_clip_text_config(32)),
+        tokenizer=_clip_tokenizer(), tokenizer_2=_clip_tokenizer(), scheduler=scheduler,
+    )  # fmt: skip
+    pipeline.save_pretrained(folder)
     return folder

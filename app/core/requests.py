@@ -9,11 +9,13 @@ model adds a request type and a capability, not a method in each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from app.errors import InvalidRequest
 from app.models.decoding import Prompt, SamplingParams
-from app.models.kinds import Embedder, ImageModel, OneShotModel, Reranker
+from app.models.image_prompt import ImageProgress, ImagePrompt, OutputFormat
+from app.models.kinds import Embedder, ImageGenerator, ImageModel, OneShotModel, Reranker
 
 if TYPE_CHECKING:
     from app.core.work import InferenceResult
@@ -101,3 +103,53 @@ class ValidRerankRequest(OneShotRequest):
     def items(self) -> list[Any]:
         """(query, document) pairs, in the documents' order."""
         return [(self.query, document) for document in self.documents]
+
+
+@dataclass(frozen=True)
+class ValidImageGeneration(OneShotRequest):
+    """`n` images of one prompt: row i takes seed `seed + i`. `width`/`height` None: the
+    model's default size. Its rows share `progress`, which the route cancels when its
+    client leaves."""
+
+    model: str
+    prompt: str
+    n: int
+    seed: int
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    scheduler: str | None = None
+    output_format: OutputFormat = "png"
+    keep_alive: float | None = None
+    progress: ImageProgress = field(default_factory=ImageProgress, compare=False)
+    capability: ClassVar[type[OneShotModel[Any]]] = ImageGenerator
+
+    def items(self) -> list[Any]:
+        return [
+            ImagePrompt(
+                self.prompt,
+                self.seed + i,
+                self.width,
+                self.height,
+                self.steps,
+                self.guidance_scale,
+                self.negative_prompt,
+                self.scheduler,
+                self.output_format,
+                self.progress,
+            )
+            for i in range(self.n)
+        ]
+
+    def refusal(self, handler: ImageGenerator) -> VramgateError | None:
+        if self.n > handler.spec.max_batch:
+            return InvalidRequest(
+                f"model {self.model!r} makes at most {handler.spec.max_batch} images at once "
+                f"(its max_batch); n={self.n}",
+                param="n",
+            )
+        if self.width is None or self.height is None:
+            return None
+        return handler.size_refused(self.width, self.height)

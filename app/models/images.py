@@ -56,3 +56,16 @@ def encode_png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
+
+
+ENCODED_QUALITY = 90  # JPEG's and WebP's quality (PNG is lossless)
+
+
+def encode_image(pixels: np.ndarray, output_format: str) -> bytes:
+    """HWC uint8 RGB to an encoded image: "png", "jpeg" or "webp"."""
+    if output_format == "png":
+        return encode_png(pixels)
+    buffer = io.BytesIO()
+    name = {"jpeg": "JPEG", "webp": "WEBP"}[output_format]
+    Image.fromarray(pixels).save(buffer, format=name, quality=ENCODED_QUALITY)
+    return buffer.getvalue()

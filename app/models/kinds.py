@@ -5,6 +5,7 @@
 - `Generator`: a prompt or chat → text, token by token (`/v1/chat/completions`,
   `/v1/completions`).
 - `Reranker`: (query, document) pairs → relevance scores (`/v1/rerank`).
+- `ImageGenerator`: prompts → encoded images (`/v1/images/generations`).
 
 A one-shot model (embedder or image model) is split at the resource boundary:
 `preprocess` runs on the CPU pool (tokenise or decode, bucket), `forward` on the
@@ -22,9 +23,10 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from app.errors import InvalidRequest
+from app.errors import InvalidImageSize, InvalidRequest
 from app.models.base import Bucket, ModelHandler, Prepared
 from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
+from app.models.image_prompt import ImagePrompt
 from app.sched.budget import Geometry
 
 In = TypeVar("In")
@@ -140,6 +142,35 @@ class Reranker(OneShotModel[Pair]):
         return [("ok", "ok")]
 
 
+class ImageGenerator(OneShotModel[ImagePrompt]):
+    """Prompts to images (text-to-image diffusion): one row per `ImagePrompt`, and
+    `postprocess` gives each row's image encoded in its `output_format`, in order."""
+
+    capability_names = ("image_generation",)
+
+    grid = 8  # widths and heights it makes are multiples of this
+    default_size = (512, 512)  # (width, height) when a request says `auto`
+
+    def size_refused(self, width: int, height: int) -> InvalidImageSize | None:
+        """Why this model cannot make a `width`×`height` image (None: it can)."""
+        if width % self.grid or height % self.grid:
+            return InvalidImageSize(
+                f"model {self.name!r} makes images whose sides are multiples of "
+                f"{self.grid}; {width}x{height} is not",
+                param="size",
+            )
+        return None
+
+    def warmup_inputs(self) -> list[list[ImagePrompt]]:
+        """Its default size, one step: the price of a size does not depend on steps."""
+        width, height = self.default_size
+        return [[ImagePrompt("warm up", seed=0, width=width, height=height, steps=1)]]
+
+    def probe_input(self) -> list[ImagePrompt]:
+        side = 8 * self.grid
+        return [ImagePrompt("ok", seed=0, width=side, height=side, steps=1)]
+
+
 class Generator(ModelHandler):
     """A prompt or a chat to text, decoded step by step into a TokenStream."""
 
@@ -189,5 +220,6 @@ LACKING: dict[type[ModelHandler], str] = {
     ImageModel: "it does not take images",
     Generator: "it does not generate text",
     Reranker: "it does not rerank (it is no cross-encoder)",
+    ImageGenerator: "it does not generate images",
 }
 CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)

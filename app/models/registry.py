@@ -12,6 +12,7 @@ from app.engine.device import Device
 from app.errors import ModelLoading, ModelNotFound, WrongModelKind
 from app.models.base import ModelHandler
 from app.models.causal_lm import CausalLMHandler
+from app.models.diffusion import DiffusionHandler
 from app.models.embedding import EmbeddingHandler
 from app.models.kinds import CAPABILITIES, LACKING
 from app.models.llama_cpp import LlamaCppHandler
@@ -45,6 +46,7 @@ HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
     ("torch", "vision"): lambda spec, bounds: VisionHandler(spec, *bounds),
     ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
     ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),
+    ("torch", "diffusion"): lambda spec, bounds: DiffusionHandler(spec, *bounds),
     ("llama.cpp", "generation"): lambda spec, _: LlamaCppHandler(spec),
     ("llama.cpp", "embedding"): lambda spec, _: LlamaCppEmbedder(spec),
 }

@@ -1,0 +1,228 @@
+"""Text-to-image diffusion models (kind `diffusion`), run with diffusers: Stable Diffusion
+1.5 and XL, and whatever `AutoPipelineForText2Image` loads (app.models.diffusion_pipeline).
+
+Each row is one image with its own prompt and seed. Its latents come from a CPU
+`torch.Generator` seeded with the row's seed, so a row gives the same pixels as calling
+the pipeline directly with `generator=torch.Generator().manual_seed(seed)` (a list of
+them for several rows) and the same arguments, on any device.
+
+Bucket: the exact size and the batch rounded up to a power of two (`px512x512xb2`),
+priced first by the pipeline's own geometry (app.models.diffusion_cost), then by its
+measured peaks. Rows that share a size, steps, guidance, scheduler and whether they have
+a negative prompt run as one batch. A run reports each step to its requests' progress
+(read by /status) and stops early once every client of the batch has left.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.engine.device import Device
+from app.errors import InvalidImageSize
+from app.models.base import Bucket, Prepared, next_pow2
+from app.models.diffusion_cost import DiffusionGeometry, image_bytes
+from app.models.diffusion_pipeline import for_run, load_pipeline, weights_bytes_on
+from app.models.image_prompt import ImageProgress, ImagePrompt
+from app.models.images import encode_image
+from app.models.kinds import ImageGenerator
+from app.settings import ModelSpec
+
+LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)$")
+Shape = tuple[Any, ...]  # what rows of one batch share
+
+
+class DiffusionHandler(ImageGenerator):
+    kind = "diffusion"
+    postprocess_on_loop = False  # encoding images stays off the event loop
+
+    def __init__(self, spec: ModelSpec, max_side: int = 4096, max_pixels: int = 2**24) -> None:
+        super().__init__(spec)
+        assert spec.path is not None, "ModelSpec checks that a diffusion model has a path"
+        self.path = Path(spec.path)
+        self.max_side, self.max_pixels = max_side, max_pixels
+        self._pipeline: Any = None
+        self._device = torch.device("cpu")
+        self._geometry: DiffusionGeometry | None = None
+        self._lock = threading.Lock()  # guards _running: written by inference threads
+        self._running: dict[int, tuple[str, list[ImageProgress]]] = {}
+
+    @staticmethod
+    def _dtype_on(device: Device, requested: str) -> str:
+        if requested != "auto":
+            return requested
+        return "float16" if device.kind == "cuda" else "float32"
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        dtype = getattr(torch, self._dtype_on(device, self.spec.dtype))
+        return weights_bytes_on(self.path, torch.finfo(dtype).bits // 8)
+
+    def load(self, device: Device) -> None:
+        self.dtype = self._dtype_on(device, self.spec.dtype)
+        dtype = getattr(torch, self.dtype)
+        pipeline = load_pipeline(self.path, dtype, self.spec.pipeline_config)
+        self._pipeline = pipeline.to(device.torch_device)
+        self._device = device.torch_device
+        scale = int(getattr(pipeline, "vae_scale_factor", 8))
+        self.grid = max(8, scale)
+        unet = getattr(pipeline, "unet", None)
+        side = int(unet.config.sample_size) if unet is not None else 64
+        self.default_size = (side * scale, side * scale)
+        vae = pipeline.vae.config
+        self._geometry = DiffusionGeometry.from_configs(
+            dict(unet.config) if unet is not None else {},
+            dict(vae),
+            scale,
+            torch.finfo(dtype).bits // 8,
+            vae_upcast=bool(vae.get("force_upcast")) and dtype == torch.float16,
+        )
+
+    def weights_bytes(self) -> int:
+        if self._pipeline is None:
+            return 0
+        modules = [m for m in self._pipeline.components.values() if isinstance(m, torch.nn.Module)]
+        tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def unload(self) -> None:
+        self._pipeline = None
+        gc.collect()
+
+    # -- rows and buckets --------------------------------------------------------------
+    def preprocess(self, inputs: list[ImagePrompt]) -> Prepared:
+        width, height = self.default_size
+        rows = [
+            replace(row, width=row.width or width, height=row.height or height) for row in inputs
+        ]
+        first = rows[0]
+        assert first.width is not None and first.height is not None
+        self._check_size(first.width, first.height)
+        assert all(_shape(row) == _shape(first) for row in rows), "a request's rows share one"
+        return self._prepared(rows)
+
+    def _check_size(self, width: int, height: int) -> None:
+        refused = self.size_refused(width, height)
+        if refused is not None:
+            raise refused
+        if max(width, height) > self.max_side or width * height > self.max_pixels:
+            raise InvalidImageSize(
+                f"{width}x{height} is beyond this server's bounds: at most {self.max_side} "
+                f"pixels a side and {self.max_pixels} pixels",
+                param="size",
+            )
+
+    def _prepared(self, rows: list[ImagePrompt]) -> Prepared:
+        width, height = rows[0].width or 0, rows[0].height or 0
+        batch = next_pow2(len(rows))
+        return Prepared(
+            Bucket(f"px{width}x{height}xb{batch}", width * height * batch),
+            rows,
+            width * height * len(rows),
+            count=len(rows),
+            longest=max(width, height),
+        )
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        if len(parts) == 1:
+            return parts[0]
+        shapes = {_shape(p.payload[0]) for p in parts}
+        if len(shapes) != 1 or sum(p.count for p in parts) > self.spec.max_batch:
+            return None
+        return self._prepared([row for p in parts for row in p.payload])
+
+    def prior_bytes(self, bucket: Bucket) -> int:
+        found = LABEL.match(bucket.label)
+        if found is None or self._geometry is None:
+            return 0
+        width, height, batch = (int(group) for group in found.groups())
+        return image_bytes(self._geometry, width, height, batch)
+
+    # -- running -----------------------------------------------------------------------
+    def forward(self, prepared: Prepared) -> Any:
+        self.forward_calls += 1
+        rows: list[ImagePrompt] = prepared.payload
+        progresses = list({id(row.progress): row.progress for row in rows}.values())
+        with self._lock:
+            self._running[id(prepared)] = (prepared.bucket.label, progresses)
+        try:
+            images = self._run(rows, progresses)
+        finally:
+            with self._lock:
+                del self._running[id(prepared)]
+        return [(pixels, row.output_format) for pixels, row in zip(images, rows, strict=True)]
+
+    def _run(self, rows: list[ImagePrompt], progresses: list[ImageProgress]) -> np.ndarray:
+        first = rows[0]
+        pipeline = for_run(self._pipeline, first.scheduler)
+
+        def on_step(pipe: Any, step: int, _: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+            for progress in progresses:
+                progress.advance(step + 1, pipe.num_timesteps)
+            if all(progress.cancelled for progress in progresses):
+                pipe._interrupt = True  # diffusers' own stop: the remaining steps are skipped
+            return tensors
+
+        arguments: dict[str, Any] = {
+            "prompt": [row.prompt for row in rows],
+            "negative_prompt": (
+                None if first.negative_prompt is None else [r.negative_prompt for r in rows]
+            ),
+            "width": first.width,
+            "height": first.height,
+            "generator": [torch.Generator().manual_seed(row.seed) for row in rows],
+            "output_type": "np",
+            "callback_on_step_end": on_step,
+        }
+        if first.steps is not None:
+            arguments["num_inference_steps"] = first.steps
+        if first.guidance_scale is not None:
+            arguments["guidance_scale"] = first.guidance_scale
+        with torch.inference_mode():
+            images = pipeline(**arguments).images
+        return (images * 255).round().astype(np.uint8)  # as diffusers' numpy_to_pil
+
+    def postprocess(self, raw: Any) -> Any:
+        return [encode_image(pixels, output_format) for pixels, output_format in raw]
+
+    def prime(self) -> None:
+        self.forward(self._prepared(self.probe_input()))
+        self.forward_calls = 0
+
+    def running(self) -> list[dict[str, Any]]:
+        """The batches running now: their bucket and each request's step of steps."""
+        with self._lock:
+            batches = list(self._running.values())
+        return [
+            {"bucket": label, "steps": [list(p.read()) for p in progresses]}
+            for label, progresses in batches
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        width, height = self.default_size
+        return {
+            **super().describe(),
+            "path": str(self.path),
+            "default_size": f"{width}x{height}",
+            "grid": self.grid,
+            "pipeline": type(self._pipeline).__name__ if self._pipeline is not None else None,
+            "running": self.running(),
+        }
+
+
+def _shape(row: ImagePrompt) -> Shape:
+    """What rows must share to run as one batch."""
+    return (
+        row.width,
+        row.height,
+        row.steps,
+        row.guidance_scale,
+        row.scheduler,
+        row.negative_prompt is None,
+    )
