@@ -56,7 +56,7 @@ class _Lenient(BaseModel):
 
 
 Text = Annotated[str, Field(max_length=MAX_CHARS_HARD)]
-ItemId = Annotated[str | None, Field(default=None, max_length=MAX_ID_CHARS)]
+ItemId = Annotated[str | None, Field(max_length=MAX_ID_CHARS)]
 
 
 class InputText(_Lenient):
@@ -96,14 +96,14 @@ def _has_image(content: Content) -> bool:
 
 class MessageItem(_Lenient):
     type: Literal["message"] = "message"
-    id: ItemId
+    id: ItemId = None
     role: Literal["user", "assistant", "system", "developer"]
     content: Content
 
 
 class FunctionCallItem(_Lenient):
     type: Literal["function_call"]
-    id: ItemId
+    id: ItemId = None
     call_id: str = Field(max_length=MAX_ID_CHARS)
     name: str = Field(pattern=FUNCTION_NAME)
     arguments: Text
@@ -111,7 +111,7 @@ class FunctionCallItem(_Lenient):
 
 class FunctionCallOutputItem(_Lenient):
     type: Literal["function_call_output"]
-    id: ItemId
+    id: ItemId = None
     call_id: str = Field(max_length=MAX_ID_CHARS)
     output: Content
 
@@ -121,7 +121,7 @@ class ReasoningItem(_Lenient):
     the model (its text, if any, is another model's)."""
 
     type: Literal["reasoning"]
-    id: ItemId
+    id: ItemId = None
 
 
 def _item_type(value: Any) -> str:

@@ -122,8 +122,9 @@ def test_a_live_store_is_bounded_and_survives_a_restart(tmp_path: Path):
         fourth = client.responses.create(
             model="tiny", input="four", previous_response_id=third, max_output_tokens=3
         )
-        items = client.responses.input_items.list(fourth.id, order="asc", limit=100).data
-        asked = [item.content[0].text for item in items if item.role == "user"]
+        page = client.responses.input_items.list(fourth.id, order="asc", limit=100).data
+        items = [item.model_dump() for item in page]
+        asked = [item["content"][0]["text"] for item in items if item.get("role") == "user"]
         assert asked == ["one", "two", "three", "four"]  # the whole chain, from before
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(second)  # the bound holds across the restart
