@@ -146,7 +146,11 @@ class Settings(BaseSettings):
     )
     max_inputs: int = Field(256, ge=1, le=4096, description="inputs in one embeddings request")
     max_input_chars: int = Field(
-        50_000, ge=1, le=10_000_000, description="characters in one input string"
+        400_000,
+        ge=1,
+        le=10_000_000,
+        description="characters in one input string, or in one chat's messages (a coding "
+        "agent resends ~100k characters of prompt and history)",
     )
     max_image_side: int = Field(
         4096, ge=16, le=16384, description="largest image side accepted, in pixels"
