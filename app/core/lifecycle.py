@@ -104,9 +104,14 @@ class ModelLifecycle:
         return default_s if own is None else own
 
     def unload_idle(self) -> list[str]:
-        """Unload every loaded model idle past its keep-alive (housekeeping)."""
+        """Unload every loaded model idle past its keep-alive, and forget the kept
+        prefixes unused for as long (housekeeping)."""
         now = self._clock()
         ready = [n for n, e in self.registry.entries.items() if e.state == "ready"]
+        for name in ready:
+            seconds = self.keep_alive.seconds(name)
+            if not math.isinf(seconds):
+                self.registry.store.expire(name, seconds)
         expired = [n for n in self.keep_alive.expired(ready, now) if n not in self._freeing]
         for name in expired:
             self._evict(name, "keep_alive")

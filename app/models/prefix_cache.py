@@ -143,6 +143,19 @@ class PrefixStore:
             entry.release()
         return sum(e.nbytes for e in dropped)
 
+    def expire(self, model: str, idle_s: float) -> int:
+        """Forget `model`'s entries unused for more than `idle_s` seconds (its
+        keep-alive: kept prefixes go back to other programs as idle models do); returns
+        the bytes freed."""
+        dropped: list[Entry] = []
+        cut = time.monotonic() - idle_s
+        with self._lock:
+            for entry in [e for e in self._entries if e.model == model and e.used_at < cut]:
+                self._remove(entry, dropped)
+        for entry in dropped:
+            entry.release()
+        return sum(e.nbytes for e in dropped)
+
     def drop_model(self, model: str) -> int:
         """Forget `model`'s entries (it unloads); returns the bytes freed."""
         dropped: list[Entry] = []

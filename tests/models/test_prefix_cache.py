@@ -58,6 +58,16 @@ def test_store_keeps_within_its_limit_evicting_least_recently_used_and_longer_re
     assert store.drop_model("m") == MiB and len(store) == 0
 
 
+def test_store_forgets_what_went_unused_for_its_models_keep_alive():
+    store, released = PrefixStore(), []
+    store.set_limit(10 * MiB)
+    store.put(_entry("a", list(range(20)), MiB, released))
+    store.put(_entry("b", list(range(20)), MiB, released))
+    assert store.expire("a", 3600) == 0 and len(store) == 2  # used within the hour
+    assert store.expire("a", 0) == MiB and released == ["a20"]  # idle past a keep-alive of 0
+    assert store.longest("b", list(range(30)))[1] == 20  # another model's entry stays
+
+
 @pytest.fixture(scope="module")
 def llama_twice(tmp_path_factory: pytest.TempPathFactory):
     """One small random Llama served twice: "cached" with the prefix cache, "plain"
