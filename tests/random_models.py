@@ -334,3 +334,77 @@ def save_random_sdxl(folder: Path) -> Path:
     )  # fmt: skip
     pipeline.save_pretrained(folder)
     return folder
+
+
+VL_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def save_random_llava(folder: Path, *, context: int = 1024) -> Path:
+    """A LLaVA (a CLIP vision tower, a projector and a Llama) that transformers loads as
+    image-text-to-text, random and tiny: 32x32 images in 8x8 patches, 16 image tokens
+    each (CLIP's class token dropped); its processor (a CLIP image processor, the
+    byte-level BPE tokenizer of `save_random_llama` with an `<image>` token, a chat
+    template taking content parts) saved beside it. Its end-of-text row is zeroed, as
+    `save_random_llama`'s."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>", "<pad>", "<image>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image>"},
+    )
+    tokenizer.chat_template = VL_CHAT_TEMPLATE
+    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    LlavaProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=8,
+        vision_feature_select_strategy="default", chat_template=VL_CHAT_TEMPLATE,
+        image_token="<image>", num_additional_image_tokens=1,
+    ).save_pretrained(folder)  # fmt: skip
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )  # fmt: skip
+    vision = CLIPVisionConfig(
+        image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, projection_dim=32,
+    )  # fmt: skip
+    config = LlavaConfig(
+        vision_config=vision, text_config=text,
+        image_token_index=tokenizer.get_vocab()["<image>"],
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id].zero_()
+    model.save_pretrained(folder)
+    return folder

@@ -12,13 +12,13 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.anthropic_replies import MessageReply, reasons
 from app.api.anthropic_schemas import CountTokensRequest, MessagesRequest
+from app.api.chat_images import refuse_unseeing
 from app.api.errors import from_validation_errors
 from app.api.openai_routes import client_watch, openapi_body, read_body, request_schemas
 from app.api.replies import admit_choices
 from app.api.schemas import validate_generation_request
 from app.core.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
-from app.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"])
 RequestT = TypeVar("RequestT", bound=MessagesRequest)
@@ -71,16 +71,11 @@ def _parse(model: type[RequestT], body: bytes) -> RequestT:
 
 
 def _validated(fleet: Fleet, body: MessagesRequest) -> ValidGenerationRequest:
-    """The request as the core takes it; an image is a 400 naming the model (none here
-    sees), after a 404 for a model that is not served."""
+    """The request as the core takes it; an image for a model that does not see is a
+    400 naming the model, after a 404 for a model that is not served."""
     where = body.image_param()
     if where is not None:
-        fleet.card(body.model)
-        raise InvalidRequest(
-            f"model {body.model!r} cannot see images: it takes text only (send the image's "
-            "content as text)",
-            param=where,
-        )
+        refuse_unseeing(fleet, body.model, 1, where)
     return validate_generation_request(body.as_chat(), fleet.settings)
 
 

@@ -47,7 +47,10 @@ def _refused(note: str) -> FieldSupport:
 # it; a field in no row is a 400 naming it (the request model forbids it).
 MESSAGES_FIELDS: dict[str, FieldSupport] = {
     "model": _done("the served model, or a `model_aliases` pattern (`claude-*`)"),
-    "messages": _done("text, `tool_use`, `tool_result`; thinking blocks dropped; no images"),
+    "messages": _done(
+        "text, `tool_use`, `tool_result`, base64 images for a model that sees; thinking "
+        "blocks dropped"
+    ),
     "max_tokens": _done("required (not for count_tokens); within the model's context"),
     "system": _done("a string or text blocks"),
     "stop_sequences": _done(f"up to {MAX_STOP} of up to {MAX_STOP_CHARS} characters"),
@@ -86,11 +89,27 @@ class TextBlock(_Block):
 
 
 class ImageBlock(_Block):
-    """Accepted in shape only: no generation model here sees (refused, naming it)."""
+    """An image for a model that sees: base64 (a `url` source is refused, as chat's;
+    app.api.chat_images). In a tool result: refused."""
 
     type: Literal["image"]
     source: dict[str, Any]
     transformations: Ignored = None
+
+    def as_openai(self, param: str) -> dict[str, Any]:
+        """Chat's image part: a data URL, checked with chat's parts."""
+        kind, source = self.source.get("type"), self.source
+        if kind == "base64" and isinstance(source.get("data"), str):
+            media = str(source.get("media_type") or "image")
+            return {
+                "type": "image_url",
+                "image_url": {"url": f"data:{media};base64,{source['data']}"},
+            }
+        if kind == "url" and isinstance(source.get("url"), str):
+            return {"type": "image_url", "image_url": {"url": source["url"]}}
+        raise InvalidRequest(
+            f"an image's source must be base64 data (got type {str(kind)[:32]!r})", param=param
+        )
 
 
 class ToolUseBlock(_Block):
@@ -331,21 +350,37 @@ def _user(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:
     """A user turn: its tool results as `tool` turns, its text as a user turn, in order."""
     turns: list[dict[str, Any]] = []
     text: list[str] = []
+    images: list[dict[str, Any]] = []
     for j, block in enumerate(message.blocks()):
+        param = f"messages.{index}.content.{j}"
         if isinstance(block, TextBlock):
             text.append(block.text)
+        elif isinstance(block, ImageBlock):
+            images.append(block.as_openai(param))
         elif isinstance(block, ToolResultBlock):
-            if text:
-                turns.append({"role": "user", "content": "\n\n".join(text)})
-                text = []
+            if text or images:
+                turns.append(_user_turn(text, images))
+                text, images = [], []
+            if not isinstance(block.content, str) and any(
+                isinstance(part, ImageBlock) for part in block.content
+            ):
+                raise InvalidRequest("images in a tool_result are not supported", param=param)
             turns.append(
                 {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()}
             )
         elif not isinstance(block, ThinkingBlock):
-            raise _misplaced(block, "user", f"messages.{index}.content.{j}")
-    if text or not turns:
-        turns.append({"role": "user", "content": "\n\n".join(text)})
+            raise _misplaced(block, "user", param)
+    if text or images or not turns:
+        turns.append(_user_turn(text, images))
     return turns
+
+
+def _user_turn(text: list[str], images: list[dict[str, Any]]) -> dict[str, Any]:
+    """A user turn of chat: its text, and its images as chat's image parts."""
+    joined = "\n\n".join(text)
+    if not images:
+        return {"role": "user", "content": joined}
+    return {"role": "user", "content": [*images, {"type": "text", "text": joined}]}
 
 
 def _assistant(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:

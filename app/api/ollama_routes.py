@@ -6,7 +6,8 @@ NDJSON streaming (`stream` true by default), durations in nanoseconds, `done_rea
 Each request is translated into the OpenAI request of the same meaning
 (app.api.ollama_schemas) and goes the same way from there: the guard, validation,
 pricing, the gate, the cost headers. What is not supported is refused with a 400 that
-says so (images, `suffix`), or accepted and ignored (`num_ctx`, `think`).
+says so (`suffix`; images to a model that does not see), or accepted and ignored
+(`num_ctx`, `think`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from app import __version__
 from app.api import admin_routes
+from app.api.chat_images import refuse_unseeing
 from app.api.errors import from_validation_errors
 from app.api.ollama_schemas import (
     ChatBody,
@@ -128,10 +130,15 @@ async def tags(request: Request) -> dict[str, Any]:
                 "modified_at": datetime.fromtimestamp(changed, UTC).isoformat(),
                 "size": folder_bytes(folder) if folder is not None else 0,
                 "digest": _digest(row),
-                "details": _details(fleet.card(row["name"])),
+                "details": _details(card := fleet.card(row["name"])),
+                "capabilities": _capabilities(card),
             }
         )
     return {"models": models}
+
+
+def _capabilities(card: ModelCard) -> list[str]:
+    return [c for c in card.capabilities if c in OLLAMA_CAPABILITIES]
 
 
 @router.post("/show")
@@ -156,7 +163,7 @@ async def show(request: Request) -> dict[str, Any]:
         "template": card.chat_template or "",
         "details": _details(card),
         "model_info": info,
-        "capabilities": [c for c in card.capabilities if c in OLLAMA_CAPABILITIES],
+        "capabilities": _capabilities(card),
     }
 
 
@@ -273,6 +280,8 @@ async def _generate(
     request: Request, model: str, openai: ChatRequest | CompletionRequest, *, chat: bool = True
 ) -> Response:
     fleet, started = _fleet(request), time.perf_counter()
+    images = openai.image_count() if isinstance(openai, ChatRequest) else 0
+    refuse_unseeing(fleet, model, images, "images")  # before any image is read
     valid = validate_generation_request(openai, fleet.settings)
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:

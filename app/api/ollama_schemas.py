@@ -67,6 +67,19 @@ class Options(_Body):
         return fields
 
 
+MAX_IMAGES = 256  # the configured max_images is tighter
+
+
+def image_parts(images: list[str], text: str) -> list[dict[str, Any]]:
+    """Ollama's base64 `images` and a text as OpenAI's content parts (the images checked
+    where chat's are: app.api.chat_images)."""
+    parts = [{"type": "image_url", "image_url": {"url": f"{BASE64_URL}{i}"}} for i in images]
+    return [*parts, {"type": "text", "text": text}]
+
+
+BASE64_URL = "data:image;base64,"  # the format is read from the image itself
+
+
 class CalledFunction(_Body):
     name: str = Field(max_length=64)
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -79,14 +92,13 @@ class OllamaToolCall(_Body):
 class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(default="", max_length=MAX_CHARS_HARD)
-    images: list[str] | None = None
+    images: list[str] | None = Field(default=None, max_length=MAX_IMAGES)  # base64
     tool_calls: list[OllamaToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_name: str | None = Field(default=None, max_length=64)
 
     def as_openai(self, index: int) -> dict[str, Any]:
-        if self.images:
-            raise InvalidRequest("images in messages are not supported", param="images")
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        content = image_parts(self.images, self.content) if self.images else self.content
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             message["tool_calls"] = [
                 {
@@ -146,20 +158,22 @@ class GenerateBody(_Generation):
     prompt: str = Field(default="", max_length=MAX_CHARS_HARD)
     system: str | None = Field(default=None, max_length=MAX_CHARS_HARD)
     raw: bool = False  # the prompt as it is, without the model's chat template
-    images: list[str] | None = None
+    images: list[str] | None = Field(default=None, max_length=MAX_IMAGES)  # base64
     suffix: str | None = None
 
     def as_openai(self) -> ChatRequest | CompletionRequest:
-        if self.images:
-            raise InvalidRequest("images are not supported", param="images")
+        if self.images and self.raw:
+            raise InvalidRequest("images need the chat template: not with raw", param="images")
         if self.suffix:
             raise InvalidRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
         if self.raw:
             if self.format is not None:
                 raise InvalidRequest("format needs the chat template: not with raw", param="format")
             return CompletionRequest.model_validate(self._common() | {"prompt": self.prompt})
-        messages = [{"role": "system", "content": self.system}] if self.system else []
-        messages.append({"role": "user", "content": self.prompt})
+        messages: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
+        messages = messages if self.system else []
+        content = image_parts(self.images, self.prompt) if self.images else self.prompt
+        messages.append({"role": "user", "content": content})
         fields = self._common() | {"messages": messages, "response_format": _format(self.format)}
         return ChatRequest.model_validate(fields)
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from app.api.chat_images import refuse_unseeing
 from app.api.errors import from_validation_errors
 from app.api.replies import Reply, admit_choices
 from app.api.responses_schemas import ResponsesRequest
@@ -209,6 +210,8 @@ async def _complete(
     request: Request, body: ChatRequest | CompletionRequest, kind: str, prefix: str
 ) -> Response:
     fleet = _fleet(request)
+    images = body.image_count() if isinstance(body, ChatRequest) else 0
+    refuse_unseeing(fleet, body.model, images, "messages")  # before any image is read
     valid = validate_generation_request(body, fleet.settings)
     reply = Reply(valid, kind, prefix)
     with client_watch(request) as watch:

@@ -77,6 +77,12 @@ async def create_response(request: Request) -> Response:
     items = [*_previous(store, body.previous_response_id), *body.items()]
     if has_image(items):
         card = fleet.card(body.model)  # 404 for a model not served
+        if "vision" in card.capabilities:
+            raise InvalidRequest(
+                f"input_image is not supported on /v1/responses yet; model {body.model!r} "
+                "sees images sent through /v1/chat/completions (image_url data URLs)",
+                param="input",
+            )
         raise WrongModelKind(
             f"model {body.model!r} cannot see images: input_image needs a vision chat "
             f"model, and this one reads text ({', '.join(card.capabilities)})",

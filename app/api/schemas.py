@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from app.api.chat_images import check_image_count, url_image
 from app.api.fields import screen
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.durations import parse_keep_alive
@@ -92,6 +93,22 @@ class TextPart(BaseModel):
     text: str = Field(max_length=MAX_CHARS_HARD)
 
 
+class ImageUrl(BaseModel):
+    url: str = Field(max_length=MAX_CHARS_HARD)  # a data URL (app.api.chat_images)
+    detail: Literal["auto", "low", "high"] | None = None  # the model's processor decides
+
+
+class ImagePart(BaseModel):
+    """An image for a model that sees (app.api.chat_images)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class CalledFunction(BaseModel):
     name: str = Field(max_length=64)
     arguments: str = Field(max_length=MAX_CHARS_HARD)
@@ -106,12 +123,13 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """A chat turn. Content is text, or a list of text parts (images are not supported);
-    an assistant turn may carry tool calls instead, and a `tool` turn answers one."""
+    """A chat turn. Content is text, or a list of text and image parts (images for a
+    model that sees); an assistant turn may carry tool calls instead, and a `tool` turn
+    answers one."""
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = Field(default=None, max_length=MAX_CHARS_HARD)
+    content: str | list[ContentPart] | None = Field(default=None, max_length=MAX_CHARS_HARD)
     name: str | None = Field(default=None, max_length=64)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_call_id: str | None = Field(default=None, max_length=128)
@@ -120,7 +138,12 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def image_urls(self) -> list[str]:
+        if self.content is None or isinstance(self.content, str):
+            return []
+        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)]
 
     def as_dict(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
@@ -269,8 +292,15 @@ class ChatRequest(_GenerationFields):
     def as_prompt(self, settings: Settings) -> Prompt:
         messages = [m.as_dict() for m in self.messages]
         _check_chars(sum(len(m["content"]) for m in messages), settings, "messages")
+        check_image_count(self.image_count(), settings, "messages")
+        for message, body in zip(messages, self.messages, strict=True):
+            if urls := body.image_urls():
+                message["images"] = [url_image(url, settings, "messages") for url in urls]
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools or []]
         return Chat(messages, tools if self.tool_mode() != "none" else None)
+
+    def image_count(self) -> int:
+        return sum(len(m.image_urls()) for m in self.messages)
 
     def tool_mode(self) -> Literal["none", "auto", "forced"]:
         """Whether the answer may (auto) or must (forced) be a call to one of `tools`."""

@@ -32,6 +32,7 @@ class Pricer:
         """Where the book keeps the price: the bucket, or a generation's prompt bucket
         (its line's tokens are the request's own), on these weights on this device."""
         bucket = f"p{prepared.kv_bound[0]}" if prepared.kv_bound else prepared.bucket.label
+        bucket += prepared.price_tag
         return PriceKey(model, bucket, self._device_key, handler.dtype, handler.fingerprint)
 
     def quote(self, handler: Handler, key: PriceKey, prepared: Prepared) -> Quote:

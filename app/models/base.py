@@ -38,6 +38,12 @@ class Prepared:
     longest: int = 0
     # a generation: (prompt bucket, token bound), the tokens its KV cache may hold
     kv_bound: tuple[int, int] | None = None
+    # what prices it apart from others of its bucket (IMAGES_TAG: a prompt whose prefill
+    # also runs a vision encoder); part of its price key
+    price_tag: str = ""
+
+
+IMAGES_TAG = "+images"
 
 
 # What identifies a model's weights: every file's name, size and modification time, and
@@ -262,6 +268,7 @@ class ModelHandler(ABC):
         return {
             "kind": self.kind,
             "engine": self.engine,
+            "capabilities": list(self.capabilities()),  # the card's: vision, tools, ...
             "dtype": self.dtype,
             "dimensions": self.dimensions,
             "max_batch": self.spec.max_batch,

@@ -25,7 +25,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Prepared, read_chat_template, read_json_object, weight_file_bytes
+from app.models.base import (
+    IMAGES_TAG,
+    Prepared,
+    read_chat_template,
+    read_json_object,
+    weight_file_bytes,
+)
 from app.models.card import ModelCard
 from app.models.constrained import Grammars
 from app.models.cpu_dtype import fastest_on_cpu
@@ -140,7 +146,7 @@ class CausalLMHandler(Generator):
 
     def load(self, device: Device) -> None:
         self.dtype = auto_dtype(device, self.spec.dtype, trained_dtype(self.path))
-        tokenizer, model = load_causal_lm(self.path, getattr(torch, self.dtype))
+        tokenizer, model = self._load_files(getattr(torch, self.dtype))
         model = model.to(device.torch_device).eval()
         probe = list(tokenizer("Hello, how are you?")["input_ids"])
         if device.kind == "cpu" and self.spec.dtype == "auto":  # the faster, measured
@@ -151,7 +157,7 @@ class CausalLMHandler(Generator):
         self._tokenizer = tokenizer
         self._model = model
         self._device = device.torch_device
-        config = model.config
+        config = model.config.get_text_config()  # a vision-language model's text half
         own = int(getattr(config, "max_position_embeddings", 0) or 0) or FALLBACK_CONTEXT
         self.context = min(own, self.spec.max_context or own)  # the model's own by default
         self._eos = self._eos_ids(model, tokenizer)
@@ -182,6 +188,10 @@ class CausalLMHandler(Generator):
             constrain=self._grammars.constraint if self._grammars else None,
             store=self.prefix_store,
         )
+
+    def _load_files(self, dtype: torch.dtype) -> tuple[Any, Any]:
+        """Its tokenizer and model, read from its files (not yet on the device)."""
+        return load_causal_lm(self.path, dtype)
 
     def _joinable(self) -> bool:
         """Whether this model's KV cache lets rows join and leave a running batch. Its
@@ -240,6 +250,8 @@ class CausalLMHandler(Generator):
         tokenizer = self._tokenizer
         if isinstance(prompt, str):
             return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if prompt.images:  # the routes refuse them first, by the model's card
+            raise InvalidRequest(f"model {self.name!r} cannot see images", param="messages")
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise InvalidRequest(
@@ -273,9 +285,18 @@ class CausalLMHandler(Generator):
                     param="response_format",
                 )
             grammar = self._grammars.compile(params.json_schema)
-        ids = self.encode(prompt)
+        ids, inputs = self.encode_inputs(prompt)
         cap = default_max_tokens
-        return generation_prepared(self.name, ids, params, self.context, cap, grammar)
+        prepared = generation_prepared(self.name, ids, params, self.context, cap, grammar)
+        if inputs is None:
+            return prepared
+        payload = replace(prepared.payload, prefill_inputs=inputs)
+        return replace(prepared, payload=payload, price_tag=IMAGES_TAG)
+
+    def encode_inputs(self, prompt: Prompt) -> tuple[list[int], dict[str, Any] | None]:
+        """The prompt's ids and the model inputs its prefill takes beside them (None: the
+        ids are all; a vision-language model's images are more)."""
+        return self.encode(prompt), None
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         """Run in the model's batch (on the caller's stream thread, which waits)."""

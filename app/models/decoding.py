@@ -24,10 +24,17 @@ MIN_TOKEN_BUCKET = 16
 
 @dataclass(frozen=True)
 class Chat:
-    """Chat messages (OpenAI's, as dicts) and the tools (OpenAI's) the model may call."""
+    """Chat messages (OpenAI's, as dicts) and the tools (OpenAI's) the model may call. A
+    message may carry `images`: encoded images (bytes, checked by the route), shown to a
+    model that sees before the message's text, as Ollama's messages carry them."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
+
+    @property
+    def images(self) -> int:
+        """How many images its messages carry."""
+        return sum(len(m.get("images") or ()) for m in self.messages)
 
 
 Prompt = str | Chat  # a completion's text, or a chat
@@ -61,6 +68,9 @@ class GenerationInput:
     params: SamplingParams
     max_tokens: int
     grammar: str | None = None  # params.json_schema compiled (app.models.constrained)
+    # the model inputs its prefill takes beside the ids (a vision-language prompt's
+    # pixel_values); its KV then depends on more than its ids: never shared or kept
+    prefill_inputs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,7 @@ def best_source(prompt: Sequence[int], batches: Sequence[Batch]) -> Source | Non
     batch's cache and mask, the row, the tokens to copy; None where no running row has it."""
     best: Source | None = None
     for batch in batches:
-        index, count = find_donor(prompt, [row.task.prompt_ids for row in batch.rows])
+        index, count = find_donor(prompt, [row.shared_ids for row in batch.rows])
         if count > (best[3] if best else 0):
             best = (batch.cache, batch.mask, index, count)
     return best

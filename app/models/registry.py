@@ -22,6 +22,7 @@ from app.models.prefix_cache import PrefixStore
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
+from app.models.vision_language import VisionLanguageHandler, sees_images
 from app.sched.budget import LoadLedger
 from app.settings import ModelSpec
 
@@ -33,6 +34,13 @@ State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded
 Bounds = tuple[int, int]  # the largest image side and pixel count accepted
 
 
+def _generation(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
+    """A causal LM, or a vision-language model where its folder is one (it sees images)."""
+    if spec.path is not None and sees_images(spec.path):
+        return VisionLanguageHandler(spec, *bounds)
+    return CausalLMHandler(spec)
+
+
 def _simulated(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
     simulated = SimulatedHandler(spec)
     simulated.max_side, simulated.max_pixels = bounds
@@ -42,7 +50,7 @@ def _simulated(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
 # Which handler serves a spec, by (engine, kind): a new kind or engine is a row here.
 HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
     ("simulated", "simulated"): _simulated,
-    ("torch", "generation"): lambda spec, _: CausalLMHandler(spec),
+    ("torch", "generation"): _generation,
     ("torch", "vision"): lambda spec, bounds: VisionHandler(spec, *bounds),
     ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
     ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),

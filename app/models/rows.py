@@ -59,6 +59,17 @@ class Row:
         )
 
     @property
+    def own_kv(self) -> bool:
+        """Whether its KV depends on more than its token ids (its prefill saw images):
+        it is prefilled alone and in one forward, and no other prompt copies it."""
+        return self.task.prefill_inputs is not None
+
+    @property
+    def shared_ids(self) -> list[int]:
+        """The prompt ids another prompt may copy its KV under (none where `own_kv`)."""
+        return [] if self.own_kv else self.task.prompt_ids
+
+    @property
     def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
         return len(self.task.prompt_ids) + self.task.max_tokens
 

@@ -190,7 +190,7 @@ class StepBatcher:
                 row.end(self._decode, finish="cancelled")
                 continue
             remaining = len(row.task.prompt_ids) - row.position
-            if remaining > PREFILL_CHUNK or row.cache is not None:
+            if remaining > PREFILL_CHUNK or row.cache is not None or row.own_kv:
                 if not taken:
                     taken.append(row)  # prefilled alone, in chunks
                 break
@@ -228,6 +228,8 @@ class StepBatcher:
 
     def _prefill(self, rows: list[Row]) -> int:
         """Prefill `rows` (one forward); returns the tokens it computed."""
+        if len(rows) == 1 and rows[0].own_kv:
+            return self._prefill_own(rows[0])
         if len(rows) == 1 and (
             rows[0].cache is not None or len(rows[0].task.prompt_ids) > PREFILL_CHUNK
         ):
@@ -261,6 +263,22 @@ class StepBatcher:
         self._admit(rows, split[0], split[1], None)
         return int(packed.input_ids.numel())
 
+    def _prefill_own(self, row: Row) -> int:
+        """A prompt whose prefill takes more than ids (images), alone and in one forward:
+        the image's tokens and its pixels must meet in the same forward, and its KV is
+        its own (no running or kept row's prefix is copied)."""
+        prompt = row.task.prompt_ids
+        extra = {
+            name: value.to(self._device, self._dtype if value.is_floating_point() else None)
+            for name, value in (row.task.prefill_inputs or {}).items()
+        }
+        mask = torch.ones((1, len(prompt)), dtype=torch.long)
+        positions = torch.arange(len(prompt)).unsqueeze(0)
+        out = self._run(torch.tensor([prompt]), mask, positions, None, extra=extra)
+        self._prefilled([row])
+        self._admit([row], getattr(out, self._cache_arg), mask, out.logits[:, -1])
+        return len(prompt)
+
     def _prefilled(self, rows: list[Row]) -> None:
         with self._cond:
             for row in rows:
@@ -273,6 +291,8 @@ class StepBatcher:
         """Where `row`'s prompt prefix is held already: a running row's, or a kept one
         of the prefix cache, whichever holds more of it."""
         prompt = row.task.prompt_ids
+        if row.own_kv:
+            return None
         running = best_source(prompt, self._batches)
         if self._store is None or not row.task.params.prefix_cache:
             return running
@@ -339,8 +359,9 @@ class StepBatcher:
         positions: torch.Tensor,
         cache: Any,
         keep: torch.Tensor | None = None,  # the positions whose logits are wanted
+        extra: dict[str, Any] | None = None,  # more model inputs (an image's pixels)
     ) -> Any:
-        kwargs: dict[str, Any] = dict(self._extra)
+        kwargs: dict[str, Any] = {**self._extra, **(extra or {})}
         if keep is not None:
             kwargs["logits_to_keep"] = keep.to(self._device)
         if cache is not None:
@@ -446,6 +467,8 @@ class StepBatcher:
         prompt and the answer's tokens fed back), where the store has room for it."""
         store = self._store
         if store is None or row.finish == "cancelled" or not row.task.params.prefix_cache:
+            return
+        if row.own_kv:  # its ids alone do not say what its KV saw
             return
         prompt = row.task.prompt_ids
         ids = tuple(prompt) + tuple(row.produced[: row.position - len(prompt)])
