@@ -12,7 +12,9 @@ purpose. Standard library only at import: app.spec reads it in the build environ
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 # sentence-transformers embedders and cross-encoders (BERT: all-MiniLM; MPNet:
@@ -67,6 +69,25 @@ def _tokenizer_packages(model_type: str) -> set[str]:
 
 def _package(cls: type) -> str:
     return cls.__module__.rpartition(".")[0]
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def sees_images(path: Path) -> bool:
+    """Whether `path` is a folder transformers loads as image-text-to-text (a
+    vision-language model: LLaVA, Idefics3, ...): its model_type has such a class and the
+    folder holds its processor's configuration. Needs transformers."""
+    if not path.is_dir() or not any((path / name).is_file() for name in PROCESSOR_FILES):
+        return False
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    return model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
 def refusal(model_type: str | None, frozen: bool | None = None) -> str | None:

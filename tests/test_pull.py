@@ -619,3 +619,14 @@ def test_a_folder_of_a_family_that_cannot_be_served_is_refused_with_the_reason(
     assert repr(model_type) in str(refused.value)
     assert list((tmp_path / "models").iterdir()) == []
     assert not (tmp_path / "config.toml").exists()
+
+
+def test_a_vision_language_folder_is_pulled_as_a_generation_model(tmp_path):
+    """LLaVA's architecture is no causal LM's (LlavaForConditionalGeneration): its
+    processor and model_type say it is image-text-to-text, served as chat with images."""
+    from tests.random_models import save_random_llava
+
+    folder = save_random_llava(tmp_path / "tiny-vl")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(folder), settings, tmp_path / "config.toml")
+    assert spec.kind == "generation" and (spec.path / "processor_config.json").is_file()

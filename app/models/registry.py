@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from app.engine.device import Device
 from app.errors import ModelLoading, ModelNotFound, WrongModelKind
+from app.model_families import sees_images
 from app.models.base import ModelHandler
 from app.models.causal_lm import CausalLMHandler
 from app.models.diffusion import DiffusionHandler
@@ -22,7 +23,7 @@ from app.models.prefix_cache import PrefixStore
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
 from app.models.vision import VisionHandler
-from app.models.vision_language import VisionLanguageHandler, sees_images
+from app.models.vision_language import VisionLanguageHandler
 from app.sched.budget import LoadLedger
 from app.settings import ModelSpec
 

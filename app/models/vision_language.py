@@ -17,10 +17,8 @@ images as the prompt can hold added to the geometry's estimate until measured.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,24 +34,7 @@ from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry
 from app.settings import ModelSpec
 
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 PROBE_SIDE = 64  # the blank image that measures how many tokens an image takes
-
-
-def sees_images(path: Path) -> bool:
-    """Whether `path` is a folder transformers loads as image-text-to-text: its
-    model_type has such a class and the folder holds its processor's configuration."""
-    if not path.is_dir() or not any((path / name).is_file() for name in PROCESSOR_FILES):
-        return False
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-    return isinstance(config, dict) and config.get("model_type") in (
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-    )
 
 
 def processor_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

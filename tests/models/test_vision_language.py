@@ -17,12 +17,13 @@ import pytest
 from PIL import Image
 
 from app.engine.device import CpuDevice
+from app.model_families import sees_images
 from app.models.base import IMAGES_TAG
 from app.models.causal_lm import CausalLMHandler
 from app.models.decoding import Chat, DecodeResult, SamplingParams, TokenStream
 from app.models.prefix_cache import PrefixStore
 from app.models.registry import make_handler
-from app.models.vision_language import VisionLanguageHandler, processor_messages, sees_images
+from app.models.vision_language import VisionLanguageHandler, processor_messages
 from app.settings import ModelSpec
 from tests.random_models import save_random_llama, save_random_llava
 
