@@ -20,7 +20,10 @@ Runs the real server in-process on the device and prints (and writes to OUT/gpu_
    written as a GGUF, on a device limited so that its layers do not all fit; the layers
    planned against those llama.cpp logged, the bytes planned against those it logged and
    those the driver reports for the runner's pid, a chat through it, and the memory back
-   after the unload.
+   after the unload;
+7. a vision-language chat (a random LLaVA made on the spot): an image in an OpenAI chat on
+   the device, answered twice the same (greedy), its price, bucket and price source, and
+   the learned `+images` price lines against the text ones.
 
 On a machine without CUDA, `--device cpu` runs the same steps as a dry run. The device
 machine has no network: carry the pure dependencies as wheels, e.g.
@@ -223,6 +226,42 @@ def generation_check(
         "ratio": round(price / peak, 3) if peak else None,
     }
     return report
+
+
+def vision_language_check(work: Path, device_spec: str) -> dict[str, Any]:
+    """A chat with an image on the device: what it was priced and what it learned."""
+    import base64
+    import io
+
+    import httpx
+    from PIL import Image
+
+    from app.settings import ModelSpec
+    from tests.live import live_server, make_settings
+    from tests.random_models import save_random_llava
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 90)).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What?"}]
+    body = {"model": "vl", "messages": [{"role": "user", "content": parts}], "max_tokens": 32}
+    vl = ModelSpec(name="vl", kind="generation", path=save_random_llava(work / "llava"))
+    settings = make_settings(work / "vl", device=device_spec, models=(vl,))
+    with live_server(settings) as live, httpx.Client(base_url=live.url, timeout=600) as client:
+        answers = [client.post("/v1/chat/completions", json={**body, "temperature": 0})]
+        answers.append(client.post("/v1/chat/completions", json={**body, "temperature": 0}))
+        lines = [p for m in live.status()["models"] if m["name"] == "vl" for p in m["prices"]]
+    first = answers[0]
+    return {
+        "status": [a.status_code for a in answers],
+        "same_answer": first.json()["choices"][0]["message"]["content"]
+        == answers[1].json()["choices"][0]["message"]["content"],
+        "usage": first.json()["usage"],
+        "bucket": first.headers.get("X-Vramgate-Bucket"),
+        "price_bytes": first.headers.get("X-Vramgate-Price-Bytes"),
+        "price_source": first.headers.get("X-Vramgate-Price-Source"),
+        "lines": lines,
+    }
 
 
 async def flood(url: str, bodies: list[dict], clients: int) -> dict[str, Any]:
@@ -429,6 +468,7 @@ def main() -> int:
         work, args.device, args.gen_tokens, args.hidden, args.layers
     )
     report["llama_split"] = llama_split_check(work, args.device)
+    report["vision_language"] = vision_language_check(work, args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))

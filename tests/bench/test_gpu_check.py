@@ -40,6 +40,9 @@ def test_gpu_check_dry_run_on_the_cpu_reports_generation(tmp_path):
     # hidden 64, 1 head of 64, 1 KV head, 1 layer, float32: 2 × 1 × 1 × 64 × 4 bytes
     assert {line["per_token_bytes"] for line in generation["lines"]} == {512}
     assert report["flood"]["ooms"] == 0
+    seen = report["vision_language"]
+    assert seen["status"] == [200, 200] and seen["same_answer"]
+    assert any(line["bucket"].endswith("+images") for line in seen["lines"])
 
 
 def test_the_flood_limits_the_card_itself_and_the_server_sees_the_limit(tmp_path):
