@@ -34,7 +34,7 @@ from app.pull_source import PullError, Source, parse_source, regular_files
 from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings
 
 COPY_CHUNK = 8 * 2**20
-Kind = Literal["embedding", "generation", "rerank"]
+Kind = Literal["embedding", "generation", "rerank", "diffusion"]
 
 
 class Progress:
@@ -174,14 +174,21 @@ def download_hub(repo_id: str, into: Path) -> Path:
     return Path(folder)
 
 
+SINGLE_FILES = (".gguf", ".safetensors")  # a GGUF model, or a diffusion checkpoint
+
+
 def locate(fetched: Path) -> Path:
-    """The model inside what was fetched: a .gguf file, or the folder with config.json."""
+    """The model inside what was fetched: a .gguf file, a single-file diffusion checkpoint
+    (.safetensors), a diffusers folder (model_index.json), or the folder with config.json."""
     if fetched.is_file():
-        if fetched.suffix.lower() != ".gguf":
-            raise PullError(f"{fetched} is not a .gguf file or a model folder")
+        if fetched.suffix.lower() not in SINGLE_FILES:
+            raise PullError(f"{fetched} is not a .gguf or .safetensors file or a model folder")
         return fetched
-    if (fetched / "config.json").is_file():
+    if (fetched / "model_index.json").is_file() or (fetched / "config.json").is_file():
         return fetched
+    pipelines = sorted(p.parent for p in fetched.rglob("model_index.json"))
+    if pipelines:
+        return pipelines[0]  # before its components' own config.json
     ggufs = sorted(p for p in fetched.rglob("*.gguf") if not is_projector(p))
     if ggufs:
         return ggufs[0]
@@ -197,8 +204,8 @@ def is_projector(path: Path) -> bool:
 
 
 def keep_gguf(gguf: Path, target: Path, progress: Progress) -> Path:
-    """The GGUF as it is into `target`, with a projector found beside it; returns the
-    model file's path there."""
+    """The GGUF (or a single-file checkpoint) as it is into `target`, with a projector
+    found beside it; returns the model file's path there."""
     files = [gguf, *sorted(p for p in gguf.parent.glob("*.gguf") if is_projector(p))]
     progress.begin(f"copying {gguf.name}", sum(p.stat().st_size for p in files))
     target.mkdir(parents=True, exist_ok=True)
@@ -216,6 +223,8 @@ def keep_gguf(gguf: Path, target: Path, progress: Progress) -> Path:
 def detect_kind(model: Path) -> Kind:
     if model.suffix.lower() == ".gguf":
         return "generation"
+    if model.suffix.lower() == ".safetensors" or (model / "model_index.json").is_file():
+        return "diffusion"  # a checkpoint as people download them, or a diffusers folder
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
     architectures = [str(a) for a in config.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -310,8 +319,8 @@ def _pull_into(
 
     models_dir = settings.resolved_models_dir
     model = locate(fetch(source, scratch, progress))
-    if model.is_dir():
-        check_servable(model)
+    if model.is_dir() and not (model / "model_index.json").is_file():
+        check_servable(model)  # a transformers family (a pipeline's are diffusers')
     name = name or default_name(model)
     if not re.match(MODEL_NAME_PATTERN, name):
         raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
@@ -325,7 +334,7 @@ def _pull_into(
     path = target
     if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):
         convert_gguf(model, staging, progress.step)
-    elif model.suffix.lower() == ".gguf":
+    elif model.suffix.lower() in SINGLE_FILES:
         path = target / keep_gguf(model, staging, progress).name
     else:
         copy_model(model, staging, progress)

@@ -27,6 +27,7 @@ from tests.random_models import (
     save_random_cross_encoder,
     save_random_llama,
     save_random_llama_gguf,
+    save_random_sd15,
 )
 
 VRAMGATE = [sys.executable, "-m", "app"]
@@ -619,6 +620,31 @@ def test_a_folder_of_a_family_that_cannot_be_served_is_refused_with_the_reason(
     assert repr(model_type) in str(refused.value)
     assert list((tmp_path / "models").iterdir()) == []
     assert not (tmp_path / "config.toml").exists()
+
+
+def test_a_diffusers_folder_is_pulled_as_a_diffusion_model(tmp_path):
+    """Found by its model_index.json inside what was fetched, before its components' own
+    config.json files; copied whole; no transformers family asked of it."""
+    save_random_sd15(tmp_path / "src" / "repo" / "tiny-sd")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(tmp_path / "src"), settings, tmp_path / "config.toml", name="tiny-sd")
+    assert (spec.name, spec.kind) == ("tiny-sd", "diffusion")
+    assert spec.path is not None and (spec.path / "model_index.json").is_file()
+    assert (spec.path / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+def test_a_single_file_checkpoint_is_kept_as_it_is_as_a_diffusion_model(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    checkpoint = tmp_path / "src" / "dreamy_v2.safetensors"
+    checkpoint.parent.mkdir(parents=True)
+    save_file({"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(4)}, checkpoint)
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(checkpoint), settings, tmp_path / "config.toml")
+    assert (spec.name, spec.kind) == ("dreamy_v2", "diffusion")
+    assert spec.path == settings.resolved_models_dir / "dreamy_v2" / "dreamy_v2.safetensors"
+    assert spec.path.read_bytes() == checkpoint.read_bytes()
 
 
 def test_a_vision_language_folder_is_pulled_as_a_generation_model(tmp_path):

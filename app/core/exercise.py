@@ -19,7 +19,7 @@ from app.core.work import AdmittedGeneration, InferenceResult
 from app.errors import ExceedsDevice, OutOfMemory, VramgateError
 from app.models.base import ModelHandler
 from app.models.decoding import SamplingParams
-from app.models.kinds import Embedder, Generator, ImageModel, OneShotModel, Reranker
+from app.models.kinds import CAPABILITIES, Generator, OneShotModel
 from app.models.registry import ModelRegistry
 from app.settings import Settings
 
@@ -59,7 +59,9 @@ async def exercise(service: Door, model: str, handler: ModelHandler, *, probe_on
     probe: one tiny request."""
     if isinstance(handler, OneShotModel):
         capability: type[OneShotModel[Any]] = next(
-            kind for kind in (Embedder, ImageModel, Reranker) if isinstance(handler, kind)
+            kind
+            for kind in CAPABILITIES
+            if issubclass(kind, OneShotModel) and isinstance(handler, kind)
         )
         inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
         for batch in inputs:

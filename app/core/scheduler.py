@@ -28,6 +28,7 @@ from app.core.watch import ClientWatch
 from app.core.work import Job
 from app.engine.executor import Executor
 from app.errors import ClientGone, RunTimeout, VramgateError
+from app.models.kinds import OneShotModel
 from app.models.prefix_cache import PrefixStore
 from app.sched.gate import MemoryGate
 from app.sched.tickets import Permit, Reject, Ticket, Wait
@@ -146,7 +147,7 @@ class Scheduler:
             expected_s=job.quote.expected_s,
             exclusive=exclusive,
             label=f"{job.model}/{job.label}",
-            batch_key=job.model if job.stream is None and job.handler.spec.max_batch > 1 else None,
+            batch_key=batch_key(job),
             stream=job.stream is not None,
             batch_limit=job.handler.spec.max_batch,
             owner=job.model,
@@ -371,3 +372,16 @@ class Scheduler:
     def entries(self) -> int:
         """Tickets between submission and the end of their device work."""
         return len(self._entries)
+
+
+def batch_key(job: Job) -> str | None:
+    """Which waiting jobs may share its forward: one-shot jobs of its model, of the same
+    group where the model has groups (an image generator's size and steps); None: it
+    runs on its own (a stream, or a model that takes one request at a time)."""
+    handler = job.handler
+    if job.stream is not None or handler.spec.max_batch <= 1:
+        return None
+    if not isinstance(handler, OneShotModel):
+        return None
+    group = handler.batch_group(job.prepared)
+    return f"{job.model}/{group}" if group else job.model

@@ -42,6 +42,7 @@ Shape = tuple[Any, ...]  # what rows of one batch share
 class DiffusionHandler(ImageGenerator):
     kind = "diffusion"
     postprocess_on_loop = False  # encoding images stays off the event loop
+    preprocess_on_loop = False  # its rows are no texts the loop's shortcut could measure
 
     def __init__(self, spec: ModelSpec, max_side: int = 4096, max_pixels: int = 2**24) -> None:
         super().__init__(spec)
@@ -136,6 +137,9 @@ class DiffusionHandler(ImageGenerator):
         if len(shapes) != 1 or sum(p.count for p in parts) > self.spec.max_batch:
             return None
         return self._prepared([row for p in parts for row in p.payload])
+
+    def batch_group(self, prepared: Prepared) -> str:
+        return repr(_shape(prepared.payload[0]))
 
     def prior_bytes(self, bucket: Bucket) -> int:
         found = LABEL.match(bucket.label)

@@ -4,21 +4,27 @@ run has been measured. Pure: the numbers come from the UNet's and the VAE's conf
 A text-to-image run has two phases that never hold memory at the same time:
 
 - **denoising**: the UNet runs on the latents (1/`scale` of the image a side), twice
-  over the batch with classifier-free guidance. Its largest activations are at its
-  first level: the convolutions' feature maps (`UNET_LIVE` maps of `unet[0]` channels
-  alive at once), and where that level attends, the attention matrix, counted as if
-  materialised (tokens² × heads), which memory-efficient kernels avoid: an upper bound.
-- **decoding**: the VAE decoder upsamples the latents to full resolution; its last
-  level runs `vae[0]` channels at every pixel, with `VAE_LIVE` such maps alive at once
-  (a resnet block's input, its two norms and convolutions, the upsampler's output and
-  the convolution's workspace), plus its mid-block's single-head attention over the
-  latent tokens (tokens², materialised, again an upper bound). At 1024² this phase
-  dominates: SD 1.5's decoder holds 128 channels at a million pixels.
+  over the batch with classifier-free guidance. Counted as `UNET_LIVE` feature maps of
+  its first level's channels at the latents' size: the skip connections every level
+  keeps for the way up (about 5.5 such maps in SD's layout: 3 a level, each level a
+  quarter of the pixels at twice the channels) and the working set of a resnet or
+  transformer block (about 6 more).
+- **decoding**: the VAE decoder upsamples the latents to full resolution; at every
+  pixel it holds the last upsampler's maps (interpolated and convolved, `vae[1]`
+  channels: twice `vae[0]` in SD's VAE, 4 maps' worth) and its last level's resnets
+  (input, two norms, two convolutions and the residual at `vae[0]` channels): counted
+  as `VAE_LIVE` maps of `vae[0]` channels. This phase dominates at every size: at
+  1024² SD 1.5's decoder holds 128 channels at each of a million pixels, its UNet 320
+  at each of 16,384 latent pixels.
 
-Quote = max(denoising, decoding). The constants are chosen to be over rather than under
-(the design's figures for SDXL grow by about 4 KiB a pixel from 512² to 1024²; this
-formula gives 4 KiB a pixel for its float32 decoder alone); every run then teaches the
-bucket its measured peak, which replaces the quote.
+Attention is not counted as tokens²: diffusers runs it through PyTorch's
+scaled_dot_product_attention, whose flash and memory-efficient kernels hold a few
+feature maps (within the counts above), not the attention matrix.
+
+Quote = max(denoising, decoding): SD 1.5 in float16 0.75 GiB at 512², 3 GiB at 1024²;
+SDXL (float32 decoder) 1.5 and 6 GiB. The constants err above (the design's measured
+SDXL peaks grow by about 3.1 GB from 512² to 1024², this quote by 4.5 GiB); every run
+then teaches the bucket its measured peak, which replaces the quote.
 """
 
 from __future__ import annotations
@@ -26,19 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-UNET_LIVE = 6  # feature maps of the first level alive at once in a UNet step
-VAE_LIVE = 8  # full-resolution feature maps alive at once in the VAE decoder's last level
+UNET_LIVE = 12  # first-level feature maps alive at once in a UNet step (skips + working)
+VAE_LIVE = 12  # full-resolution maps of vae[0] channels alive at once in the VAE decoder
 
 
 @dataclass(frozen=True)
 class DiffusionGeometry:
-    """What the quote needs of a pipeline: channels per level, attention, scales, and the
-    element sizes its UNet and VAE run in."""
+    """What the quote needs of a pipeline: channels, the VAE's scale, element sizes."""
 
     scale: int  # image pixels per latent pixel, a side (the VAE's downsampling)
     unet_channels: int  # the UNet's first level
-    unet_attention_level: int | None  # the first level that attends (None: none does)
-    unet_heads: int
     vae_channels: int  # the VAE decoder's last (full-resolution) level
     unet_element: int  # bytes per element
     vae_element: int
@@ -49,17 +52,9 @@ class DiffusionGeometry:
     ) -> DiffusionGeometry:
         """From the UNet's and VAE's configs; `vae_upcast`: the VAE decodes in float32
         whatever the pipeline's dtype (SDXL's `force_upcast`)."""
-        blocks = list(unet.get("down_block_types") or [])
-        attends = [i for i, name in enumerate(blocks) if "Attn" in str(name)]
-        level = attends[0] if attends else None
-        heads = unet.get("num_attention_heads") or unet.get("attention_head_dim") or 8
-        if isinstance(heads, list | tuple):
-            heads = heads[level or 0]
         return DiffusionGeometry(
             scale=scale,
             unet_channels=int((unet.get("block_out_channels") or [320])[0]),
-            unet_attention_level=level,
-            unet_heads=int(heads),
             vae_channels=int((vae.get("block_out_channels") or [128])[0]),
             unet_element=element,
             vae_element=4 if vae_upcast else element,
@@ -69,19 +64,12 @@ class DiffusionGeometry:
 def denoising_bytes(geometry: DiffusionGeometry, width: int, height: int, rows: int) -> int:
     """One UNet step's activations for `rows` latents (guidance doubles them)."""
     tokens = (width // geometry.scale) * (height // geometry.scale)
-    maps = tokens * geometry.unet_channels * UNET_LIVE
-    attention = 0
-    if geometry.unet_attention_level is not None:
-        level_tokens = tokens // 4**geometry.unet_attention_level
-        attention = level_tokens * level_tokens * geometry.unet_heads
-    return (maps + attention) * geometry.unet_element * rows
+    return tokens * geometry.unet_channels * UNET_LIVE * geometry.unet_element * rows
 
 
 def decoding_bytes(geometry: DiffusionGeometry, width: int, height: int, images: int) -> int:
     """The VAE decoder's activations for `images` images of `width`×`height`."""
-    maps = width * height * geometry.vae_channels * VAE_LIVE
-    tokens = (width // geometry.scale) * (height // geometry.scale)
-    return (maps + tokens * tokens) * geometry.vae_element * images
+    return width * height * geometry.vae_channels * VAE_LIVE * geometry.vae_element * images
 
 
 def image_bytes(

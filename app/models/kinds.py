@@ -53,6 +53,12 @@ class OneShotModel(ModelHandler, Generic[In]):
         share one (too many inputs together). The rows of the result follow `parts`."""
         return parts[0] if len(parts) == 1 else None
 
+    def batch_group(self, prepared: Prepared) -> str:
+        """What requests must share to run in one forward, beyond their model ("": any
+        may, as far as `merge` allows). Waiting requests are grouped by it, so that one
+        of another shape between them does not keep them apart."""
+        return ""
+
     @property
     def batchable(self) -> bool:
         return self.spec.max_batch > 1

@@ -1,0 +1,158 @@
+"""OpenAI's image generation request (`POST /v1/images/generations`), bounded, and what
+vramgate does with each of its fields; plus the extensions local image servers take
+(`negative_prompt`, `seed`, `steps`, `guidance_scale`, `scheduler`)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.api.fields import FieldSupport, screen_fields
+from app.api.schemas import KeepAlive
+from app.core.requests import ValidImageGeneration
+from app.errors import InvalidImageSize
+from app.models.diffusion_pipeline import SCHEDULERS
+from app.settings import MODEL_NAME_PATTERN, Settings
+
+MAX_PROMPT_CHARS = 32_000  # gpt-image-1's bound (the text encoder reads 77 tokens of it)
+MAX_IMAGES = 10  # OpenAI's bound on n
+MAX_STEPS = 150  # AUTOMATIC1111's
+MIN_SIDE = 64
+SEED_MAX = 2**32 - 1  # AUTOMATIC1111's seeds; row i of a request takes seed + i
+SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+
+# quality → denoising steps; "auto" leaves the pipeline's own default (50 for SD and SDXL)
+QUALITY_STEPS: dict[str, int | None] = {
+    "low": 15,
+    "medium": 25,
+    "standard": 25,  # dall-e-3's names
+    "high": 40,
+    "hd": 40,
+    "auto": None,
+}
+
+
+def _done(note: str = "") -> FieldSupport:
+    return FieldSupport("implemented", note)
+
+
+def _ignored(note: str) -> FieldSupport:
+    return FieldSupport("ignored", note)
+
+
+def _refused(note: str, asks_nothing: Callable[[Any], bool] | None = None) -> FieldSupport:
+    if asks_nothing is None:
+        return FieldSupport("refused", note)
+    return FieldSupport("refused", note, asks_nothing)
+
+
+FIELDS: dict[str, FieldSupport] = {
+    "prompt": _done(),
+    "model": _done(),
+    "n": _done(f"1 to {MAX_IMAGES}, and at most the model's max_batch; row i uses seed + i"),
+    "size": _done("WxH, sides multiples of 8 from 64, within max_image_side/pixels; auto"),
+    "response_format": _refused(
+        "only b64_json for now (no links are served yet)", lambda v: v in (None, "b64_json")
+    ),
+    "output_format": _done("png, jpeg, webp"),
+    "quality": _done("low 15 steps, medium 25, high 40, auto the pipeline's default"),
+    "background": _refused(
+        "the pipelines make opaque images", lambda v: v in (None, "auto", "opaque")
+    ),
+    "moderation": _ignored("no moderation runs locally"),
+    "output_compression": _ignored("JPEG and WebP are written at quality 90"),
+    "partial_images": _refused(
+        "streamed partial images are not implemented yet", lambda v: v in (None, 0)
+    ),
+    "stream": _refused("streamed image generation is not implemented yet"),
+    "style": _ignored("dall-e-3's vivid/natural has no meaning for a local pipeline"),
+    "user": _ignored("no per-user accounting"),
+    "negative_prompt": _done("extension"),
+    "seed": _done("extension: 0 to 2^32-1 (absent: a random one, returned per image)"),
+    "steps": _done(f"extension: 1 to {MAX_STEPS}, over quality"),
+    "guidance_scale": _done("extension: 0 to 30 (absent: the pipeline's default)"),
+    "scheduler": _done(f"extension: one of {', '.join(SCHEDULERS)}"),
+    "keep_alive": _done(),
+}
+
+
+class ImageGenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: str = Field(max_length=64, pattern=MODEL_NAME_PATTERN)
+    n: int = Field(default=1, ge=1, le=MAX_IMAGES)
+    size: str = Field(default="auto", max_length=16)
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    quality: Literal["low", "medium", "high", "auto", "standard", "hd"] = "auto"
+    negative_prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    guidance_scale: float | None = Field(default=None, ge=0, le=30)
+    scheduler: str | None = Field(default=None, max_length=32)
+    keep_alive: KeepAlive = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def screen_fields(cls, data: Any) -> Any:
+        return screen_fields(FIELDS, data)
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the prompt is blank")
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, value: str | None) -> str | None:
+        if value is not None and value not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {value!r}; one of {', '.join(SCHEDULERS)}")
+        return value
+
+
+def image_size(size: str, settings: Settings) -> tuple[int, int] | None:
+    """(width, height) asked for, checked against the bounds; None: the model's default."""
+    if size == "auto":
+        return None
+    found = SIZE.match(size)
+    if found is None:
+        raise InvalidImageSize(f"size {size!r} is not WxH (e.g. 512x512) or auto", param="size")
+    width, height = int(found.group(1)), int(found.group(2))
+    if min(width, height) < MIN_SIDE or width % 8 or height % 8:
+        raise InvalidImageSize(
+            f"size {size}: each side a multiple of 8, at least {MIN_SIDE}", param="size"
+        )
+    if max(width, height) > settings.max_image_side or width * height > settings.max_image_pixels:
+        raise InvalidImageSize(
+            f"size {size} is beyond this server's bounds: at most {settings.max_image_side} "
+            f"pixels a side and {settings.max_image_pixels} pixels (max_image_side, "
+            "max_image_pixels)",
+            param="size",
+        )
+    return width, height
+
+
+def validate_image_generation(
+    body: ImageGenerationRequest, settings: Settings
+) -> ValidImageGeneration:
+    size = image_size(body.size, settings)
+    width, height = size if size is not None else (None, None)
+    return ValidImageGeneration(
+        model=body.model,
+        prompt=body.prompt,
+        n=body.n,
+        seed=body.seed if body.seed is not None else secrets.randbelow(SEED_MAX + 1),
+        width=width,
+        height=height,
+        steps=body.steps if body.steps is not None else QUALITY_STEPS[body.quality],
+        guidance_scale=body.guidance_scale,
+        negative_prompt=body.negative_prompt,
+        scheduler=body.scheduler,
+        output_format=body.output_format,
+        keep_alive=body.keep_alive,
+    )

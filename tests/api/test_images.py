@@ -1,0 +1,253 @@
+"""POST /v1/images/generations through the official `openai` client, on tiny random SD 1.5-
+and SDXL-shaped pipelines built here (diffusers' save_pretrained), served on the CPU: n
+images of the asked size and format, the same pixels as the pipeline called directly for
+the same seed, bad input refused before anything is queued, and the learned price of the
+bucket in /status."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from openai import OpenAI
+from PIL import Image
+
+from app.settings import ModelSpec
+from tests.live import Live, live_server, make_settings, wait_until
+from tests.random_models import save_random_sd15, save_random_sdxl
+
+MODELS = ("sd15", "sdxl")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("diffusion")
+    return {"sd15": save_random_sd15(root / "sd15"), "sdxl": save_random_sdxl(root / "sdxl")}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, folders) -> Iterator[Live]:
+    specs = tuple(
+        ModelSpec(name=name, kind="diffusion", path=folder, max_batch=4, load="startup")
+        for name, folder in folders.items()
+    )
+    settings = make_settings(
+        tmp_path_factory.mktemp("server"),
+        device="cpu",
+        models=specs,
+        health_interval=3600,
+        max_image_pixels=512 * 512,
+    )
+    with live_server(settings) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live) -> OpenAI:
+    return OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def pixels(b64: str | None) -> np.ndarray:
+    assert b64 is not None
+    with Image.open(io.BytesIO(base64.b64decode(b64))) as image:
+        assert image.format == "PNG"
+        return np.array(image.convert("RGB"))
+
+
+def direct(folder: Path, seed: int, **arguments) -> np.ndarray:
+    """The pipeline called directly, as its users call it, with a seeded CPU generator."""
+    from diffusers import AutoPipelineForText2Image, EulerAncestralDiscreteScheduler
+
+    pipeline = AutoPipelineForText2Image.from_pretrained(folder, local_files_only=True)
+    pipeline.scheduler = EulerAncestralDiscreteScheduler.from_config(pipeline.scheduler.config)
+    pipeline.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(seed)
+    return np.array(pipeline(generator=generator, **arguments).images[0])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_openai_client_gets_n_pngs_of_the_asked_size(client, model):
+    raw = client.images.with_raw_response.generate(
+        model=model,
+        prompt="a lighthouse at dusk",
+        n=2,
+        size="96x64",  # type: ignore[arg-type]  # any WxH on the 8-pixel grid
+        response_format="b64_json",
+        extra_body={"seed": 1, "steps": 2},
+    )
+    answer = raw.parse()
+    images = [pixels(item.b64_json) for item in answer.data or []]
+    assert [image.shape for image in images] == [(64, 96, 3)] * 2
+    assert not np.array_equal(images[0], images[1])  # row 1 takes seed 2
+    assert raw.headers["X-Vramgate-Bucket"] == "px96x64xb2"
+    assert int(raw.headers["X-Vramgate-Batch"]) == 1  # one request (its 2 rows in one forward)
+    assert [item.model_extra["seed"] for item in answer.data or []] == [1, 2]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_seed_gives_the_pixels_of_the_pipeline_called_directly(client, folders, model):
+    def ours(seed: int) -> np.ndarray:
+        answer = client.images.generate(
+            model=model,
+            prompt="a red fox in snow",
+            size="64x64",  # type: ignore[arg-type]
+            extra_body={
+                "seed": seed,
+                "steps": 3,
+                "guidance_scale": 6.0,
+                "negative_prompt": "blurry",
+                "scheduler": "euler_a",
+            },
+        )
+        return pixels((answer.data or [])[0].b64_json)
+
+    theirs = direct(
+        folders[model],
+        11,
+        prompt="a red fox in snow",
+        negative_prompt="blurry",
+        num_inference_steps=3,
+        guidance_scale=6.0,
+        width=64,
+        height=64,
+    )
+    assert np.array_equal(ours(11), theirs)
+    assert not np.array_equal(ours(12), theirs)
+
+
+def test_auto_size_is_the_models_default_and_other_formats_are_encoded(client):
+    answer = client.images.generate(
+        model="sd15",
+        prompt="a bowl of fruit",
+        size="auto",
+        output_format="webp",
+        extra_body={"seed": 0, "steps": 1},
+    )
+    assert answer.size == "64x64"  # type: ignore[comparison-overlap]  # the tiny model's own
+    data = base64.b64decode((answer.data or [])[0].b64_json or "")
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.format == "WEBP" and image.size == (64, 64)
+
+
+BAD = [
+    ({"size": "60x64"}, "size", "invalid_size"),  # off the 8-pixel grid
+    ({"size": "32x32"}, "size", "invalid_size"),  # below 64 a side
+    ({"size": "1024x1024"}, "size", "invalid_size"),  # beyond max_image_pixels (512²)
+    ({"size": "big"}, "size", "invalid_size"),
+    ({"n": 11}, "n", "invalid_request"),  # beyond OpenAI's 10
+    ({"n": 5}, "n", "invalid_request"),  # beyond the model's max_batch (4)
+    ({"prompt": ""}, "prompt", "invalid_request"),
+    ({"prompt": "   "}, "prompt", "invalid_request"),
+    ({"response_format": "url"}, "response_format", "invalid_request"),
+    ({"scheduler": "warp"}, "scheduler", "invalid_request"),
+    ({"steps": 0}, "steps", "invalid_request"),
+    ({"stream": True}, "stream", "invalid_request"),
+    ({"model": "nobody"}, "model", "model_not_found"),
+]
+
+
+@pytest.mark.parametrize(("change", "param", "code"), BAD)
+def test_bad_input_gets_a_clear_error_and_nothing_is_queued(live, change, param, code):
+    body = {"model": "sd15", "prompt": "a cat", "size": "64x64"} | change
+    answer = httpx.post(live.url + "/v1/images/generations", json=body, timeout=60)
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (param, code), error
+    assert answer.status_code == (404 if code == "model_not_found" else 400)
+    status = live.status()
+    assert status["queue"]["depth"] == 0 and status["pool"]["admitted_bytes"] == 0
+
+
+def test_the_official_client_raises_bad_request_for_a_size_off_the_grid(client):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.images.generate(model="sdxl", prompt="a cat", size="100x100")  # type: ignore[arg-type]
+    assert raised.value.code == "invalid_size"
+
+
+def test_status_shows_the_model_and_the_learned_price_of_its_bucket(client, live):
+    client.images.generate(
+        model="sdxl",
+        prompt="a mountain lake",
+        size="128x64",  # type: ignore[arg-type]
+        extra_body={"seed": 5, "steps": 1},
+    )
+    row = next(m for m in live.status()["models"] if m["name"] == "sdxl")
+    assert row["kind"] == "diffusion" and row["pipeline"] == "StableDiffusionXLPipeline"
+    assert row["default_size"] == "64x64" and row["running"] == []
+    prices = {p["bucket"]: p for p in row["prices"]}
+    assert prices["px128x64xb1"]["source"] == "learned", prices
+
+
+LONG_STEPS = 150
+
+
+def running_step(live: Live) -> int | None:
+    """The step the long run (512², sd15) has reached (None: it does not run)."""
+    row = next(m for m in live.status()["models"] if m["name"] == "sd15")
+    long = [batch for batch in row["running"] if batch["bucket"] == "px512x512xb1"]
+    if not long:
+        return None
+    ((step, steps),) = long[0]["steps"]
+    assert steps in (0, LONG_STEPS + 1)  # not started yet, or PNDM's timesteps (steps + 1)
+    return int(step)
+
+
+def post_raw(live: Live, body: dict) -> socket.socket:
+    """A request sent on a socket of our own, which the test closes to leave."""
+    host, port = live.url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    head = (
+        f"POST /v1/images/generations HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    connection = socket.create_connection((host, int(port)))
+    connection.sendall(head.encode() + data)
+    return connection
+
+
+def test_a_client_that_leaves_stops_its_run_and_waiting_same_shape_requests_batch(live):
+    """One long run (512², 150 steps) holds the one slot; three requests queue behind it,
+    two of one shape with another between them. The long run's client leaves: its run
+    stops within a few steps of it (/status shows no step beyond), and the two of one
+    shape then run as one batch."""
+    long = {"model": "sd15", "prompt": "a long road", "size": "512x512", "steps": LONG_STEPS}
+    connection = post_raw(live, long | {"seed": 0})
+    wait_until(lambda: (running_step(live) or 0) >= 1, 60, "the long run's first step")
+    answers: dict[str, httpx.Response] = {}
+
+    def send(name: str, size: str, seed: int) -> None:
+        body = {"model": "sd15", "prompt": name, "size": size, "steps": 2, "seed": seed}
+        answers[name] = httpx.post(live.url + "/v1/images/generations", json=body, timeout=120)
+
+    threads = []
+    for depth, (name, size, seed) in enumerate(
+        [("one", "64x64", 1), ("other", "128x64", 2), ("two", "64x64", 3)], start=1
+    ):
+        threads.append(threading.Thread(target=send, args=(name, size, seed)))
+        threads[-1].start()
+        wait_until(lambda d=depth: live.status()["queue"]["depth"] >= d, 30, "queued")
+    step = running_step(live)
+    assert step is not None and LONG_STEPS - step >= LONG_STEPS // 2, step
+    connection.close()
+    last = step  # the furthest step /status shows from here on
+    while (now := running_step(live)) is not None:
+        last = max(last, now)
+        time.sleep(0.01)
+    assert last - step <= 10, (step, last)  # not the 150 it asked for
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(answer.status_code == 200 for answer in answers.values()), answers
+    batches = {name: int(a.headers["X-Vramgate-Batch"]) for name, a in answers.items()}
+    assert batches == {"one": 2, "two": 2, "other": 1}
+    assert answers["one"].headers["X-Vramgate-Bucket"] == "px64x64xb2"
+    assert next(m for m in live.status()["models"] if m["name"] == "sd15")["running"] == []
