@@ -13,7 +13,7 @@ import binascii
 import re
 from typing import TYPE_CHECKING
 
-from app.errors import ImageTooLarge, InvalidImage, InvalidRequest, WrongModelKind
+from app.errors import ImageTooLarge, InvalidImage, InvalidRequest
 from app.models.images import image_size
 from app.settings import Settings
 
@@ -77,7 +77,7 @@ def refuse_unseeing(fleet: Fleet, model: str, images: int, param: str) -> None:
     card = fleet.card(model)
     if "vision" in card.capabilities:
         return
-    raise WrongModelKind(
+    raise InvalidRequest(  # the code Anthropic's route has always given it
         f"model {model!r} cannot see images: it takes text only "
         f"({', '.join(card.capabilities)}); send images to a vision-language model",
         param=param,
