@@ -71,7 +71,10 @@ _SHARED: dict[str, FieldSupport] = {
 FIELDS: dict[Route, dict[str, FieldSupport]] = {
     "chat": {
         **_SHARED,
-        "messages": _done("text content, assistant `tool_calls`, `role: tool` answers"),
+        "messages": _done(
+            "text and `image_url` (data URL) parts for a model that sees, assistant "
+            "`tool_calls`, `role: tool` answers"
+        ),
         "max_completion_tokens": _done("`max_tokens` wins where both are set"),
         "audio": _refused("no audio output", lambda v: v is None),
         "function_call": _refused("deprecated by OpenAI; use `tools` (not implemented yet)"),
