@@ -73,6 +73,18 @@ class InvalidImage(InvalidRequest):
     code = "invalid_image"
 
 
+class InvalidAudio(InvalidRequest):
+    """An upload that decodes to no audio (a PDF, an image, cut bytes)."""
+
+    code = "invalid_audio"
+
+
+class AudioTooLong(InvalidRequest):
+    """Audio longer than max_audio_seconds."""
+
+    code = "audio_too_long"
+
+
 class ImageTooLarge(InvalidRequest):
     status = 413
     code = "image_too_large"

@@ -43,9 +43,9 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=MODEL_NAME_PATTERN)
-    kind: Literal["embedding", "generation", "vision", "rerank", "diffusion", "simulated"] = (
-        "embedding"
-    )
+    kind: Literal[
+        "embedding", "generation", "vision", "rerank", "diffusion", "speech", "simulated"
+    ] = "embedding"
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
@@ -111,7 +111,7 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _generation_needs_a_path(self) -> ModelSpec:
 
-        if self.kind in ("generation", "diffusion") and self.path is None:
+        if self.kind in ("generation", "diffusion", "speech") and self.path is None:
             raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
         return self
 

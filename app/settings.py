@@ -159,6 +159,13 @@ class Settings(BaseSettings):
         16 * 2**20, ge=256, le=64 * 2**20, description="largest image accepted, in pixels"
     )
     max_images: int = Field(16, ge=1, le=256, description="images in one predict request")
+    max_audio_seconds: float = Field(
+        7200.0,
+        gt=0,
+        le=86_400,
+        description="longest audio a transcription accepts, in seconds (400 beyond; the "
+        "upload is bounded by max_body_bytes too)",
+    )
     default_max_tokens: int = Field(
         512,
         ge=1,

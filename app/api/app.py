@@ -16,6 +16,7 @@ from app import __version__
 from app.api import (
     admin_routes,
     anthropic_routes,
+    audio_routes,
     images_routes,
     ollama_routes,
     openai_routes,
@@ -111,6 +112,7 @@ def create_app(
         rerank_routes.router,
         responses_routes.router,
         images_routes.router,
+        audio_routes.router,
     )
     for router in routers:
         errors = OLLAMA_ERROR_RESPONSES if router is ollama_routes.router else ERROR_RESPONSES

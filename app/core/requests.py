@@ -13,9 +13,18 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from app.errors import InvalidRequest
+from app.models.audio import AudioClip, SpeechOptions
 from app.models.decoding import Prompt, SamplingParams
 from app.models.image_prompt import ImageProgress, ImagePrompt, OutputFormat
-from app.models.kinds import Embedder, ImageGenerator, ImageModel, OneShotModel, Reranker
+from app.models.kinds import (
+    Embedder,
+    ImageGenerator,
+    ImageModel,
+    OneShotModel,
+    Reranker,
+    Transcriber,
+)
+from app.models.transcript import Transcript
 
 if TYPE_CHECKING:
     from app.core.work import InferenceResult
@@ -153,3 +162,26 @@ class ValidImageGeneration(OneShotRequest):
         if self.width is None or self.height is None:
             return None
         return handler.size_refused(self.width, self.height)
+
+
+@dataclass(frozen=True)
+class ValidTranscription(OneShotRequest):
+    """One audio file to text (or, with task `translate`, to English). Its one input is
+    the still-encoded clip: decoded and cut into windows by its model's preprocess, on
+    the CPU pool; its rows (windows) come back as one `Transcript`."""
+
+    model: str
+    audio: bytes
+    options: SpeechOptions
+    max_seconds: float
+    keep_alive: float | None = None
+    capability: ClassVar[type[OneShotModel[Any]]] = Transcriber
+
+    def items(self) -> list[Any]:
+        return [AudioClip(self.audio, self.max_seconds, self.options)]
+
+    def refusal(self, handler: Transcriber) -> VramgateError | None:
+        return handler.language_refused(self.options.language, self.options.task)
+
+    def finish(self, handler: Transcriber, result: InferenceResult) -> InferenceResult:
+        return replace(result, output=Transcript.of(list(result.output)))

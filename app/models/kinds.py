@@ -6,6 +6,7 @@
   `/v1/completions`).
 - `Reranker`: (query, document) pairs → relevance scores (`/v1/rerank`).
 - `ImageGenerator`: prompts → encoded images (`/v1/images/generations`).
+- `Transcriber`: audio files → timed text (`/v1/audio/transcriptions`, `/translations`).
 
 A one-shot model (embedder or image model) is split at the resource boundary:
 `preprocess` runs on the CPU pool (tokenise or decode, bucket), `forward` on the
@@ -24,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from app.errors import InvalidImageSize, InvalidRequest
+from app.models.audio import AudioClip
 from app.models.base import Bucket, ModelHandler, Prepared
 from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
 from app.models.image_prompt import ImagePrompt
@@ -177,6 +179,30 @@ class ImageGenerator(OneShotModel[ImagePrompt]):
         return [ImagePrompt("ok", seed=0, width=side, height=side, steps=1)]
 
 
+class Transcriber(OneShotModel[AudioClip]):
+    """Audio files to text (speech recognition, Whisper): `preprocess` decodes one clip
+    and cuts it into 30-second windows, one row each; `postprocess` gives each window's
+    `WindowText` (app.models.transcript), in order."""
+
+    capability_names = ("transcription",)
+    preprocess_on_loop = False  # decoding audio is never short enough for the loop
+    postprocess_on_loop = False  # each window's tokens decoded to timed text
+
+    def language_refused(self, language: str | None, task: str) -> InvalidRequest | None:
+        """Why this model cannot take `language` or `task` (None: it can)."""
+        return None
+
+    def warmup_inputs(self) -> list[list[AudioClip]]:
+        return [[self.probe_clip()]]
+
+    def probe_input(self) -> list[AudioClip]:
+        return [self.probe_clip()]
+
+    @abstractmethod
+    def probe_clip(self) -> AudioClip:
+        """An encoded second of audio this model takes: its warm-up and its probe."""
+
+
 class Generator(ModelHandler):
     """A prompt or a chat to text, decoded step by step into a TokenStream."""
 
@@ -227,5 +253,6 @@ LACKING: dict[type[ModelHandler], str] = {
     Generator: "it does not generate text",
     Reranker: "it does not rerank (it is no cross-encoder)",
     ImageGenerator: "it does not generate images",
+    Transcriber: "it does not transcribe audio",
 }
 CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)

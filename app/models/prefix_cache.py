@@ -108,6 +108,25 @@ class PrefixStore:
         """The most one entry may hold now (all the limit: older entries make way)."""
         return self._limit
 
+    def make_room(self, model: str, ids: Sequence[int], nbytes: int) -> bool:
+        """Before an entry of `nbytes` under `ids` is copied out (the copy takes device
+        bytes as it is made): the entries it will replace (its model's, that are a prefix
+        of it) and the least recently used go now, until it fits within the limit beside
+        the others. False (nothing evicted): it cannot fit at all."""
+        dropped: list[Entry] = []
+        with self._lock:
+            if nbytes > self._limit or len(ids) < MIN_CACHED:
+                return False
+            for old in list(self._entries):
+                if old.model == model and shared_length(old.ids, ids) == len(old.ids):
+                    self._remove(old, dropped)
+            evicted = self._trim(self._limit - nbytes)
+            self.stats.evicted += len(evicted)
+            dropped += evicted
+        for old in dropped:
+            old.release()
+        return True
+
     def put(self, entry: Entry) -> bool:
         """Keep `entry` if it fits within the limit, evicting the least recently used
         for it; entries of its model that are a prefix of it go (it holds them). False

@@ -22,6 +22,7 @@ from app.models.llama_runner_model import llama_cpp_available
 from app.models.prefix_cache import PrefixStore
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
+from app.models.speech import SpeechHandler
 from app.models.vision import VisionHandler
 from app.models.vision_language import VisionLanguageHandler
 from app.sched.budget import LoadLedger
@@ -56,6 +57,7 @@ HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
     ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
     ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),
     ("torch", "diffusion"): lambda spec, bounds: DiffusionHandler(spec, *bounds),
+    ("torch", "speech"): lambda spec, _: SpeechHandler(spec),
     ("llama.cpp", "generation"): lambda spec, _: LlamaCppHandler(spec),
     ("llama.cpp", "embedding"): lambda spec, _: LlamaCppEmbedder(spec),
 }

@@ -474,7 +474,7 @@ class StepBatcher:
         ids = tuple(prompt) + tuple(row.produced[: row.position - len(prompt)])
         if len(ids) < MIN_SHARED or store.covers(self._name, ids):
             return
-        if batch.token_bytes() * row.position > store.room():
+        if not store.make_room(self._name, ids, batch.token_bytes() * row.position):
             return  # not copied at all: the copy itself would take bytes no one admitted
         kept: Kept = kept_row(batch, index)
         store.put(Entry(self._name, ids, kept.nbytes, kept))

@@ -229,3 +229,48 @@ def test_simulated_gpu_other_program_pressing_takes_the_kept_prefixes_first(serv
     assert status["prefix_cache"]["evicted"] == 1
     assert [m["state"] for m in status["models"]] == ["ready"]
     assert device.snapshot().free >= 256 * MiB and device.oom_count == 0
+
+
+def test_torch_engine_an_ended_rows_copy_is_made_only_once_the_store_has_room_for_it(
+    tmp_path, monkeypatch
+):
+    """The copy of an ended row's KV takes device bytes as it is made: the older
+    entries it displaces must go before it, not after (else the store holds its limit
+    plus the copy for a moment: bytes neither a permit nor the limit covers)."""
+    from app.engine.device import CpuDevice
+    from app.models import step_batch
+    from app.models.causal_lm import CausalLMHandler
+    from app.models.decoding import SamplingParams, TokenStream
+
+    folder = save_random_llama(tmp_path / "llama", context=1024)
+    handler = CausalLMHandler(ModelSpec(name="m", kind="generation", path=folder))
+    store = handler.prefix_store = PrefixStore()
+    store.set_limit(2**40)
+    handler.load(CpuDevice())
+    seen: list[tuple[int, int, int]] = []  # (held, copy, limit) as each copy is made
+    real = step_batch.kept_row
+
+    def spy(batch, index):
+        kept = real(batch, index)
+        seen.append((store.held_bytes, kept.nbytes, store.room()))
+        return kept
+
+    monkeypatch.setattr(step_batch, "kept_row", spy)
+    loop = asyncio.new_event_loop()
+    try:
+
+        def ask(prompt: str) -> None:
+            params = SamplingParams(max_tokens=4, temperature=0.0)
+            prepared = handler.prepare_generation(prompt, params, 4)
+            handler.generate(prepared, TokenStream(loop))
+
+        ask(" ".join(f"alpha{i}" for i in range(40)))
+        assert len(store) == 1
+        store.set_limit(store.held_bytes * 3 // 2)  # room for one such entry, not two
+        ask(" ".join(f"beta{i}" for i in range(40)))
+    finally:
+        loop.close()
+        handler.unload()
+    assert len(seen) == 2 and len(store) == 1
+    held, copy, limit = seen[1]
+    assert held + copy <= limit, f"{held} held + a {copy}-byte copy over the limit {limit}"

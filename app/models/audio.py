@@ -1,0 +1,117 @@
+"""Audio in: an uploaded file decoded by PyAV (ffmpeg's demuxers and decoders: wav, flac,
+mp3, ogg, webm, m4a, ...) to 16 kHz mono float32, and cut into Whisper's 30-second
+windows. Pure CPU work, run on the CPU pool before anything is queued; a file that is
+no audio, or longer than the limit, is refused here (400)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from app.errors import AudioTooLong, InvalidAudio
+
+SAMPLE_RATE = 16_000
+WINDOW_S = 30  # Whisper's input: 30 seconds, 3,000 mel frames
+WINDOW_SAMPLES = WINDOW_S * SAMPLE_RATE
+# a container's declared duration may be a little short of what decodes (mp3's estimate):
+# decoding stops this far past the limit, so a file that lies cannot decode without end
+DECODE_SLACK_S = 5.0
+
+Task = Literal["transcribe", "translate"]
+
+
+@dataclass(frozen=True)
+class SpeechOptions:
+    """What decodes a window's text; windows of equal options share a `generate` call."""
+
+    task: Task = "transcribe"
+    language: str | None = None  # an ISO-639-1 code; None: the model detects it per window
+    prompt: str | None = None  # text of a previous window, to continue its style
+    temperature: float = 0.0  # 0: greedy
+
+
+@dataclass(frozen=True)
+class AudioClip:
+    """An uploaded file, still encoded, with the longest duration it may have."""
+
+    data: bytes
+    max_seconds: float
+    options: SpeechOptions = SpeechOptions()
+
+
+@dataclass(frozen=True)
+class Window:
+    """Up to 30 seconds of a clip: its samples and where it starts in the clip."""
+
+    samples: np.ndarray  # float32, 16 kHz mono
+    start_s: float
+    options: SpeechOptions
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.samples.size / SAMPLE_RATE
+
+    @property
+    def span(self) -> tuple[float, float]:
+        return self.start_s, self.end_s
+
+
+def _too_long(seconds: float, limit: float) -> AudioTooLong:
+    return AudioTooLong(
+        f"the audio lasts {seconds:.1f} s; at most {limit:g} s are accepted (max_audio_seconds)",
+        param="file",
+    )
+
+
+def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
+    """The first audio stream of `data` as 16 kHz mono float32. The container's declared
+    duration is checked before decoding; decoding stops past the limit too."""
+    import av
+
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except (av.error.FFmpegError, ValueError, OSError):
+        raise InvalidAudio("the file is not audio that can be decoded", param="file") from None
+    with container:
+        if not container.streams.audio:
+            raise InvalidAudio("the file has no audio stream", param="file")
+        stream = container.streams.audio[0]
+        if container.duration is not None and container.duration / av.time_base > max_seconds:
+            raise _too_long(container.duration / av.time_base, max_seconds)
+        return _decoded(container, stream, max_seconds)
+
+
+def _decoded(container: object, stream: object, max_seconds: float) -> np.ndarray:
+    import av
+
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    bound = int((max_seconds + DECODE_SLACK_S) * SAMPLE_RATE)
+    pieces: list[np.ndarray] = []
+    total = 0
+    try:
+        for frame in container.decode(stream):  # type: ignore[attr-defined]
+            for out in resampler.resample(frame):
+                pieces.append(out.to_ndarray().reshape(-1))
+                total += pieces[-1].size
+            if total > bound:
+                raise _too_long(total / SAMPLE_RATE, max_seconds)
+        pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+    except av.error.FFmpegError:
+        raise InvalidAudio("the audio could not be decoded", param="file") from None
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    if samples.size == 0:
+        raise InvalidAudio("the file holds no audio samples", param="file")
+    if samples.size / SAMPLE_RATE > max_seconds:
+        raise _too_long(samples.size / SAMPLE_RATE, max_seconds)
+    return samples.astype(np.float32, copy=False)
+
+
+def windows(samples: np.ndarray, options: SpeechOptions) -> list[Window]:
+    """`samples` cut into consecutive 30-second windows, the last one shorter."""
+    return [
+        Window(samples[start : start + WINDOW_SAMPLES], start / SAMPLE_RATE, options)
+        for start in range(0, samples.size, WINDOW_SAMPLES)
+    ]

@@ -1,0 +1,248 @@
+"""Speech to text: a Whisper folder (WhisperForConditionalGeneration and its processor)
+through transformers, safetensors only.
+
+A clip is decoded and cut into 30-second windows on the CPU pool (app.models.audio);
+each window is a row. Windows of one or several requests run together, `max_batch`
+windows to a `generate` call, each decoded on its own with Whisper's timestamp tokens
+(`return_timestamps=True`), greedy at temperature 0: the same tokens transformers'
+pipeline gives for the same window (chunk_length_s=30, no stride). Segments are the
+tokenizer's offsets, placed in the clip and kept within its audio.
+
+Bucket: `w30xbN`, N the windows in one `generate` call rounded up to a power of two
+(capped at `max_batch`: a longer clip runs in calls of that many, so its memory is that
+of one call). The first quote comes from the model's config (`speech_bytes`); every run
+then teaches the bucket its measured peak.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import re
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.engine.device import Device
+from app.errors import InvalidRequest
+from app.models.audio import (
+    SAMPLE_RATE,
+    WINDOW_S,
+    AudioClip,
+    SpeechOptions,
+    Window,
+    decode_audio,
+    windows,
+)
+from app.models.base import Bucket, Prepared, next_pow2, weight_file_bytes
+from app.models.kinds import Transcriber
+from app.models.transcript import Segment, WindowText, placed
+from app.settings import ModelSpec
+
+LABEL = re.compile(r"^w30xb(\d+)$")
+MAX_TARGET_TOKENS = 448  # Whisper's decoder positions: a window's tokens at most
+
+
+def speech_bytes(config: Any, batch: int, element: int) -> int:
+    """An upper bound on one `generate` call's activations over `batch` windows: the
+    encoder's widest moment (its feed-forward over 1,500 frames, and one layer's
+    attention scores counted as if materialised) beside every layer's cross-attention
+    keys and values and a full self-attention cache, with a quarter's margin."""
+    frames = int(config.max_source_positions)
+    width, heads = int(config.d_model), int(config.encoder_attention_heads)
+    layers = int(config.decoder_layers)
+    features = 2 * int(config.num_mel_bins) * frames * 4  # float32 mel frames
+    encoder = frames * (4 * width + int(config.encoder_ffn_dim)) + heads * frames * frames
+    cache = 2 * layers * width * (frames + MAX_TARGET_TOKENS)
+    logits = MAX_TARGET_TOKENS * int(config.vocab_size) // 8  # scores of recent steps
+    per_window = features + element * (encoder + cache + logits)
+    return batch * per_window * 5 // 4
+
+
+class SpeechHandler(Transcriber):
+    kind = "speech"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        assert spec.path is not None, "ModelSpec checks that a speech model has a path"
+        self.path = Path(spec.path)
+        self._model: Any = None
+        self._processor: Any = None
+        self._device = torch.device("cpu")
+        self._torch_dtype = torch.float32
+
+    @staticmethod
+    def _dtype_on(device: Device, requested: str) -> str:
+        if requested != "auto":
+            return requested
+        return "float16" if device.kind == "cuda" else "float32"
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        element = torch.finfo(getattr(torch, self._dtype_on(device, self.spec.dtype))).bits // 8
+        return weight_file_bytes(self.path, element)
+
+    def load(self, device: Device) -> None:
+        from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
+
+        self.dtype = self._dtype_on(device, self.spec.dtype)
+        self._torch_dtype = getattr(torch, self.dtype)
+        self._processor = AutoProcessor.from_pretrained(self.path, local_files_only=True)
+        model = AutoModelForSpeechSeq2Seq.from_pretrained(  # safetensors only: no pickles
+            self.path, local_files_only=True, dtype=self._torch_dtype, use_safetensors=True
+        )
+        self._model = model.to(device.torch_device).eval()
+        self._device = device.torch_device
+
+    def torch_module(self) -> Any:
+        return self._model
+
+    def unload(self) -> None:
+        self._model = None
+        self._processor = None
+        gc.collect()
+
+    # -- what a request may ask ----------------------------------------------------------
+    def languages(self) -> list[str]:
+        """The language codes its decoder knows (empty: an English-only model)."""
+        found = getattr(self._model.generation_config, "lang_to_id", None) or {}
+        return sorted(token.strip("<|>") for token in found)
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(getattr(self._model.generation_config, "is_multilingual", False))
+
+    def language_refused(self, language: str | None, task: str) -> InvalidRequest | None:
+        if not self.multilingual:
+            if task == "translate" or language not in (None, "en"):
+                return InvalidRequest(
+                    f"model {self.name!r} is English-only: it transcribes English audio "
+                    "and translates nothing",
+                    param="language" if task == "transcribe" else "model",
+                )
+            return None
+        known = self.languages()
+        if language is not None and language not in known:
+            return InvalidRequest(
+                f"model {self.name!r} knows no language {language!r}; it knows {', '.join(known)}",
+                param="language",
+            )
+        return None
+
+    # -- the three stages ----------------------------------------------------------------
+    def preprocess(self, inputs: list[AudioClip]) -> Prepared:
+        """One clip, decoded and cut into windows (the CPU pool)."""
+        if len(inputs) != 1 or not isinstance(inputs[0], AudioClip):
+            raise InvalidRequest(f"model {self.name!r} takes one audio file", param="file")
+        clip = inputs[0]
+        return self._prepared(windows(decode_audio(clip.data, clip.max_seconds), clip.options))
+
+    def _prepared(self, rows: list[Window]) -> Prepared:
+        batch = next_pow2(min(len(rows), self.spec.max_batch))
+        seconds = sum(row.samples.size for row in rows) // SAMPLE_RATE
+        return Prepared(Bucket(f"w30xb{batch}", batch), rows, seconds, count=len(rows))
+
+    def batch_group(self, prepared: Prepared) -> str:
+        return repr(prepared.payload[0].options)
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        """Windows of requests with the same options, however many: `forward` runs them
+        `max_batch` to a call, so the bucket (one call's) stays within its cap."""
+        if len(parts) == 1:
+            return parts[0]
+        if len({p.payload[0].options for p in parts}) != 1:
+            return None
+        return self._prepared([row for p in parts for row in p.payload])
+
+    def prior_bytes(self, bucket: Bucket) -> int:
+        found = LABEL.match(bucket.label)
+        if found is None or self._model is None:
+            return 0
+        element = torch.finfo(self._torch_dtype).bits // 8
+        return speech_bytes(self._model.config, int(found.group(1)), element)
+
+    def forward(self, prepared: Prepared) -> list[tuple[Window, list[int]]]:
+        """Each window's generated tokens, `max_batch` windows to a `generate` call."""
+        self.forward_calls += 1
+        rows: list[Window] = prepared.payload
+        out: list[tuple[Window, list[int]]] = []
+        step = self.spec.max_batch
+        for start in range(0, len(rows), step):
+            chunk = rows[start : start + step]
+            out.extend(zip(chunk, self._generate(chunk), strict=True))
+        return out
+
+    def _generate(self, chunk: list[Window]) -> list[list[int]]:
+        options = chunk[0].options
+        features = self._processor.feature_extractor(
+            [row.samples for row in chunk], sampling_rate=SAMPLE_RATE, return_tensors="pt"
+        ).input_features.to(self._device, self._torch_dtype)
+        kwargs: dict[str, Any] = {"return_timestamps": True, "task": options.task}
+        if self.multilingual:
+            kwargs["language"] = options.language
+        else:
+            kwargs.pop("task")
+        if options.prompt:
+            ids = self._processor.get_prompt_ids(options.prompt, return_tensors="pt")
+            kwargs["prompt_ids"] = ids.to(self._device)
+        if options.temperature > 0:
+            kwargs.update(do_sample=True, temperature=options.temperature)
+        with torch.inference_mode():
+            tokens = self._model.generate(features, **kwargs)
+        sequences = tokens["sequences"] if isinstance(tokens, dict) else tokens
+        return [row.tolist() for row in sequences.cpu()]
+
+    def postprocess(self, raw: list[tuple[Window, list[int]]]) -> list[WindowText]:
+        return [self._window_text(window, tokens) for window, tokens in raw]
+
+    def _window_text(self, window: Window, tokens: list[int]) -> WindowText:
+        """A window's tokens as transformers' ASR pipeline turns a chunk's into text and
+        timed chunks (its tokenizer's `_decode_asr`, what the pipeline's postprocess
+        calls), placed in the clip."""
+        extractor = self._processor.feature_extractor
+        seconds = window.samples.size / SAMPLE_RATE
+        text, found = self._processor.tokenizer._decode_asr(
+            [{"tokens": torch.tensor([tokens]), "stride": (seconds, 0.0, 0.0)}],
+            return_timestamps=True,
+            return_language=False,
+            time_precision=extractor.chunk_length / self._model.config.max_source_positions,
+        )
+        segments = []
+        for chunk in found.get("chunks", []):
+            start, end = chunk["timestamp"]
+            start, end = placed(start, end if end is not None else start, *window.span)
+            segments.append(Segment(start, end, chunk["text"]))
+        options = window.options
+        return WindowText(
+            window.start_s,
+            window.end_s,
+            text,
+            tuple(segments),
+            options.task,
+            options.language,
+            options.temperature,
+        )
+
+    # -- warm-up and probe ---------------------------------------------------------------
+    def prime(self) -> None:
+        self.postprocess(self.forward(self.preprocess(self.probe_input())))
+        self.forward_calls = 0
+
+    def probe_clip(self) -> AudioClip:
+        return AudioClip(silent_wav(1.0), float(WINDOW_S), SpeechOptions(language=None))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "path": str(self.path)}
+
+
+def silent_wav(seconds: float) -> bytes:
+    """`seconds` of 16 kHz silence as a WAV file."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(SAMPLE_RATE)
+        writer.writeframes(np.zeros(int(seconds * SAMPLE_RATE), dtype="<i2").tobytes())
+    return out.getvalue()
