@@ -51,6 +51,7 @@ JSON_ROUTES = {
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
     "/v1/rerank",
     "/rerank",
 }

@@ -476,3 +476,14 @@ def test_max_tokens_out_of_bounds_is_a_400(live, max_tokens):
     r = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     untouched(live, before)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages", "/v1/messages/count_tokens"])
+def test_the_coding_agents_json_routes_refuse_bodies_a_form_could_send(live, path):
+    """Anthropic's and OpenAI's Responses routes are JSON routes like chat's: a body a
+    cross-site form or `no-cors` fetch can send (text/plain) is a 415, never parsed."""
+    before = calls(live)
+    body = b'{"model":"sim","input":"x","max_tokens":4,"messages":[{"role":"user","content":"x"}]}'
+    r = httpx.post(live.url + path, content=body, headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415, r.text
+    untouched(live, before)
