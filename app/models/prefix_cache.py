@@ -69,10 +69,13 @@ class PrefixStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, model: str, prompt: Sequence[int]) -> tuple[Entry | None, int]:
+    def longest(
+        self, model: str, prompt: Sequence[int], *, used: bool = True
+    ) -> tuple[Entry | None, int]:
         """The entry of `model` sharing the most leading tokens with `prompt` and how
         many (at most all but the prompt's last token, whose logits give the first new
-        token); (None, 0) below MIN_CACHED. Counts as a lookup."""
+        token); (None, 0) below MIN_CACHED. Counts as a lookup, and as a hit where found
+        (`used` False: the caller may not copy it, and counts it by `hit` if it does)."""
         best: Entry | None = None
         count = 0
         with self._lock:
@@ -86,9 +89,16 @@ class PrefixStore:
             if best is None or count < MIN_CACHED:
                 return None, 0
             best.used_at = time.monotonic()
-            self.stats.hits += 1
-            self.stats.tokens_reused += count
+            if used:
+                self.stats.hits += 1
+                self.stats.tokens_reused += count
             return best, count
+
+    def hit(self, reused: int) -> None:
+        """A prompt copied `reused` tokens from an entry `longest(used=False)` found."""
+        with self._lock:
+            self.stats.hits += 1
+            self.stats.tokens_reused += reused
 
     def record(self, reused: int) -> None:
         """A lookup an engine made in its own cache (llama.cpp's slots): `reused`

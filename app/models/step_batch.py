@@ -240,6 +240,7 @@ class StepBatcher:
         if copied is not None:
             for row, source in zip(rows, sources, strict=True):
                 row.cached = source[3] if source else 0
+                self._count_hit(source)
         if copied is None and self.packable and len(rows) > 1:
             shared = shared_prefix(ids)
             if shared >= MIN_SHARED:
@@ -296,9 +297,15 @@ class StepBatcher:
         running = best_source(prompt, self._batches)
         if self._store is None or not row.task.params.prefix_cache:
             return running
-        entry, count = self._store.longest(self._name, prompt)
+        entry, count = self._store.longest(self._name, prompt, used=False)
         kept = entry.payload.source(count) if entry is not None else None
         return better(running, kept)
+
+    def _count_hit(self, source: Source | None) -> None:
+        """A prefix was copied from `source`: a hit of the prefix cache where it is a
+        kept row's (a running row's is not)."""
+        if self._store is not None and source is not None and isinstance(source[0], Kept):
+            self._store.hit(source[3])
 
     def _restored(self, row: Row) -> None:
         """A long prompt about to be prefilled: the prefix a running or kept row holds
@@ -309,6 +316,7 @@ class StepBatcher:
             return
         row.cache, row.position = copied[0], source[3]
         row.cached = source[3]
+        self._count_hit(source)
 
     def _prefill_chunk(self, row: Row) -> int:
         """One chunk of a long prompt, in the row's own cache."""

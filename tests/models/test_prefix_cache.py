@@ -274,3 +274,57 @@ def test_torch_engine_an_ended_rows_copy_is_made_only_once_the_store_has_room_fo
     assert len(seen) == 2 and len(store) == 1
     held, copy, limit = seen[1]
     assert held + copy <= limit, f"{held} held + a {copy}-byte copy over the limit {limit}"
+
+
+def test_torch_engine_a_hit_is_counted_only_where_the_kept_prefix_is_copied(tmp_path):
+    """/status's hits and tokens_reused count the prompts that read a kept prefix: one
+    that copies a running row's longer prefix instead reads nothing from the store."""
+    import threading
+    import time
+
+    from app.engine.device import CpuDevice
+    from app.models.causal_lm import CausalLMHandler
+    from app.models.decoding import DecodeResult, SamplingParams, TokenStream
+
+    folder = save_random_llama(tmp_path / "llama", context=1024)
+    handler = CausalLMHandler(ModelSpec(name="m", kind="generation", path=folder))
+    store = handler.prefix_store = PrefixStore()
+    store.set_limit(2**40)
+    handler.load(CpuDevice())
+    loop = asyncio.new_event_loop()
+    base = " ".join(f"alpha{i}" for i in range(30))
+    longer = base + " " + " ".join(f"beta{i}" for i in range(30))
+    base_tokens = len(handler.encode(base))
+    streams: dict[str, TokenStream] = {}
+    results: dict[str, DecodeResult] = {}
+
+    def ask(name: str, prompt: str, tokens: int) -> threading.Thread:
+        params = SamplingParams(max_tokens=tokens, temperature=0.0)
+        prepared = handler.prepare_generation(prompt, params, tokens)
+        stream = streams[name] = TokenStream(loop)
+
+        def run() -> None:
+            results[name] = handler.generate(prepared, stream)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    try:
+        ask("first", base, 2).join(60)  # kept: the store holds `base` and its answer
+        running = ask("running", longer, 400)  # copies `base` from the store: a hit
+        until = time.monotonic() + 60
+        while handler.batch_rows < 1:
+            assert time.monotonic() < until
+            time.sleep(0.001)
+        ask("joiner", longer + " gamma", 2).join(60)  # copies the running row's prompt
+        streams["running"].cancel()
+        running.join(60)
+    finally:
+        loop.close()
+        handler.unload()
+    joiner = results["joiner"]
+    assert joiner.cached_tokens > base_tokens  # the running row's, not the store's
+    view = store.view()
+    assert view["hits"] == 1, view
+    assert view["tokens_reused"] == results["running"].cached_tokens, view
