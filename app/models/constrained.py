@@ -29,8 +29,14 @@ class Grammars:
     use (~0.2 s for a 49k vocabulary)."""
 
     def __init__(self, tokenizer: Any, vocab: int, eos: set[int]) -> None:
+        """`vocab`: the model's logits. A tokenizer may know a few more tokens than that
+        (added special tokens past the embeddings: transformers 5.0 converting SmolLM2's
+        GGUF gave 49,157 against 49,152), which llguidance refuses to size below; it
+        sees the larger, and the mask is cut to the logits (those tokens are never
+        sampled)."""
         self._hf = tokenizer
         self._vocab = vocab
+        self._engine_vocab = max(vocab, len(tokenizer))
         self._eos = sorted(eos)
         self._llg: Any = None
         self._lock = threading.Lock()
@@ -41,7 +47,7 @@ class Grammars:
                 import llguidance.hf
 
                 self._llg = llguidance.hf.from_tokenizer(
-                    self._hf, n_vocab=self._vocab, eos_token=self._eos or None
+                    self._hf, n_vocab=self._engine_vocab, eos_token=self._eos or None
                 )
             return self._llg
 
@@ -65,16 +71,19 @@ class Grammars:
     def constraint(self, grammar: str) -> Constraint:
         import llguidance
 
-        return Constraint(llguidance.LLMatcher(self._tokenizer(), grammar), self._vocab)
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar)
+        return Constraint(matcher, self._vocab, self._engine_vocab)
 
 
 class Constraint:
     """A row's grammar state: what may come next, and the tokens that came."""
 
-    def __init__(self, matcher: Any, vocab: int) -> None:
+    def __init__(self, matcher: Any, vocab: int, engine_vocab: int | None = None) -> None:
+        """`vocab`: the logits' width; `engine_vocab`: the matcher's (at least as wide)."""
         self._matcher = matcher
         self._vocab = vocab
-        self._words = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+        width = max(vocab, engine_vocab or vocab)
+        self._words = torch.zeros((width + 31) // 32, dtype=torch.int32)
         self._shifts = torch.arange(32, dtype=torch.int32)
 
     def allowed(self) -> torch.Tensor:
