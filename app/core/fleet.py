@@ -250,11 +250,13 @@ class Fleet:
         return [_merged(copies) for copies in rows.values() if copies]
 
     def model_row(self, name: str) -> dict[str, Any]:
-        """One served model's row (404 for a model not served)."""
+        """One served model's row, by its name or an alias (404 for a model not served)."""
+        name = self.resolve(name)
         self.lane_for(name).registry.entry(name)  # raises ModelNotFound
         return next(row for row in self.models() if row["name"] == name)
 
     def spec(self, name: str) -> ModelSpec:
+        name = self.resolve(name)
         return self.lane_for(name).registry.entry(name).handler.spec
 
     def gave_back_view(self) -> dict[str, Any] | None:
