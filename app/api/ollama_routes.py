@@ -16,6 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -283,6 +284,8 @@ async def _generate(
     images = openai.image_count() if isinstance(openai, ChatRequest) else 0
     refuse_unseeing(fleet, model, images, "images")  # before any image is read
     valid = validate_generation_request(openai, fleet.settings)
+    # num_predict past the context: Ollama stops at the context, so its clients expect that
+    valid = replace(valid, params=replace(valid.params, fit_context=True))
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:
         generation = (await admit_choices(fleet, valid, watch))[0]

@@ -58,6 +58,9 @@ class SamplingParams:
     json_schema: str | None = None  # the answer must be JSON valid against this (JSON text)
     logprobs: int | None = None  # None: off; k: each token's log-probability, the k likeliest
     prefix_cache: bool = True  # False: no cached prefix used or kept (warm-up, the probe)
+    # True: a max_tokens past the context is cut to it (Ollama's num_predict: Ollama stops
+    # at the context); False: a 400 naming both numbers (OpenAI's and Anthropic's APIs)
+    fit_context: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def generation_prepared(
             param="messages",
         )
     room = context - prompt
-    if params.max_tokens is not None and params.max_tokens > room:
+    if params.max_tokens is not None and params.max_tokens > room and not params.fit_context:
         raise ContextLengthExceeded(
             f"the prompt has {prompt} tokens and max_tokens is {params.max_tokens}: "
             f"{prompt + params.max_tokens} in all, over model {model!r}'s context of "

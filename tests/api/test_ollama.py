@@ -331,3 +331,20 @@ def test_a_pulled_gguf_is_deleted_with_its_folder_and_projector(served, tmp_path
     assert client.delete("tiny-gguf").status == "success"
     assert not folder.exists()
     assert "tiny-gguf" not in [m.model for m in client.list().models]
+
+
+def test_num_predict_past_the_context_stops_at_it_as_ollama_does(served):
+    """Ollama's num_predict past the context answers until the context is full (Ollama
+    stops there); OpenAI's max_tokens past it is a 400 naming both numbers."""
+    import openai as openai_errors
+
+    _, client, openai = served
+    answer = client.chat(
+        model="tiny", messages=ASK, options={"temperature": 0, "num_predict": 5000}
+    )
+    assert answer.done_reason == "length"
+    assert answer.prompt_eval_count + answer.eval_count == 1024  # the tiny model's context
+    with pytest.raises(openai_errors.BadRequestError) as refused:
+        openai.chat.completions.create(model="tiny", messages=ASK, max_tokens=5000)
+    assert refused.value.body["code"] == "context_length_exceeded"
+    assert "max_tokens is 5000" in refused.value.body["message"]
