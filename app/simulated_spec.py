@@ -11,7 +11,9 @@ class SimulatedBucket(BaseModel):
     """One declared bucket of the simulated model: inputs up to `size` words are declared
     to cost `bytes` (the server's prior guess). What a run really allocates is
     `true_bytes` (default: `bytes`), which the server does not know in advance and must
-    measure; `warm = false` leaves the bucket out of the warm-up."""
+    measure; `warm = false` leaves the bucket out of the warm-up; `steps` > 1: a run is
+    that many steps of `run_ms` / steps each, reported as they end (a job of many steps,
+    as a long audio's windows or a diffusion's denoising: the watchdog sees it live)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     size: int = Field(ge=1, le=1_000_000)
@@ -19,6 +21,7 @@ class SimulatedBucket(BaseModel):
     run_ms: float = Field(ge=0, le=600_000)
     true_bytes: ByteSize | None = None
     warm: bool = True
+    steps: int = Field(default=1, ge=1, le=100_000)
 
 
 class SimulatedGeneration(BaseModel):

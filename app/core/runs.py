@@ -40,9 +40,13 @@ class Running:
     overdue: bool = False  # the watchdog gave up on it
 
     def progress_at(self) -> float:
-        """When it last showed life: its start, or a stream's latest text."""
+        """When it last showed life: its start, a stream's latest text, or a step its
+        model reported (a job of many steps beats; with several jobs of one model on the
+        device at once, any one's beat counts for all: the watchdog is for wedged threads,
+        which beat for none)."""
         stream = self.jobs[0].stream
-        return max(self.started_at, stream.progress_at if stream is not None else 0.0)
+        beat = self.jobs[0].handler.progress_at
+        return max(self.started_at, stream.progress_at if stream is not None else 0.0, beat)
 
 
 def split_rows(output: Any, jobs: list[Job]) -> list[Any]:

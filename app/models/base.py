@@ -168,6 +168,10 @@ class ModelHandler(ABC):
         self.dtype = "float32"
         self.fingerprint = ""  # set by `identify()` at load: names these weights in prices
         self.forward_calls = 0  # written by the inference threads; read for /status
+        # when its work last showed life (time.monotonic): a job of many steps (a long
+        # audio's windows, a diffusion's steps) beats here, so that the watchdog, which
+        # gives up on a job silent for `run_timeout`, sees it progress
+        self.progress_at = 0.0
 
     def identify(self) -> str:
         """What identifies the weights this handler serves (see weights_fingerprint);

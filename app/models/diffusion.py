@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import re
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,7 @@ class DiffusionHandler(ImageGenerator):
         pipeline = for_run(self._pipeline, first.scheduler)
 
         def on_step(pipe: Any, step: int, _: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+            self.progress_at = time.monotonic()  # each step: the watchdog sees life
             for progress in progresses:
                 progress.advance(step + 1, pipe.num_timesteps)
             if all(progress.cancelled for progress in progresses):

@@ -174,7 +174,10 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
         self._call()
         declared = self._by_label[prepared.bucket.label]
         with self._device.hold(self.true_bytes(declared)):
-            time.sleep(declared.run_ms / 1000)
+            for _ in range(declared.steps):
+                time.sleep(declared.run_ms / declared.steps / 1000)
+                if declared.steps > 1:
+                    self.progress_at = time.monotonic()  # a step ended: the watchdog sees it
         return prepared.payload
 
     # -- generation: words are tokens ------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import io
 import re
+import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,7 @@ class SpeechHandler(Transcriber):
         for start in range(0, len(rows), step):
             chunk = rows[start : start + step]
             out.extend(zip(chunk, self._generate(chunk), strict=True))
+            self.progress_at = time.monotonic()  # a long file's windows: the watchdog sees life
         return out
 
     def _generate(self, chunk: list[Window]) -> list[list[int]]:

@@ -72,3 +72,21 @@ def test_simulated_wedged_server_process_exits_76_and_the_policy_restarts_it(tmp
     assert server.process.wait(60) == EXIT_WEDGED  # although the thread still sleeps
     decision = RestartPolicy().decide(EXIT_WEDGED, uptime_s=120)
     assert decision.restart and decision.delay_s == 0
+
+
+def test_simulated_long_job_that_reports_its_steps_is_not_given_up_on(server_factory):
+    """A job of many steps (a long audio's windows, a diffusion's denoising) that runs
+    three times `run_timeout` but reports each step is no wedge: 200, nothing overdue.
+    The same job without steps is a 504 (the hung job above)."""
+    stepped = ModelSpec(
+        name="sim",
+        kind="simulated",
+        buckets=(SimulatedBucket(size=64, bytes=100 * MiB, run_ms=1500, steps=15, warm=False),),
+    )
+    live = server_factory(
+        device="simulated:1GiB", models=(stepped,), run_timeout=0.5, health_interval=3600
+    )
+    r = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert float(r.headers["X-Vramgate-Run-Ms"]) >= 1500
+    assert not live.service.scheduler.wedged
