@@ -142,7 +142,9 @@ class Settings(BaseSettings):
         "Codex (a [model_aliases] table in the config file; pattern=model,... as a flag)",
     )
     max_body_bytes: ByteSize = Field(
-        ByteSize(4 * 2**20), description="largest request body accepted (413 beyond)"
+        ByteSize(32 * 2**20),
+        description="largest request body accepted (413 beyond): an audio file, images in "
+        "a chat, an agent's whole conversation",
     )
     max_inputs: int = Field(256, ge=1, le=4096, description="inputs in one embeddings request")
     max_input_chars: int = Field(
