@@ -20,7 +20,7 @@ def chat_model() -> ModelSpec:
     return ModelSpec(
         name="chat",
         kind="simulated",
-        buckets=(SimulatedBucket(size=16, bytes=MiB, run_ms=1),),
+        buckets=(SimulatedBucket(size=64, bytes=MiB, run_ms=1),),
         generation=SimulatedGeneration(kv_bytes_per_token=64 * 1024, step_ms=20),
     )
 

@@ -184,7 +184,8 @@ def test_at_the_default_context_the_runner_holds_the_file_and_its_kv_and_gives_a
     pid = model.runner_pid
     try:
         facts = read_gguf_facts(smollm2_gguf)
-        kv = facts.kv_bytes_per_token("f16") * spec.max_context * spec.parallel
+        assert model.context == 4096  # the model's own 8,192, capped per slot by default
+        kv = facts.kv_bytes_per_token("f16") * model.context * spec.parallel
         resident = psutil.Process(pid).memory_info().rss
         ratio = resident / (facts.file_bytes + kv)
         print(f"runner RSS {resident / 2**20:.1f} MiB = {ratio:.3f} x (file + KV)")
