@@ -51,7 +51,7 @@ def reply(result: InferenceResult, response_format: ResponseFormat) -> Response:
 def verbose(transcript: Transcript) -> dict[str, Any]:
     """verbose_json's fields. Whisper's per-segment log probabilities and no-speech
     probability are not computed here: those fields are null."""
-    segments = [
+    segments: list[dict[str, Any]] = [
         {
             "id": index,
             "seek": int(segment.start // 30) * 3000,  # the window's first mel frame
