@@ -154,3 +154,26 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.process.wait(30)
+
+
+def npm_binary(where: Path, package: str, command: str) -> Path:
+    """`package` installed with npm into `where` (a coding agent's CLI), and the path of
+    its `command`; the test skips where npm or the package cannot be had."""
+    import shutil
+
+    import pytest
+
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    done = subprocess.run(
+        [npm, "install", "--prefix", str(where), package],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    binary = where / "node_modules" / ".bin" / command
+    if done.returncode != 0 or not binary.exists():
+        pytest.skip(f"{package} could not be installed: {done.stderr[-500:]}")
+    return binary

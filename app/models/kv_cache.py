@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from app.models.prefix_cache import shared_length as common_prefix
 from app.models.rows import Row
 from app.sched.budget import MEASURED_MARGIN
 
@@ -53,15 +54,6 @@ def pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 def stack(first: torch.Tensor, second: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     """`second`'s rows under `first`'s, both left-padded along `dim` to `length`."""
     return torch.cat([pad_left(first, length, dim), pad_left(second, length, dim)])
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    count = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def find_donor(prompt: Sequence[int], running: Sequence[Sequence[int]]) -> tuple[int, int]:

@@ -7,7 +7,6 @@ a 400 against that context). Skipped where npm or the package cannot be had."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from app.settings import ModelSpec
-from tests.live import live_server, make_settings
+from tests.live import live_server, make_settings, npm_binary
 
 PACKAGE = "@anthropic-ai/claude-code"
 # Claude Code's settings for a local server: its own flags and environment variables.
@@ -32,21 +31,7 @@ ENVIRONMENT = {
 
 @pytest.fixture(scope="module")
 def claude(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    where = tmp_path_factory.mktemp("claude-code")
-    done = subprocess.run(
-        [npm, "install", "--prefix", str(where), PACKAGE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    binary = where / "node_modules" / ".bin" / "claude"
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"{PACKAGE} could not be installed: {done.stderr[-500:]}")
-    return binary
+    return npm_binary(tmp_path_factory.mktemp("claude"), PACKAGE, "claude")
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ the package cannot be had."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from app.settings import ModelSpec
-from tests.live import live_server, make_settings
+from tests.live import live_server, make_settings, npm_binary
 
 PACKAGE = "@openai/codex"
 CONFIG = """model = "gpt-local"
@@ -36,21 +35,7 @@ wire_api = "responses"
 
 @pytest.fixture(scope="module")
 def codex(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    where = tmp_path_factory.mktemp("codex")
-    done = subprocess.run(
-        [npm, "install", "--prefix", str(where), PACKAGE],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    binary = where / "node_modules" / ".bin" / "codex"
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"{PACKAGE} could not be installed: {done.stderr[-500:]}")
-    return binary
+    return npm_binary(tmp_path_factory.mktemp("codex"), PACKAGE, "codex")
 
 
 @pytest.mark.slow
