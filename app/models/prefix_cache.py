@@ -66,6 +66,11 @@ class PrefixStore:
     def held_bytes(self) -> int:
         return self._held
 
+    @property
+    def limit(self) -> int:
+        """The most entries may hold now (what no admitted job holds)."""
+        return self._limit
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -114,25 +119,15 @@ class PrefixStore:
             mine = [e for e in self._entries if e.model == model]
             return any(shared_length(e.ids, ids) == len(ids) for e in mine)
 
-    def room(self) -> int:
-        """The most one entry may hold now (all the limit: older entries make way)."""
-        return self._limit
-
     def make_room(self, model: str, ids: Sequence[int], nbytes: int) -> bool:
         """Before an entry of `nbytes` under `ids` is copied out (the copy takes device
         bytes as it is made): the entries it will replace (its model's, that are a prefix
         of it) and the least recently used go now, until it fits within the limit beside
         the others. False (nothing evicted): it cannot fit at all."""
-        dropped: list[Entry] = []
         with self._lock:
             if nbytes > self._limit or len(ids) < MIN_CACHED:
                 return False
-            for old in list(self._entries):
-                if old.model == model and shared_length(old.ids, ids) == len(old.ids):
-                    self._remove(old, dropped)
-            evicted = self._trim(self._limit - nbytes)
-            self.stats.evicted += len(evicted)
-            dropped += evicted
+            dropped = self._displace(model, ids, nbytes)
         for old in dropped:
             old.release()
         return True
@@ -145,14 +140,7 @@ class PrefixStore:
         with self._lock:
             kept = entry.nbytes <= self._limit and len(entry.ids) >= MIN_CACHED
             if kept:
-                for old in list(self._entries):
-                    if old.model == entry.model and shared_length(old.ids, entry.ids) == len(
-                        old.ids
-                    ):
-                        self._remove(old, dropped)
-                evicted = self._trim(self._limit - entry.nbytes)
-                self.stats.evicted += len(evicted)
-                dropped += evicted
+                dropped = self._displace(entry.model, entry.ids, entry.nbytes)
                 self._entries.append(entry)
                 self._held += entry.nbytes
         for old in dropped:
@@ -211,6 +199,17 @@ class PrefixStore:
             }
 
     # -- under the lock --------------------------------------------------------------
+    def _displace(self, model: str, ids: Sequence[int], nbytes: int) -> list[Entry]:
+        """Room for an entry of `nbytes` under `ids`: its model's entries that are a
+        prefix of it go (it holds them), then the least recently used until it fits."""
+        dropped: list[Entry] = []
+        for old in list(self._entries):
+            if old.model == model and shared_length(old.ids, ids) == len(old.ids):
+                self._remove(old, dropped)
+        evicted = self._trim(self._limit - nbytes)
+        self.stats.evicted += len(evicted)
+        return dropped + evicted
+
     def _trim(self, limit: int) -> list[Entry]:
         dropped: list[Entry] = []
         by_age = sorted(self._entries, key=lambda e: e.used_at)

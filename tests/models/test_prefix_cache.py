@@ -252,7 +252,7 @@ def test_torch_engine_an_ended_rows_copy_is_made_only_once_the_store_has_room_fo
 
     def spy(batch, index):
         kept = real(batch, index)
-        seen.append((store.held_bytes, kept.nbytes, store.room()))
+        seen.append((store.held_bytes, kept.nbytes, store.limit))
         return kept
 
     monkeypatch.setattr(step_batch, "kept_row", spy)
