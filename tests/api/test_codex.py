@@ -64,6 +64,14 @@ def test_codex_answers_a_prompt_through_the_responses_api(codex, smollm2, tmp_pa
             check=False,
         )
         status = httpx.get(live.url + "/status", timeout=30).json()
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stdout.strip(), done.stderr[-2000:]  # the model's answer
     assert status["counters"]["served"] >= 1
+    if done.returncode == 0:
+        assert done.stdout.strip(), done.stderr[-2000:]  # the model's answer, as Codex read it
+    else:
+        # Codex sends no temperature: SmolLM2 sampled at 1.0 sometimes rambles past the
+        # 512-token default cap, which the Responses API reports as `incomplete`
+        # (max_output_tokens) and Codex as an error; the exchange itself worked. Any
+        # other error (a refused request, an event Codex could not read) fails here.
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+        expected = "ERROR: Incomplete response returned, reason: max_output_tokens"
+        assert errors and set(errors) == {expected}, done.stderr[-2000:]
