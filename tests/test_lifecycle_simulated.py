@@ -10,6 +10,7 @@ import time
 import httpx
 
 from app.settings import ModelSpec, SimulatedBucket
+from tests.live import wait_until
 
 MiB = 2**20
 RESERVE = 200 * MiB  # left to other programs
@@ -99,3 +100,22 @@ def test_simulated_a_request_sent_during_an_unload_waits_for_the_reload(server_f
     assert answers[0].status_code == 200, answers[0].text
     assert answered_at > ended[0]  # after the stream, the unload and the load again
     assert live.status()["models"][0]["state"] == "ready"
+
+
+def test_simulated_a_fault_while_starting_the_models_is_logged_and_the_server_degraded(
+    server_factory, monkeypatch, caplog
+):
+    """A fault of ours while the models start (a preprocess that raised TypeError once
+    left a server 'warming' forever, saying nothing): it is logged with its traceback,
+    the phase is degraded, and the server still answers."""
+    from app.core.lifecycle import ModelLifecycle
+
+    async def broken(self) -> None:
+        raise TypeError("object of type 'ImagePrompt' has no len()")
+
+    monkeypatch.setattr(ModelLifecycle, "start", broken)
+    live = server_factory(device="simulated:1GiB", ready=False, health_interval=3600)
+    wait_until(lambda: live.status()["state"] == "degraded", 10, "degraded")
+    assert any("starting the models failed" in r.message for r in caplog.records)
+    assert any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records)
+    assert live.client().get("/status").status_code == 200

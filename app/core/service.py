@@ -141,7 +141,12 @@ class InferenceService:
         self._tasks.append(asyncio.create_task(self._start_models(), name="models"))
 
     async def _start_models(self) -> None:
-        await self.lifecycle.start()
+        try:
+            await self.lifecycle.start()
+        except Exception:  # a fault of ours: said, and the models that loaded serve on
+            log.exception("starting the models failed; serving what loaded")
+            if self.state.phase not in ("stopping", "failed"):
+                self.state.phase = "degraded"
         self.health.alive()
         if self.state.serving:
             self._tasks.append(asyncio.create_task(probe_loop(self), name="probe"))
