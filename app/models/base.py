@@ -52,6 +52,14 @@ _DESCRIBING = {".json", ".txt", ".model", ".yaml", ".yml"}
 _DESCRIBING_MAX_BYTES = 1 << 20
 
 
+def dtype_on(device: Device, requested: str) -> str:
+    """The dtype a torch model of the one-shot kinds loads in: the spec's, or for `auto`
+    float16 on CUDA and float32 elsewhere."""
+    if requested != "auto":
+        return requested
+    return "float16" if device.kind == "cuda" else "float32"
+
+
 def weight_file_bytes(folder: Path, element: int) -> int:
     """The safetensors files' bytes in `folder`, scaled from the element size they are
     saved in (config.json's dtype; 2 bytes when unsaid) to `element`."""

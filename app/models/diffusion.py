@@ -28,7 +28,7 @@ import torch
 
 from app.engine.device import Device
 from app.errors import InvalidImageSize
-from app.models.base import Bucket, Prepared, next_pow2
+from app.models.base import Bucket, Prepared, dtype_on, next_pow2
 from app.models.diffusion_cost import DiffusionGeometry, image_bytes
 from app.models.diffusion_pipeline import for_run, load_pipeline, weights_bytes_on
 from app.models.image_prompt import ImageProgress, ImagePrompt
@@ -56,18 +56,12 @@ class DiffusionHandler(ImageGenerator):
         self._lock = threading.Lock()  # guards _running: written by inference threads
         self._running: dict[int, tuple[str, list[ImageProgress]]] = {}
 
-    @staticmethod
-    def _dtype_on(device: Device, requested: str) -> str:
-        if requested != "auto":
-            return requested
-        return "float16" if device.kind == "cuda" else "float32"
-
     def expected_weights_bytes(self, device: Device) -> int:
-        dtype = getattr(torch, self._dtype_on(device, self.spec.dtype))
+        dtype = getattr(torch, dtype_on(device, self.spec.dtype))
         return weights_bytes_on(self.path, torch.finfo(dtype).bits // 8)
 
     def load(self, device: Device) -> None:
-        self.dtype = self._dtype_on(device, self.spec.dtype)
+        self.dtype = dtype_on(device, self.spec.dtype)
         dtype = getattr(torch, self.dtype)
         pipeline = load_pipeline(self.path, dtype, self.spec.pipeline_config)
         self._pipeline = pipeline.to(device.torch_device)

@@ -23,7 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from app.engine.device import Device
 from app.errors import InvalidRequest
-from app.models.base import Prepared, length_bucketed, merged_rows, weight_file_bytes
+from app.models.base import Prepared, dtype_on, length_bucketed, merged_rows, weight_file_bytes
 from app.models.kinds import Embedder, TextOrIds
 from app.settings import ModelSpec
 
@@ -53,19 +53,13 @@ class EmbeddingHandler(Embedder):
         self._normalize = False
         self._max_seq = 512
 
-    @staticmethod
-    def _dtype_on(device: Device, requested: str) -> str:
-        if requested != "auto":
-            return requested
-        return "float16" if device.kind == "cuda" else "float32"
-
     def expected_weights_bytes(self, device: Device) -> int:
-        element = torch.finfo(getattr(torch, self._dtype_on(device, self.spec.dtype))).bits // 8
+        element = torch.finfo(getattr(torch, dtype_on(device, self.spec.dtype))).bits // 8
         return weight_file_bytes(Path(self.path), element)
 
     def load(self, device: Device) -> None:
         self._read_sentence_transformers_config()
-        dtype = self._dtype_on(device, self.spec.dtype)
+        dtype = dtype_on(device, self.spec.dtype)
         self.dtype = dtype
         self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         model = AutoModel.from_pretrained(  # safetensors only: never unpickle weights

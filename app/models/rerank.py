@@ -23,6 +23,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from app.engine.device import Device
 from app.models.base import (
     Prepared,
+    dtype_on,
     length_bucketed,
     merged_rows,
     read_json_object,
@@ -53,18 +54,13 @@ class RerankHandler(Reranker):
         self._segments = True
 
     def expected_weights_bytes(self, device: Device) -> int:
-        dtype = self._dtype_on(device)
+        dtype = dtype_on(device, self.spec.dtype)
         return weight_file_bytes(self.path, torch.finfo(getattr(torch, dtype)).bits // 8)
-
-    def _dtype_on(self, device: Device) -> str:
-        if self.spec.dtype != "auto":
-            return self.spec.dtype
-        return "float16" if device.kind == "cuda" else "float32"
 
     def load(self, device: Device) -> None:
         if not self.path.is_dir():
             raise FileNotFoundError(f"model folder {self.path} does not exist")
-        self.dtype = self._dtype_on(device)
+        self.dtype = dtype_on(device, self.spec.dtype)
         self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(
             self.path, local_files_only=True, dtype=getattr(torch, self.dtype), use_safetensors=True

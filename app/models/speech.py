@@ -38,7 +38,7 @@ from app.models.audio import (
     decode_audio,
     windows,
 )
-from app.models.base import Bucket, Prepared, next_pow2, weight_file_bytes
+from app.models.base import Bucket, Prepared, dtype_on, next_pow2, weight_file_bytes
 from app.models.kinds import Transcriber
 from app.models.transcript import Segment, WindowText, placed
 from app.settings import ModelSpec
@@ -75,20 +75,14 @@ class SpeechHandler(Transcriber):
         self._device = torch.device("cpu")
         self._torch_dtype = torch.float32
 
-    @staticmethod
-    def _dtype_on(device: Device, requested: str) -> str:
-        if requested != "auto":
-            return requested
-        return "float16" if device.kind == "cuda" else "float32"
-
     def expected_weights_bytes(self, device: Device) -> int:
-        element = torch.finfo(getattr(torch, self._dtype_on(device, self.spec.dtype))).bits // 8
+        element = torch.finfo(getattr(torch, dtype_on(device, self.spec.dtype))).bits // 8
         return weight_file_bytes(self.path, element)
 
     def load(self, device: Device) -> None:
         from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
 
-        self.dtype = self._dtype_on(device, self.spec.dtype)
+        self.dtype = dtype_on(device, self.spec.dtype)
         self._torch_dtype = getattr(torch, self.dtype)
         self._processor = AutoProcessor.from_pretrained(self.path, local_files_only=True)
         model = AutoModelForSpeechSeq2Seq.from_pretrained(  # safetensors only: no pickles
