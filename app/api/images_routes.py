@@ -44,19 +44,19 @@ async def generate_images(request: Request) -> Response:
         try:
             result = await fleet.run(valid, watch)
         except BaseException:
-            valid.progress.cancel()  # its client left, or it failed: its rows stop
+            valid.first.progress.cancel()  # its client left, or it failed: its rows stop
             raise
-    width, height = valid.width, valid.height
+    width, height = valid.first.width, valid.first.height
     if width is None or height is None:
         width, height = fleet.handler(valid.model, ImageGenerator).default_size
     data = [
-        {"b64_json": base64.b64encode(image).decode("ascii"), "seed": valid.seed + i}
+        {"b64_json": base64.b64encode(image).decode("ascii"), "seed": valid.first.seed + i}
         for i, image in enumerate(result.output)
     ]
     payload: dict[str, Any] = {
         "created": int(time.time()),
         "data": data,
-        "output_format": valid.output_format,
+        "output_format": valid.first.output_format,
         "size": f"{width}x{height}",
         "usage": usage(result),
     }

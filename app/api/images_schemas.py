@@ -16,6 +16,7 @@ from app.api.schemas import KeepAlive
 from app.core.requests import ValidImageGeneration
 from app.errors import InvalidImageSize
 from app.models.diffusion_pipeline import SCHEDULERS
+from app.models.image_prompt import ImagePrompt
 from app.settings import MODEL_NAME_PATTERN, Settings
 
 MAX_PROMPT_CHARS = 32_000  # gpt-image-1's bound (the text encoder reads 77 tokens of it)
@@ -142,10 +143,8 @@ def validate_image_generation(
 ) -> ValidImageGeneration:
     size = image_size(body.size, settings)
     width, height = size if size is not None else (None, None)
-    return ValidImageGeneration(
-        model=body.model,
+    first = ImagePrompt(
         prompt=body.prompt,
-        n=body.n,
         seed=body.seed if body.seed is not None else secrets.randbelow(SEED_MAX + 1),
         width=width,
         height=height,
@@ -154,5 +153,5 @@ def validate_image_generation(
         negative_prompt=body.negative_prompt,
         scheduler=body.scheduler,
         output_format=body.output_format,
-        keep_alive=body.keep_alive,
     )
+    return ValidImageGeneration(body.model, first, body.n, keep_alive=body.keep_alive)

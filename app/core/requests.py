@@ -9,13 +9,13 @@ model adds a request type and a capability, not a method in each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from app.errors import InvalidRequest
 from app.models.audio import AudioClip, SpeechOptions
 from app.models.decoding import Prompt, SamplingParams
-from app.models.image_prompt import ImageProgress, ImagePrompt, OutputFormat
+from app.models.image_prompt import ImagePrompt
 from app.models.kinds import (
     Embedder,
     ImageGenerator,
@@ -116,41 +116,18 @@ class ValidRerankRequest(OneShotRequest):
 
 @dataclass(frozen=True)
 class ValidImageGeneration(OneShotRequest):
-    """`n` images of one prompt: row i takes seed `seed + i`. `width`/`height` None: the
-    model's default size. Its rows share `progress`, which the route cancels when its
-    client leaves."""
+    """`n` images of one prompt: `first` is row 0, and row i is it with seed `first.seed
+    + i` (all rows share its `progress`, which the route cancels when its client
+    leaves)."""
 
     model: str
-    prompt: str
+    first: ImagePrompt
     n: int
-    seed: int
-    width: int | None = None
-    height: int | None = None
-    steps: int | None = None
-    guidance_scale: float | None = None
-    negative_prompt: str | None = None
-    scheduler: str | None = None
-    output_format: OutputFormat = "png"
     keep_alive: float | None = None
-    progress: ImageProgress = field(default_factory=ImageProgress, compare=False)
     capability: ClassVar[type[OneShotModel[Any]]] = ImageGenerator
 
     def items(self) -> list[Any]:
-        return [
-            ImagePrompt(
-                self.prompt,
-                self.seed + i,
-                self.width,
-                self.height,
-                self.steps,
-                self.guidance_scale,
-                self.negative_prompt,
-                self.scheduler,
-                self.output_format,
-                self.progress,
-            )
-            for i in range(self.n)
-        ]
+        return [replace(self.first, seed=self.first.seed + i) for i in range(self.n)]
 
     def refusal(self, handler: ImageGenerator) -> VramgateError | None:
         if self.n > handler.spec.max_batch:
@@ -159,9 +136,10 @@ class ValidImageGeneration(OneShotRequest):
                 f"(its max_batch); n={self.n}",
                 param="n",
             )
-        if self.width is None or self.height is None:
+        width, height = self.first.width, self.first.height
+        if width is None or height is None:
             return None
-        return handler.size_refused(self.width, self.height)
+        return handler.size_refused(width, height)
 
 
 @dataclass(frozen=True)
