@@ -4,6 +4,7 @@ for tests and for bench/gpu_check.py (model weights cannot be fetched from a hub
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -408,3 +409,33 @@ def save_random_llava(folder: Path, *, context: int = 1024) -> Path:
         model.lm_head.weight[tokenizer.eos_token_id].zero_()
     model.save_pretrained(folder)
     return folder
+
+
+def llava_answers(folder: Path, question: str, tokens: int) -> Callable[[bytes], str]:
+    """A vision-language model called directly, for comparison with the server: for an
+    encoded image, the greedy answer to `question` about it (transformers' processor
+    renders the chat with the image in it; `generate`)."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype="float32").eval()
+
+    def answer(image: bytes) -> str:
+        picture = Image.open(io.BytesIO(image)).convert("RGB")
+        content = [{"type": "image", "image": picture}, {"type": "text", "text": question}]
+        inputs = processor.apply_chat_template(
+            [{"role": "user", "content": content}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+        )
+        out = model.generate(**inputs, max_new_tokens=tokens, do_sample=False)
+        return str(
+            processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        )
+
+    return answer

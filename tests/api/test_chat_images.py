@@ -24,7 +24,7 @@ from PIL import Image
 from app.settings import ModelSpec
 from tests.api.test_vision import png_header_only
 from tests.live import Live, live_server, make_settings
-from tests.random_models import save_random_llama, save_random_llava
+from tests.random_models import llava_answers, save_random_llama, save_random_llava
 
 QUESTION = "What is this?"
 TOKENS = 8
@@ -68,28 +68,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Live, Pat
 def direct(served: tuple[Live, Path]) -> Any:
     """The answer of the model called directly, for an encoded image (transformers'
     processor renders the chat with the image in it; `generate` greedy)."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    folder = served[1]
-    processor = AutoProcessor.from_pretrained(folder)
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype="float32").eval()
-
-    def answer(image: bytes) -> str:
-        picture = Image.open(io.BytesIO(image)).convert("RGB")
-        content = [{"type": "image", "image": picture}, {"type": "text", "text": QUESTION}]
-        inputs = processor.apply_chat_template(
-            [{"role": "user", "content": content}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            return_tensors="pt",
-        )
-        out = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)
-        return str(
-            processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        )
-
-    return answer
+    return llava_answers(served[1], QUESTION, TOKENS)
 
 
 def test_the_card_says_vision_where_the_model_sees(served):

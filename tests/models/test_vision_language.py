@@ -25,7 +25,7 @@ from app.models.prefix_cache import PrefixStore
 from app.models.registry import make_handler
 from app.models.vision_language import VisionLanguageHandler, processor_messages
 from app.settings import ModelSpec
-from tests.random_models import save_random_llama, save_random_llava
+from tests.random_models import llava_answers, save_random_llama, save_random_llava
 
 # long enough that two prompts share more than MIN_SHARED tokens besides the image's
 QUESTION = "Hello! How are you today? I am fine, thank you. What is this?"
@@ -64,27 +64,7 @@ def handler(folder: Path) -> Iterator[VisionLanguageHandler]:
 @pytest.fixture(scope="module")
 def direct(folder: Path) -> Any:
     """The model called directly: transformers' processor and `generate`, greedy."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(folder)
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype="float32").eval()
-
-    def answer(image: bytes) -> str:
-        picture = Image.open(io.BytesIO(image)).convert("RGB")
-        content = [{"type": "image", "image": picture}, {"type": "text", "text": QUESTION}]
-        inputs = processor.apply_chat_template(
-            [{"role": "user", "content": content}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            return_tensors="pt",
-        )
-        out = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False)
-        return str(
-            processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        )
-
-    return answer
+    return llava_answers(folder, QUESTION, TOKENS)
 
 
 def run_together(handler: VisionLanguageHandler, prompts: list[Chat]) -> list[DecodeResult]:
