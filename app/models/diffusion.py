@@ -6,11 +6,19 @@ Each row is one image with its own prompt and seed. Its latents come from a CPU
 the pipeline directly with `generator=torch.Generator().manual_seed(seed)` (a list of
 them for several rows) and the same arguments, on any device.
 
-Bucket: the exact size and the batch rounded up to a power of two (`px512x512xb2`),
-priced first by the pipeline's own geometry (app.models.diffusion_cost), then by its
-measured peaks. Rows that share a size, steps, guidance, scheduler and whether they have
-a negative prompt run as one batch. A run reports each step to its requests' progress
-(read by /status) and stops early once every client of the batch has left.
+A row with an init image runs diffusers' image-to-image pipeline over the same loaded
+modules (with a mask, its inpainting pipeline; app.models.diffusion_pipeline.for_run),
+the image and mask given as PIL images as users give them, so the same seed gives the
+same pixels as that pipeline called directly.
+
+Bucket: the exact size and the batch rounded up to a power of two (`px512x512xb2`; an
+image-to-image or inpainting run adds its task, `px512x512xb2-image2image`, since it
+also encodes its images), priced first by the pipeline's own geometry
+(app.models.diffusion_cost), then by its measured peaks. Rows that share a task, size,
+steps, strength, guidance, scheduler and whether they have a negative prompt run as one
+batch. A run reports each step to its requests' progress (read by /status), with a
+latent preview for the requests that asked for one (app.models.diffusion_preview), and
+stops early once every client of the batch has left.
 """
 
 from __future__ import annotations
@@ -25,18 +33,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from app.engine.device import Device
 from app.errors import InvalidImageSize
 from app.models.base import Bucket, Prepared, dtype_on, next_pow2
 from app.models.diffusion_cost import DiffusionGeometry, image_bytes
 from app.models.diffusion_pipeline import for_run, load_pipeline, weights_bytes_on
+from app.models.diffusion_preview import latent_previews, table_for
 from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
 from app.settings import ModelSpec
 
-LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)$")
+LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:-[a-z0-9]+)?$")
 Shape = tuple[Any, ...]  # what rows of one batch share
 
 
@@ -117,8 +127,10 @@ class DiffusionHandler(ImageGenerator):
     def _prepared(self, rows: list[ImagePrompt]) -> Prepared:
         width, height = rows[0].width or 0, rows[0].height or 0
         batch = next_pow2(len(rows))
+        task = rows[0].task
+        suffix = "" if task == "text2image" else f"-{task}"
         return Prepared(
-            Bucket(f"px{width}x{height}xb{batch}", width * height * batch),
+            Bucket(f"px{width}x{height}xb{batch}{suffix}", width * height * batch),
             rows,
             width * height * len(rows),
             count=len(rows),
@@ -159,31 +171,22 @@ class DiffusionHandler(ImageGenerator):
 
     def _run(self, rows: list[ImagePrompt], progresses: list[ImageProgress]) -> np.ndarray:
         first = rows[0]
-        pipeline = for_run(self._pipeline, first.scheduler)
+        pipeline = for_run(self._pipeline, first.scheduler, first.task)
+        table = table_for(type(self._pipeline).__name__)
+        watchers = [p for p in progresses if p.previews] if table is not None else []
 
         def on_step(pipe: Any, step: int, _: Any, tensors: dict[str, Any]) -> dict[str, Any]:
             self.progress_at = time.monotonic()  # each step: the watchdog sees life
+            previews = latent_previews(tensors["latents"], table) if watchers and table else []
+            owners = [row.progress for row in rows] if previews else []
             for progress in progresses:
-                progress.advance(step + 1, pipe.num_timesteps)
+                own = [v for v, o in zip(previews, owners, strict=True) if o is progress]
+                progress.advance(step + 1, pipe.num_timesteps, own if progress.previews else None)
             if all(progress.cancelled for progress in progresses):
                 pipe._interrupt = True  # diffusers' own stop: the remaining steps are skipped
             return tensors
 
-        arguments: dict[str, Any] = {
-            "prompt": [row.prompt for row in rows],
-            "negative_prompt": (
-                None if first.negative_prompt is None else [r.negative_prompt for r in rows]
-            ),
-            "width": first.width,
-            "height": first.height,
-            "generator": [torch.Generator().manual_seed(row.seed) for row in rows],
-            "output_type": "np",
-            "callback_on_step_end": on_step,
-        }
-        if first.steps is not None:
-            arguments["num_inference_steps"] = first.steps
-        if first.guidance_scale is not None:
-            arguments["guidance_scale"] = first.guidance_scale
+        arguments = {**_arguments(rows), "callback_on_step_end": on_step}
         with torch.inference_mode():
             images = pipeline(**arguments).images
         return (images * 255).round().astype(np.uint8)  # as diffusers' numpy_to_pil
@@ -219,10 +222,47 @@ class DiffusionHandler(ImageGenerator):
 def _shape(row: ImagePrompt) -> Shape:
     """What rows must share to run as one batch."""
     return (
+        row.task,
         row.width,
         row.height,
         row.steps,
+        row.strength,
         row.guidance_scale,
         row.scheduler,
         row.negative_prompt is None,
     )
+
+
+def _arguments(rows: list[ImagePrompt]) -> dict[str, Any]:
+    """The pipeline's arguments for rows of one shape: each row's prompt and seeded CPU
+    generator; its init image and mask as PIL images at the row's size."""
+    first = rows[0]
+    size = (first.width or 0, first.height or 0)
+    arguments: dict[str, Any] = {
+        "prompt": [row.prompt for row in rows],
+        "negative_prompt": (
+            None if first.negative_prompt is None else [r.negative_prompt for r in rows]
+        ),
+        "generator": [torch.Generator().manual_seed(row.seed) for row in rows],
+        "output_type": "np",
+    }
+    if first.task != "image2image":  # image to image makes its image's own size
+        arguments["width"], arguments["height"] = size
+    if first.init_image is not None:
+        arguments["image"] = [_sized(row.init_image, size) for row in rows]
+    if first.mask is not None:
+        arguments["mask_image"] = [_sized(row.mask, size) for row in rows]
+    if first.strength is not None:
+        arguments["strength"] = first.strength
+    if first.steps is not None:
+        arguments["num_inference_steps"] = first.steps
+    if first.guidance_scale is not None:
+        arguments["guidance_scale"] = first.guidance_scale
+    return arguments
+
+
+def _sized(pixels: np.ndarray | None, size: tuple[int, int]) -> Image.Image:
+    """Pixels (HWC RGB or HW grey) as a PIL image of `size`, resized when they differ."""
+    assert pixels is not None, "rows of one shape all have an image, or none"
+    image = Image.fromarray(pixels)
+    return image if image.size == size else image.resize(size, Image.Resampling.LANCZOS)

@@ -10,7 +10,9 @@
 
 A pipeline object keeps per-call state (its scheduler's timesteps and step index, its
 guidance scale): every run gets its own pipeline over the same loaded modules, with a
-fresh scheduler (`for_run`), so runs on several inference threads never share one.
+fresh scheduler (`for_run`), so runs on several inference threads never share one. An
+image-to-image or inpainting run gets diffusers' own pipeline for that task over the same
+modules (`AutoPipelineForImage2Image/Inpainting.from_pipe`): no second copy of weights.
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ def single_file_class(path: Path, pipeline_config: Path | None) -> str:
     return "StableDiffusionXLPipeline" if sdxl else "StableDiffusionPipeline"
 
 
-def for_run(pipeline: Any, scheduler: str | None) -> Any:
-    """A pipeline of its own for one run: the same loaded modules, a fresh scheduler
-    (`scheduler` by name, else the pipeline's own kind), and the pipeline's settings."""
+def for_run(pipeline: Any, scheduler: str | None, task: str = "text2image") -> Any:
+    """A pipeline of its own for one run of `task` (text2image, image2image, inpainting):
+    the same loaded modules, a fresh scheduler (`scheduler` by name, else the pipeline's
+    own kind), and the pipeline's settings."""
     import diffusers
 
     config = pipeline.scheduler.config
@@ -82,6 +85,14 @@ def for_run(pipeline: Any, scheduler: str | None) -> Any:
     else:
         name, overrides = SCHEDULERS[scheduler]
         fresh = getattr(diffusers, name).from_config(config, **overrides)
+    if task != "text2image":
+        auto = {
+            "image2image": diffusers.AutoPipelineForImage2Image,
+            "inpainting": diffusers.AutoPipelineForInpainting,
+        }[task]
+        other = auto.from_pipe(pipeline, scheduler=fresh)
+        other.set_progress_bar_config(disable=True)
+        return other
     parameters = inspect.signature(type(pipeline).__init__).parameters
     components = {**pipeline.components, "scheduler": fresh}
     settings = {

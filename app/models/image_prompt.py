@@ -1,6 +1,6 @@
 """What an image generator is asked for, row by row, and how a running request is
-watched: its progress (step i of n) and whether its client has left. Torch-free: the
-routes, the request types and the tray read these."""
+watched: its progress (step i of n), its latest latent preview, and whether its client
+has left. Torch-free: the routes, the request types and the tray read these."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 OutputFormat = Literal["png", "jpeg", "webp"]
+Task = Literal["text2image", "image2image", "inpainting"]
 
 
 class ImageProgress:
@@ -16,15 +19,24 @@ class ImageProgress:
     inference thread at each step, read by /status and set cancelled by the route: its
     lock makes (step, steps) one consistent pair."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _step and _steps together
+    def __init__(self, previews: bool = False) -> None:
+        self._lock = threading.Lock()  # guards _step, _steps and _previews together
         self._step = 0
         self._steps = 0
         self._cancelled = threading.Event()
+        self.previews = previews  # whether the run maps its latents to RGB at each step
+        self._previews: list[np.ndarray] = []  # its rows' latest previews, HWC uint8
 
-    def advance(self, step: int, steps: int) -> None:
+    def advance(self, step: int, steps: int, previews: list[np.ndarray] | None = None) -> None:
         with self._lock:
             self._step, self._steps = step, steps
+            if previews is not None:
+                self._previews = previews
+
+    def preview(self) -> tuple[int, list[np.ndarray]]:
+        """The step of its latest previews and its rows' previews then ([] before any)."""
+        with self._lock:
+            return self._step, list(self._previews)
 
     def read(self) -> tuple[int, int]:
         """(steps done, steps in all); (0, 0) before it starts."""
@@ -44,7 +56,12 @@ class ImageProgress:
 class ImagePrompt:
     """One image to make. `width`/`height` None: the model's default size; `steps`,
     `guidance_scale`, `scheduler` None: the pipeline's own. The seed is this row's alone
-    (a request's rows take seed, seed + 1, ...)."""
+    (a request's rows take seed, seed + 1, ...).
+
+    With `init_image` (HWC uint8 RGB, decoded and bounded by the route) it is an image to
+    image row, denoised from `strength` (0 < s <= 1; None: the pipeline's default) of the
+    way; with a `mask` too (HW uint8, 255 where it is repainted) an inpainting row. Both
+    are resized to `width`x`height` when they differ."""
 
     prompt: str
     seed: int
@@ -55,4 +72,13 @@ class ImagePrompt:
     negative_prompt: str | None = None
     scheduler: str | None = None
     output_format: OutputFormat = "png"
+    init_image: np.ndarray | None = field(default=None, compare=False, repr=False)
+    mask: np.ndarray | None = field(default=None, compare=False, repr=False)
+    strength: float | None = None
     progress: ImageProgress = field(default_factory=ImageProgress, compare=False)
+
+    @property
+    def task(self) -> Task:
+        if self.init_image is None:
+            return "text2image"
+        return "image2image" if self.mask is None else "inpainting"

@@ -5,6 +5,7 @@ all left stops early."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +105,109 @@ def test_the_first_quote_grows_with_size_and_batch_and_weights_are_known_before_
     assert loaded.prior_bytes(pair.bucket) > quotes[0]
     expected, loaded_bytes = loaded.expected_weights_bytes(CpuDevice()), loaded.weights_bytes()
     assert abs(expected - loaded_bytes) <= 0.01 * loaded_bytes  # buffers are not saved
+
+
+def init_picture(width: int = 64, height: int = 64, seed: int = 3) -> np.ndarray:
+    """A smooth RGB picture (random noise would make every strength look alike)."""
+    rng = np.random.default_rng(seed)
+    corners = rng.integers(0, 256, size=(2, 2, 3)).astype(np.float32)
+    ys, xs = np.linspace(0, 1, height)[:, None, None], np.linspace(0, 1, width)[None, :, None]
+    top = corners[0, 0] * (1 - xs) + corners[0, 1] * xs
+    bottom = corners[1, 0] * (1 - xs) + corners[1, 1] * xs
+    return (top * (1 - ys) + bottom * ys).round().astype(np.uint8)
+
+
+def direct_task(handler: DiffusionHandler, task: str, prompts, seeds, **extra) -> np.ndarray:
+    """diffusers' image-to-image or inpainting pipeline loaded and called directly, with
+    PIL images as its users give them."""
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
+
+    auto = AutoPipelineForImage2Image if task == "image2image" else AutoPipelineForInpainting
+    pipeline = auto.from_pretrained(handler.path, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    images = pipeline(prompts, generator=generators, output_type="np", **extra).images
+    return (images * 255).round().astype(np.uint8)
+
+
+def test_an_init_image_row_is_the_image_to_image_pipelines_own_for_its_seed(loaded):
+    from PIL import Image
+
+    picture = init_picture()
+    rows = [
+        ImagePrompt("a red cat", seed=s, steps=4, strength=0.5, init_image=picture, width=64,
+                    height=64)
+        for s in (7, 8)
+    ]  # fmt: skip
+    ours = np.stack(run(loaded, rows))
+    theirs = direct_task(
+        loaded, "image2image", ["a red cat"] * 2, [7, 8], image=[Image.fromarray(picture)] * 2,
+        strength=0.5, num_inference_steps=4,
+    )  # fmt: skip
+    assert np.array_equal(ours, theirs)
+    plain = np.stack(run(loaded, [replace(r, init_image=None, strength=None) for r in rows]))
+    assert not np.array_equal(ours, plain)  # the init image made a difference
+
+
+def test_a_masked_row_is_the_inpainting_pipelines_own_and_keeps_what_is_unmasked(loaded):
+    from PIL import Image
+
+    picture, mask = init_picture(), np.zeros((64, 64), dtype=np.uint8)
+    mask[16:48, 16:48] = 255  # repaint the middle
+    row = ImagePrompt(
+        "a boat", seed=4, steps=3, strength=1.0, init_image=picture, mask=mask, width=64,
+        height=64,
+    )  # fmt: skip
+    (ours,) = run(loaded, [row])
+    theirs = direct_task(
+        loaded, "inpainting", ["a boat"], [4], image=Image.fromarray(picture),
+        mask_image=Image.fromarray(mask), strength=1.0, num_inference_steps=3, width=64,
+        height=64,
+    )  # fmt: skip
+    assert np.array_equal(ours, theirs[0])
+
+
+def test_tasks_and_strengths_never_share_a_batch_and_have_buckets_of_their_own(loaded):
+    picture = init_picture()
+    plain = loaded.preprocess([ImagePrompt("a", seed=0, steps=2, width=64, height=64)])
+    half = loaded.preprocess(
+        [ImagePrompt("a", seed=0, steps=2, width=64, height=64, init_image=picture, strength=0.5)]
+    )
+    other = loaded.preprocess(
+        [ImagePrompt("a", seed=1, steps=2, width=64, height=64, init_image=picture, strength=0.7)]
+    )
+    masked = loaded.preprocess(
+        [ImagePrompt("a", seed=0, steps=2, width=64, height=64, init_image=picture,
+                     strength=0.5, mask=np.zeros((64, 64), np.uint8))]
+    )  # fmt: skip
+    assert loaded.merge([plain, half]) is None
+    assert loaded.merge([half, other]) is None
+    assert loaded.merge([half, masked]) is None
+    assert half.bucket.label == "px64x64xb1-image2image"
+    assert masked.bucket.label == "px64x64xb1-inpainting"
+    assert loaded.prior_bytes(half.bucket) == loaded.prior_bytes(plain.bucket) > 0
+
+
+def test_an_init_image_of_another_size_is_resized_to_the_rows_size(loaded):
+    row = ImagePrompt("a", seed=2, steps=2, strength=0.6, init_image=init_picture(80, 48),
+                      width=64, height=96)  # fmt: skip
+    (pixels,) = run(loaded, [row])
+    assert pixels.shape == (96, 64, 3)
+
+
+def test_a_run_that_asks_for_previews_gets_latent_previews_of_its_own_rows(loaded):
+    watched, blind = ImageProgress(previews=True), ImageProgress()
+    rows = [
+        ImagePrompt("a hill", seed=0, steps=3, width=64, height=96, progress=watched),
+        ImagePrompt("a hill", seed=1, steps=3, width=64, height=96, progress=watched),
+        ImagePrompt("a hill", seed=2, steps=3, width=64, height=96, progress=blind),
+    ]
+    merged = loaded.merge([loaded.preprocess(rows[:2]), loaded.preprocess(rows[2:])])
+    assert merged is not None
+    loaded.forward(merged)
+    step, previews = watched.preview()
+    assert step == watched.read()[0] >= 3
+    assert [p.shape for p in previews] == [(12, 8, 3)] * 2  # the latents' size, RGB
+    assert all(p.dtype == np.uint8 for p in previews)
+    assert not np.array_equal(previews[0], previews[1])  # each row its own
+    assert blind.preview()[1] == []  # computed only for those who asked
