@@ -137,6 +137,13 @@ class ResponseNotFound(ModelNotFound):
     code = "response_not_found"
 
 
+class ImageExpired(ModelNotFound):
+    """A generated image's link (`response_format: url`) that is not kept here, or no
+    longer: links last `image_url_ttl_s`."""
+
+    code = "image_expired"
+
+
 class PreviousResponseNotFound(ResponseNotFound):
     code = "previous_response_not_found"
 

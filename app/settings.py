@@ -161,6 +161,13 @@ class Settings(BaseSettings):
         16 * 2**20, ge=256, le=64 * 2**20, description="largest image accepted, in pixels"
     )
     max_images: int = Field(16, ge=1, le=256, description="images in one predict request")
+    image_url_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="how long a generated image asked for as a `url` is kept and served "
+        "(/v1/images/files/{id}; the newest 256 images, 512 MiB at most), in seconds",
+    )
     max_audio_seconds: float = Field(
         7200.0,
         gt=0,

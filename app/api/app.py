@@ -17,6 +17,7 @@ from app.api import (
     admin_routes,
     anthropic_routes,
     audio_routes,
+    images_files,
     images_routes,
     ollama_routes,
     openai_routes,
@@ -103,6 +104,7 @@ def create_app(
     app.state.responses = ResponseStore(  # the Responses API's stored answers
         settings.resolved_data_dir / "responses", settings.max_stored_responses
     )
+    app.state.image_files = images_files.ImageFiles(settings.image_url_ttl_s)  # url answers
     routers = (
         openai_routes.router,
         vision_routes.router,
@@ -112,6 +114,7 @@ def create_app(
         rerank_routes.router,
         responses_routes.router,
         images_routes.router,
+        images_files.router,
         audio_routes.router,
     )
     for router in routers:

@@ -19,24 +19,40 @@ class ImageProgress:
     inference thread at each step, read by /status and set cancelled by the route: its
     lock makes (step, steps) one consistent pair."""
 
-    def __init__(self, previews: bool = False) -> None:
-        self._lock = threading.Lock()  # guards _step, _steps and _previews together
+    def __init__(self, previews: bool = False, partial_images: int = 0) -> None:
+        self._lock = threading.Lock()  # guards the step, steps and previews together
         self._step = 0
         self._steps = 0
         self._cancelled = threading.Event()
-        self.previews = previews  # whether the run maps its latents to RGB at each step
+        # whether the run maps its latents to RGB at each step (app.models.diffusion_preview)
+        self.previews = previews or partial_images > 0
+        self.partial_images = partial_images  # how many previews to keep along the way
         self._previews: list[np.ndarray] = []  # its rows' latest previews, HWC uint8
+        self._partials: list[list[np.ndarray]] = []  # kept at evenly spaced steps
 
     def advance(self, step: int, steps: int, previews: list[np.ndarray] | None = None) -> None:
         with self._lock:
             self._step, self._steps = step, steps
-            if previews is not None:
-                self._previews = previews
+            if previews is None:
+                return
+            self._previews = previews
+            kept = len(self._partials)
+            # the i-th of k is kept at step ceil(steps * (i + 1) / (k + 1)) or the first after
+            if kept < self.partial_images and step * (self.partial_images + 1) >= steps * (
+                kept + 1
+            ):
+                self._partials.append(previews)
 
     def preview(self) -> tuple[int, list[np.ndarray]]:
         """The step of its latest previews and its rows' previews then ([] before any)."""
         with self._lock:
             return self._step, list(self._previews)
+
+    def partials(self, start: int = 0) -> list[list[np.ndarray]]:
+        """The previews kept along the way (at most `partial_images`), from `start` on;
+        fewer when the run has fewer steps than that."""
+        with self._lock:
+            return self._partials[start:]
 
     def read(self) -> tuple[int, int]:
         """(steps done, steps in all); (0, 0) before it starts."""

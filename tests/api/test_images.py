@@ -149,10 +149,11 @@ BAD = [
     ({"n": 5}, "n", "invalid_request"),  # beyond the model's max_batch (4)
     ({"prompt": ""}, "prompt", "invalid_request"),
     ({"prompt": "   "}, "prompt", "invalid_request"),
-    ({"response_format": "url"}, "response_format", "invalid_request"),
+    ({"response_format": "link"}, "response_format", "invalid_request"),
+    ({"partial_images": 4, "stream": True}, "partial_images", "invalid_request"),
+    ({"background": "transparent"}, "background", "invalid_request"),
     ({"scheduler": "warp"}, "scheduler", "invalid_request"),
     ({"steps": 0}, "steps", "invalid_request"),
-    ({"stream": True}, "stream", "invalid_request"),
     ({"model": "nobody"}, "model", "model_not_found"),
 ]
 
@@ -251,3 +252,145 @@ def test_a_client_that_leaves_stops_its_run_and_waiting_same_shape_requests_batc
     assert batches == {"one": 2, "two": 2, "other": 1}
     assert answers["one"].headers["X-Vramgate-Bucket"] == "px64x64xb2"
     assert next(m for m in live.status()["models"] if m["name"] == "sd15")["running"] == []
+
+
+def png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def picture(width: int = 64, height: int = 64) -> np.ndarray:
+    """A smooth gradient (an init image that is not noise)."""
+    xs = np.linspace(0, 255, width)[None, :, None]
+    ys = np.linspace(0, 255, height)[:, None, None]
+    rgb = np.concatenate([xs + 0 * ys, ys + 0 * xs, (xs + ys) / 2], axis=2)
+    return rgb.round().astype(np.uint8)
+
+
+def direct_edit(folder: Path, seed: int, mask: np.ndarray | None = None, **arguments) -> np.ndarray:
+    """diffusers' image-to-image (or, with a mask, inpainting) pipeline called directly."""
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
+
+    auto = AutoPipelineForImage2Image if mask is None else AutoPipelineForInpainting
+    pipeline = auto.from_pretrained(folder, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    if mask is not None:
+        arguments["mask_image"] = Image.fromarray(mask)
+    generator = torch.Generator().manual_seed(seed)
+    return np.array(pipeline(generator=generator, **arguments).images[0])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_edit_through_the_openai_client_is_the_image_to_image_pipelines_own(
+    client, folders, model
+):
+    init = picture()
+    raw = client.images.with_raw_response.edit(
+        model=model,
+        image=("init.png", png(init), "image/png"),
+        prompt="a lighthouse at dusk",
+        extra_body={"seed": 3, "steps": 4, "strength": 0.5},
+    )
+    answer = raw.parse()
+    (ours,) = [pixels(item.b64_json) for item in answer.data or []]
+    assert answer.size == "64x64"  # type: ignore[comparison-overlap]  # auto: the image's
+    assert raw.headers["X-Vramgate-Bucket"] == "px64x64xb1-image2image"
+    theirs = direct_edit(
+        folders[model], 3, prompt="a lighthouse at dusk", image=Image.fromarray(init),
+        strength=0.5, num_inference_steps=4,
+    )  # fmt: skip
+    assert np.array_equal(ours, theirs)
+
+
+def test_an_edit_with_a_transparent_mask_is_the_inpainting_pipelines_own(client, folders):
+    init = picture()
+    alpha = np.full((64, 64), 255, dtype=np.uint8)
+    alpha[16:48, 16:48] = 0  # OpenAI's mask: the transparent part is repainted
+    mask_png = png(np.dstack([np.zeros((64, 64, 3), np.uint8), alpha]))
+    answer = client.images.edit(
+        model="sd15",
+        image=("init.png", png(init), "image/png"),
+        mask=("mask.png", mask_png, "image/png"),
+        prompt="a boat",
+        extra_body={"seed": 9, "steps": 3},
+    )
+    ours = pixels((answer.data or [])[0].b64_json)
+    theirs = direct_edit(
+        folders["sd15"], 9, mask=np.where(alpha == 0, 255, 0).astype(np.uint8), prompt="a boat",
+        image=Image.fromarray(init), num_inference_steps=3, width=64, height=64,
+    )  # fmt: skip
+    assert np.array_equal(ours, theirs)
+
+
+def edit_form(live: Live, image: bytes, mask: bytes | None = None, **fields) -> httpx.Response:
+    files = {"image": ("i.png", image, "image/png")}
+    if mask is not None:
+        files["mask"] = ("m.png", mask, "image/png")
+    data = {"model": "sd15", "prompt": "a cat", "steps": "2"} | fields
+    return httpx.post(live.url + "/v1/images/edits", data=data, files=files, timeout=60)
+
+
+def bomb() -> bytes:
+    """A PNG whose header claims far more pixels than Pillow's bomb limit (tiny on disk)."""
+    buffer = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+EDIT_BAD = [
+    ({"image": b"not an image"}, "image", "invalid_image", 400),
+    ({"image": png(picture(1024, 1024))}, "image", "image_too_large", 413),  # > 512² pixels
+    ({"image": bomb()}, "image", "image_too_large", 413),
+    ({"mask": png(np.zeros((32, 32), np.uint8))}, "mask", "invalid_image", 400),  # not its size
+    ({"mask": b"junk"}, "mask", "invalid_image", 400),
+    ({"strength": "0.01"}, "strength", "invalid_request", 400),  # no step left of 2
+    ({"strength": "1.5"}, "strength", "invalid_request", 400),
+    ({"size": "60x60"}, "size", "invalid_size", 400),
+    ({"n": "5"}, "n", "invalid_request", 400),
+    ({"prompt": " "}, "prompt", "invalid_request", 400),
+]
+
+
+@pytest.mark.parametrize(("change", "param", "code", "status"), EDIT_BAD)
+def test_bad_edits_get_a_clear_error_and_nothing_is_queued(live, change, param, code, status):
+    image = change.pop("image", png(picture()))
+    mask = change.pop("mask", None)
+    answer = edit_form(live, image, mask, **change)
+    error = answer.json()["error"]
+    assert (error["param"], error["code"], answer.status_code) == (param, code, status), error
+    state = live.status()
+    assert state["queue"]["depth"] == 0 and state["pool"]["admitted_bytes"] == 0
+
+
+def test_a_url_answer_serves_the_same_image_for_a_while(client, live):
+    ask = {"model": "sd15", "prompt": "a kite", "size": "64x64"}
+    extra = {"seed": 21, "steps": 2}
+    linked = client.images.generate(**ask, response_format="url", extra_body=extra)  # type: ignore[arg-type]
+    inline = client.images.generate(**ask, response_format="b64_json", extra_body=extra)  # type: ignore[arg-type]
+    url = (linked.data or [])[0].url
+    assert url is not None and url.startswith(live.url + "/v1/images/files/")
+    fetched = httpx.get(url, timeout=30)
+    assert fetched.headers["content-type"] == "image/png"
+    assert np.array_equal(
+        pixels(base64.b64encode(fetched.content).decode()), pixels((inline.data or [])[0].b64_json)
+    )
+    gone = httpx.get(live.url + "/v1/images/files/notkeptanymore", timeout=30)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "image_expired"
+
+
+def test_a_stream_sends_partial_previews_then_the_image_of_the_same_seed(client):
+    ask = {"model": "sd15", "prompt": "a windmill", "size": "64x96"}
+    extra = {"seed": 8, "steps": 6}
+    events = list(client.images.generate(**ask, stream=True, partial_images=2, extra_body=extra))  # type: ignore[call-overload]
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + [
+        "image_generation.completed"
+    ]
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    first, second = (pixels(e.b64_json) for e in events[:2])
+    assert first.shape == second.shape == (96, 64, 3)  # the preview scaled to the image
+    assert not np.array_equal(first, second)  # two steps of the run
+    done = events[-1]
+    assert (done.size, done.output_format, done.background) == ("64x96", "png", "opaque")
+    plain = client.images.generate(**ask, extra_body=extra)  # type: ignore[arg-type]
+    assert np.array_equal(pixels(done.b64_json), pixels((plain.data or [])[0].b64_json))
