@@ -1,6 +1,7 @@
 """A transcript in the shape OpenAI's audio routes answer with: `json` ({"text"}),
-`text`, `srt`, `vtt`, `verbose_json` (task, language, duration, segments) and, when
-streamed, server-sent `transcript.text.delta` events and one `transcript.text.done`."""
+`text`, `srt`, `vtt`, `verbose_json` (task, language, duration, segments, and words where
+they were asked for) and, when streamed, server-sent `transcript.text.delta` events and
+one `transcript.text.done`."""
 
 from __future__ import annotations
 
@@ -66,12 +67,17 @@ def verbose(transcript: Transcript) -> dict[str, Any]:
         }
         for index, segment in enumerate(transcript.segments)
     ]
-    return {
+    found: dict[str, Any] = {
         "task": transcript.task,
         "language": language_name(transcript.language),
         "duration": transcript.duration,
         "segments": segments,
     }
+    if transcript.words:  # asked for (timestamp_granularities[]=word)
+        found["words"] = [
+            {"word": word.text, "start": word.start, "end": word.end} for word in transcript.words
+        ]
+    return found
 
 
 def language_name(code: str | None) -> str | None:

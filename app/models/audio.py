@@ -31,6 +31,7 @@ class SpeechOptions:
     language: str | None = None  # an ISO-639-1 code; None: the model detects it per window
     prompt: str | None = None  # text of a previous window, to continue its style
     temperature: float = 0.0  # 0: greedy
+    words: bool = False  # each word's times too (cross-attention alignment, DTW)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ each window is a row. Windows of one or several requests run together, `max_batc
 windows to a `generate` call, each decoded on its own with Whisper's timestamp tokens
 (`return_timestamps=True`), greedy at temperature 0: the same tokens transformers'
 pipeline gives for the same window (chunk_length_s=30, no stride). Segments are the
-tokenizer's offsets, placed in the clip and kept within its audio.
+tokenizer's offsets, placed in the clip and kept within its audio. Word timestamps, where
+asked for, are the pipeline's `return_timestamps="word"`: each token's time from the
+cross-attention of the config's `alignment_heads` (dynamic time warping), cut into words
+by the tokenizer, within the audio too.
 
 Bucket: `w30xbN`, N the windows in one `generate` call rounded up to a power of two
 (capped at `max_batch`: a longer clip runs in calls of that many, so its memory is that
@@ -21,6 +24,7 @@ import io
 import re
 import time
 import wave
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +113,12 @@ class SpeechHandler(Transcriber):
     def multilingual(self) -> bool:
         return bool(getattr(self._model.generation_config, "is_multilingual", False))
 
+    @property
+    def aligns_words(self) -> bool:
+        """Whether it can time words: transformers aligns tokens to audio frames by the
+        cross-attention of the heads `alignment_heads` names, and refuses without them."""
+        return getattr(self._model.generation_config, "alignment_heads", None) is not None
+
     def language_refused(self, language: str | None, task: str) -> InvalidRequest | None:
         if not self.multilingual:
             if task == "translate" or language not in (None, "en"):
@@ -132,6 +142,13 @@ class SpeechHandler(Transcriber):
         if len(inputs) != 1 or not isinstance(inputs[0], AudioClip):
             raise InvalidRequest(f"model {self.name!r} takes one audio file", param="file")
         clip = inputs[0]
+        if clip.options.words and self._model is not None and not self.aligns_words:
+            raise InvalidRequest(
+                f"model {self.name!r} cannot time words: its generation_config.json names no "
+                "alignment_heads (the cross-attention heads that follow the audio); ask for "
+                "segment timestamps",
+                param="timestamp_granularities",
+            )
         return self._prepared(windows(decode_audio(clip.data, clip.max_seconds), clip.options))
 
     def _prepared(self, rows: list[Window]) -> Prepared:
@@ -158,28 +175,35 @@ class SpeechHandler(Transcriber):
         element = torch.finfo(self._torch_dtype).bits // 8
         return speech_bytes(self._model.config, int(found.group(1)), element)
 
-    def forward(self, prepared: Prepared) -> list[tuple[Window, list[int]]]:
+    def forward(self, prepared: Prepared) -> list[Decoded]:
         """Each window's generated tokens, `max_batch` windows to a `generate` call."""
         self.forward_calls += 1
         rows: list[Window] = prepared.payload
-        out: list[tuple[Window, list[int]]] = []
+        out: list[Decoded] = []
         step = self.spec.max_batch
         for start in range(0, len(rows), step):
             chunk = rows[start : start + step]
-            out.extend(zip(chunk, self._generate(chunk), strict=True))
+            out.extend(self._generate(chunk))
             self.progress_at = time.monotonic()  # a long file's windows: the watchdog sees life
         return out
 
-    def _generate(self, chunk: list[Window]) -> list[list[int]]:
+    def _generate(self, chunk: list[Window]) -> list[Decoded]:
         options = chunk[0].options
-        features = self._processor.feature_extractor(
-            [row.samples for row in chunk], sampling_rate=SAMPLE_RATE, return_tensors="pt"
-        ).input_features.to(self._device, self._torch_dtype)
+        found = self._processor.feature_extractor(
+            [row.samples for row in chunk],
+            sampling_rate=SAMPLE_RATE,
+            return_tensors="pt",
+            return_attention_mask=options.words,
+        )
+        features = found.input_features.to(self._device, self._torch_dtype)
         kwargs: dict[str, Any] = {"return_timestamps": True, "task": options.task}
         if self.multilingual:
             kwargs["language"] = options.language
         else:
             kwargs.pop("task")
+        if options.words:  # as the ASR pipeline asks for them (return_timestamps="word")
+            kwargs.update(return_token_timestamps=True, return_segments=True)
+            kwargs["attention_mask"] = found.attention_mask.to(self._device)  # each one's frames
         if options.prompt:
             ids = self._processor.get_prompt_ids(options.prompt, return_tensors="pt")
             kwargs["prompt_ids"] = ids.to(self._device)
@@ -188,38 +212,56 @@ class SpeechHandler(Transcriber):
         with torch.inference_mode():
             tokens = self._model.generate(features, **kwargs)
         sequences = tokens["sequences"] if isinstance(tokens, dict) else tokens
-        return [row.tolist() for row in sequences.cpu()]
+        rows = [row.tolist() for row in sequences.cpu()]
+        if not options.words:
+            return [Decoded(window, row, None) for window, row in zip(chunk, rows, strict=True)]
+        return [
+            _with_times(window, row, parts)
+            for window, row, parts in zip(chunk, rows, tokens["segments"], strict=True)
+        ]
 
-    def postprocess(self, raw: list[tuple[Window, list[int]]]) -> list[WindowText]:
-        return [self._window_text(window, tokens) for window, tokens in raw]
+    def postprocess(self, raw: list[Decoded]) -> list[WindowText]:
+        return [self._window_text(decoded) for decoded in raw]
 
-    def _window_text(self, window: Window, tokens: list[int]) -> WindowText:
+    def _window_text(self, decoded: Decoded) -> WindowText:
         """A window's tokens as transformers' ASR pipeline turns a chunk's into text and
         timed chunks (its tokenizer's `_decode_asr`, what the pipeline's postprocess
-        calls), placed in the clip."""
-        extractor = self._processor.feature_extractor
-        seconds = window.samples.size / SAMPLE_RATE
-        text, found = self._processor.tokenizer._decode_asr(
-            [{"tokens": torch.tensor([tokens]), "stride": (seconds, 0.0, 0.0)}],
-            return_timestamps=True,
-            return_language=False,
-            time_precision=extractor.chunk_length / self._model.config.max_source_positions,
-        )
-        segments = []
-        for chunk in found.get("chunks", []):
-            start, end = chunk["timestamp"]
-            start, end = placed(start, end if end is not None else start, *window.span)
-            segments.append(Segment(start, end, chunk["text"]))
-        options = window.options
+        calls), placed in the clip: segments, and words where they were asked for."""
+        window, options = decoded.window, decoded.window.options
+        text, segments = self._timed(decoded, True)
+        words = self._timed(decoded, "word")[1] if decoded.times is not None else ()
         return WindowText(
             window.start_s,
             window.end_s,
             text,
-            tuple(segments),
+            segments,
+            tuple(Segment(w.start, w.end, w.text.strip()) for w in words),
             options.task,
             options.language,
             options.temperature,
         )
+
+    def _timed(self, decoded: Decoded, granularity: bool | str) -> tuple[str, tuple[Segment, ...]]:
+        window = decoded.window
+        output: dict[str, Any] = {
+            "tokens": torch.tensor([decoded.tokens]),
+            "stride": (window.samples.size / SAMPLE_RATE, 0.0, 0.0),
+        }
+        if decoded.times is not None:
+            output["token_timestamps"] = decoded.times[None]
+        extractor = self._processor.feature_extractor
+        text, found = self._processor.tokenizer._decode_asr(
+            [output],
+            return_timestamps=granularity,
+            return_language=False,
+            time_precision=extractor.chunk_length / self._model.config.max_source_positions,
+        )
+        timed = []
+        for chunk in found.get("chunks", []):
+            start, end = chunk["timestamp"]
+            start, end = placed(start, end if end is not None else start, *window.span)
+            timed.append(Segment(start, end, chunk["text"]))
+        return text, tuple(timed)
 
     # -- warm-up and probe ---------------------------------------------------------------
     def prime(self) -> None:
@@ -231,6 +273,24 @@ class SpeechHandler(Transcriber):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": str(self.path)}
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A window's generated tokens and, where words were asked for, each token's time in
+    the window (seconds, from the cross-attention alignment)."""
+
+    window: Window
+    tokens: list[int]
+    times: torch.Tensor | None
+
+
+def _with_times(window: Window, tokens: list[int], parts: list[dict[str, Any]]) -> Decoded:
+    """A row of a batched `generate` with its token times, as the pipeline joins them (its
+    segments' `token_timestamps`, end to end). A row that ended before the longest is
+    padded after its end: the padding, which has no times, is cut off."""
+    times = torch.cat([part["token_timestamps"].cpu() for part in parts])
+    return Decoded(window, tokens[: times.numel()], times)
 
 
 def silent_wav(seconds: float) -> bytes:

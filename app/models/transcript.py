@@ -22,6 +22,7 @@ class WindowText:
     end_s: float
     text: str
     segments: tuple[Segment, ...]
+    words: tuple[Segment, ...] = ()  # only where word timestamps were asked for
     task: str = "transcribe"
     language: str | None = None
     temperature: float = 0.0
@@ -31,6 +32,7 @@ class WindowText:
 class Transcript:
     text: str
     segments: tuple[Segment, ...]
+    words: tuple[Segment, ...]
     duration: float
     task: str
     language: str | None
@@ -44,6 +46,7 @@ class Transcript:
         return cls(
             text="".join(row.text for row in rows),
             segments=tuple(segment for row in rows for segment in row.segments),
+            words=tuple(word for row in rows for word in row.words),
             duration=rows[-1].end_s,
             task=first.task,
             language=first.language,

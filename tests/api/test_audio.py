@@ -8,6 +8,8 @@ server goes on serving."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 import wave
 from collections.abc import Iterator
@@ -273,7 +275,16 @@ def test_a_file_over_the_limit_is_a_400_naming_both_numbers(tmp_path_factory, fo
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
+        ({"timestamp_granularities[]": "letter"}, "timestamp_granularities"),
+        ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),  # json: no words
+        (
+            {
+                "timestamp_granularities[]": "word",
+                "response_format": "verbose_json",
+                "stream": "true",
+            },
+            "timestamp_granularities",
+        ),
         ({"response_format": "docx"}, "response_format"),
         ({"temperature": "3"}, "temperature"),
         ({"language": "english"}, "language"),
@@ -286,14 +297,85 @@ def test_bad_fields_are_400s_naming_the_field(live, short_wav, fields, param):
     assert answer.json()["error"]["param"] == param
 
 
-def test_word_timestamps_are_refused_through_the_client(client, short_wav):
-    with short_wav.open("rb") as file, pytest.raises(openai.BadRequestError, match="word"):
-        client.audio.transcriptions.create(
-            model="whisper",
-            file=file,
-            response_format="verbose_json",
-            timestamp_granularities=["word"],
-        )
+@pytest.fixture(scope="module")
+def second_wav(tmp_path_factory) -> Path:
+    return write_wav(tmp_path_factory.mktemp("audio") / "second.wav", tone(7.0, seed=5))
+
+
+def pipeline_words(live: Live, path: Path) -> list[tuple[str, float, float]]:
+    """transformers' pipeline with `return_timestamps="word"` on the served weights, its
+    words as OpenAI writes them (no surrounding space), times kept within the audio."""
+    from transformers import pipeline
+
+    asr = pipeline(
+        "automatic-speech-recognition",
+        model=str(live.service.registry.get("whisper").path),
+        chunk_length_s=30,
+        device="cpu",
+    )
+    samples = read_wav(path)
+    kwargs = {"language": "en", "task": "transcribe", "num_beams": 1}
+    found = asr(samples, return_timestamps="word", generate_kwargs=kwargs)
+    times = pipeline_segments(found, samples.size / 16_000)
+    return [(c["text"].strip(), *t) for c, t in zip(found["chunks"], times, strict=True)]
+
+
+def words_of(answer: Any) -> list[tuple[str, float, float]]:
+    return [(w.word, w.start, w.end) for w in answer.words or []]
+
+
+def test_word_timestamps_are_the_pipelines_words_within_the_audio(
+    client, short_wav, second_wav, live
+):
+    """Two files sent together share one `generate` call (the shorter row padded after
+    its end) and each gets the words the pipeline gives it alone."""
+    expected = {path: pipeline_words(live, path) for path in (short_wav, second_wav)}
+    answers: dict[Path, Any] = {}
+
+    def ask(path: Path) -> None:
+        with path.open("rb") as file:
+            answers[path] = client.audio.transcriptions.with_raw_response.create(
+                model="whisper",
+                file=file,
+                language="en",
+                response_format="verbose_json",
+                timestamp_granularities=["word"],
+            )
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in expected]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [answers[p].headers["X-Vramgate-Batch"] for p in expected] == ["2", "2"]
+    for path, duration in ((short_wav, 12.0), (second_wav, 7.0)):
+        answer = answers[path].parse()
+        assert expected[path] and words_of(answer) == expected[path]
+        assert all(0 <= w.start <= w.end <= duration for w in answer.words or [])
+        assert answer.segments  # segments stay beside the words
+
+
+def test_a_model_without_alignment_heads_refuses_words(tmp_path_factory, folder, short_wav):
+    """transformers times words by the cross-attention heads `alignment_heads` names and
+    raises without them: a 400 before anything is queued; segments still served."""
+    plain = tmp_path_factory.mktemp("no-heads") / "whisper"
+    shutil.copytree(folder, plain)
+    generation = json.loads((plain / "generation_config.json").read_text())
+    del generation["alignment_heads"]
+    (plain / "generation_config.json").write_text(json.dumps(generation))
+    for live in serve(tmp_path_factory, plain):
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        before = live.status()
+        with short_wav.open("rb") as file, pytest.raises(openai.BadRequestError) as refused:
+            client.audio.transcriptions.create(
+                model="whisper",
+                file=file,
+                response_format="verbose_json",
+                timestamp_granularities=["word"],
+            )
+        assert "alignment_heads" in refused.value.message
+        nothing_queued(live, before)
+        assert post(live, short_wav, response_format="verbose_json").status_code == 200
 
 
 def test_the_model_is_listed_with_its_capability(live, client):
