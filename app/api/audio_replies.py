@@ -119,7 +119,7 @@ def vtt(segments: tuple[Segment, ...]) -> str:
 
 def streamed(result: InferenceResult) -> StreamingResponse:
     """The transcript as OpenAI's server-sent events: a delta per segment (or the whole
-    text where there are none), then the done event with the text and usage. The
+    text where there are none), then the done event with the text. The
     windows are decoded together, so the events come once the transcript is whole."""
     transcript: Transcript = result.output
     pieces = [s.text for s in transcript.segments] or [transcript.text]
@@ -127,13 +127,9 @@ def streamed(result: InferenceResult) -> StreamingResponse:
     async def events() -> AsyncIterator[bytes]:
         for piece in pieces:
             yield _event({"type": "transcript.text.delta", "delta": piece, "logprobs": None})
-        done = {
-            "type": "transcript.text.done",
-            "text": transcript.text,
-            "logprobs": None,
-            "usage": usage(result, transcript),
-        }
-        yield _event(done)
+        # no usage: OpenAI's done event counts tokens (`input_tokens`, ...; typed clients
+        # require them), and a duration is not that; the cost is in the headers
+        yield _event({"type": "transcript.text.done", "text": transcript.text, "logprobs": None})
 
     headers = {**result.cost.headers(), "Cache-Control": "no-cache"}
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)

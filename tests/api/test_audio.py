@@ -174,6 +174,22 @@ def test_a_stream_sends_deltas_then_the_whole_text(client, short_wav, expected):
     assert done[0].text == expected["text"] == "".join(deltas)
 
 
+def test_stream_events_validate_as_openais_types(live, short_wav):
+    """Each event as OpenAI's own models type it (pydantic, validated: the client itself
+    only constructs them), so typed clients elsewhere read them too."""
+    from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
+
+    answer = post(live, short_wav, language="en", stream="true")
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in answer.text.split("\n\n") if line]
+    types = {
+        "transcript.text.delta": TranscriptionTextDeltaEvent,
+        "transcript.text.done": TranscriptionTextDoneEvent,
+    }
+    parsed = [types[event["type"]].model_validate(event) for event in events]
+    assert isinstance(parsed[-1], TranscriptionTextDoneEvent) and len(parsed) > 1
+
+
 @pytest.mark.parametrize("suffix", sorted(CODECS))
 def test_every_container_is_transcribed(client, tmp_path, suffix):
     path = write_encoded(tmp_path / f"clip.{suffix}", tone(4.0, seed=8))
