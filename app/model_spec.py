@@ -23,6 +23,7 @@ from app.simulated_spec import (
     FaultInjection,
     SimulatedBucket,
     SimulatedGeneration,
+    SimulatedImages,
 )
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -95,6 +96,8 @@ class ModelSpec(BaseModel):
     inject: FaultInjection = FaultInjection()  # simulated only
     # simulated only: generation priced by its KV bytes (None: by the words buckets)
     generation: SimulatedGeneration | None = None
+    # simulated only: an image generator instead (app.models.simulated_images)
+    images: SimulatedImages | None = None
 
     @field_validator("keep_alive", mode="before")
     @classmethod

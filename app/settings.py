@@ -38,6 +38,7 @@ from app.model_spec import is_reserved_name as is_reserved_name
 from app.simulated_spec import FaultInjection as FaultInjection
 from app.simulated_spec import SimulatedBucket as SimulatedBucket
 from app.simulated_spec import SimulatedGeneration as SimulatedGeneration
+from app.simulated_spec import SimulatedImages as SimulatedImages
 
 APP_NAME = "vramgate"
 ENV_PREFIX = "VRAMGATE_"

@@ -49,6 +49,25 @@ class SimulatedGeneration(BaseModel):
         return self
 
 
+class SimulatedImages(BaseModel):
+    """A simulated text-to-image model (app.models.simulated_images): it answers
+    /v1/images/generations with images of the asked size. An image of P pixels declares
+    `bytes_per_pixel` × P (the geometry it is first quoted by) and really holds
+    `true_bytes_per_pixel` × P (default: as declared; the server must measure it) plus
+    the fault injection's jitter, for `steps` steps of `step_ms` per megapixel each. A
+    run whose VAE decode is tiled holds a `tile`² tile's decode, but never less than the
+    denoising's `denoise_share` of the full image's bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    bytes_per_pixel: float = Field(default=2000, gt=0, le=1e6)
+    true_bytes_per_pixel: float | None = Field(default=None, gt=0, le=1e6)
+    tile: int = Field(default=512, ge=64, le=4096)
+    denoise_share: float = Field(default=0.25, gt=0, le=1)
+    steps: int = Field(default=4, ge=1, le=1000)
+    step_ms: float = Field(default=5, ge=0, le=60_000)
+    default_size: int = Field(default=512, ge=64, le=4096)
+
+
 DEFAULT_SIMULATED_BUCKETS: tuple[SimulatedBucket, ...] = (
     SimulatedBucket(size=16, bytes=ByteSize(50 * 2**20), run_ms=20),
     SimulatedBucket(size=64, bytes=ByteSize(200 * 2**20), run_ms=40),

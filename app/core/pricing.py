@@ -44,6 +44,10 @@ class Pricer:
         prior = handler.prior_bytes(prepared.bucket) if isinstance(handler, OneShotModel) else 0
         return self.book.quote(key, prepared.bucket.size, prior)
 
+    def capacity(self) -> int:
+        """The most bytes the device's pool can ever give one job."""
+        return self._capacity()
+
     def admission(self, quote: Quote) -> tuple[int, bool]:
         """The bytes and exclusivity a quote is admitted with. An exclusive price is a
         guess: it runs alone whatever it says, unless proven too big for the device. A
@@ -75,12 +79,17 @@ class Pricer:
         return merged, key
 
     def group_admission(self, jobs: Sequence[Job]) -> tuple[int, bool] | None:
-        """What a would-be group is admitted with, or None if it cannot be one."""
+        """What a would-be group is admitted with, or None if it cannot be one. A group
+        whose price is past the whole device is none: one request alone runs on a guess
+        that big (a measurement decides), a batch of them would rather run smaller."""
         grouped = self.group(jobs)
         if grouped is None:
             return None
         merged, key = grouped
-        return self.admission(self.quote(jobs[0].handler, key, merged))
+        quote = self.quote(jobs[0].handler, key, merged)
+        if len(jobs) > 1 and max(quote.nbytes, quote.floor) > self._capacity():
+            return None
+        return self.admission(quote)
 
     # -- learning --------------------------------------------------------------------
     def record(self, key: PriceKey, prepared: Prepared, measurement: Measurement) -> None:

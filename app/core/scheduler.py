@@ -135,6 +135,22 @@ class Scheduler:
         await self._enter(entry, None, ignore_queue_limit=True)
         return entry.done.result()  # type: ignore[no-any-return]
 
+    def prefer(self, full: Job, lean: Job) -> Job:
+        """Of two ways to run one request (`lean`: in fewer bytes, more slowly, as an
+        image decoded in tiles), the lean one when the full price can never fit the
+        device, or cannot start now while the lean one can; else the full one. Now: the
+        bytes no permit holds, and no other job running beside one that must run alone."""
+        capacity = self._pricer.capacity()
+        if max(full.quote.nbytes, full.quote.floor) > capacity:
+            return lean if max(lean.quote.nbytes, lean.quote.floor) <= capacity else full
+        free, running = self.gate.free_bytes(), self.gate.running
+
+        def starts_now(job: Job) -> bool:
+            nbytes, alone = self._pricer.admission(job.quote)
+            return nbytes <= free and not (alone and running)
+
+        return lean if not starts_now(full) and starts_now(lean) else full
+
     async def _submit(
         self, job: Job, done: asyncio.Future[Any], watch: ClientWatch | None, probe: bool
     ) -> None:

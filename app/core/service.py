@@ -352,10 +352,16 @@ class InferenceService:
             raise
 
     def _job(self, model: str, handler: Handler, prepared: Any, stream: TokenStream | None) -> Job:
+        """The request priced: its own way, or a leaner one where the scheduler prefers
+        that (an image that fits now only with its VAE decoded in tiles)."""
         key = self.pricer.key(model, handler, prepared)
         quote = self.pricer.quote(handler, key, prepared)
         done = asyncio.get_running_loop().create_future()
-        return Job(model, handler, prepared, key, quote, done, stream=stream, device=self.device.id)
+        job = Job(model, handler, prepared, key, quote, done, stream=stream, device=self.device.id)
+        lean = handler.leaner(prepared) if isinstance(handler, OneShotModel) else None
+        if lean is not None and stream is None:
+            job = self.scheduler.prefer(job, self._job(model, handler, lean, None))
+        return job
 
     async def serving(
         self, model: str, capability: type[H], *, probe: bool, keep_alive: float | None = None

@@ -89,11 +89,14 @@ class Cost:
 
 
 def cost_of(result: JobResult, job: Job) -> Cost:
+    """What `job` cost. Its price source names the bucket's variant too, where it ran
+    another way than its own (`learned+tiled`: its images decoded in tiles)."""
     measurement = result.measurement
+    variant = result.bucket.partition("~")[2]
     return Cost(
         result.bucket,
         result.price_bytes,
-        job.quote.source,
+        f"{job.quote.source}+{variant}" if variant else job.quote.source,
         job.waited_s,
         measurement.run_s,
         measurement.peak_bytes,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -28,6 +29,7 @@ from app.errors import InvalidImageSize, InvalidRequest
 from app.models.audio import AudioClip
 from app.models.base import Bucket, ModelHandler, Prepared
 from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
+from app.models.image_buckets import group_of, is_tiled, merged, row_shape, rows_prepared
 from app.models.image_prompt import ImagePrompt
 from app.sched.budget import Geometry
 
@@ -68,6 +70,13 @@ class OneShotModel(ModelHandler, Generic[In]):
     def prior_bytes(self, bucket: Bucket) -> int:
         """A declared or estimated cost before anything was measured (0: unknown)."""
         return 0
+
+    def leaner(self, prepared: Prepared) -> Prepared | None:
+        """The same work run in fewer bytes and more slowly (an image's VAE decoded in
+        tiles), or None: there is no such way. The server runs it so when its full price
+        cannot start now but this one can, or can never fit the device
+        (app.core.scheduler.Scheduler.prefer)."""
+        return None
 
     @abstractmethod
     def warmup_inputs(self) -> list[list[In]]:
@@ -152,12 +161,16 @@ class Reranker(OneShotModel[Pair]):
 
 class ImageGenerator(OneShotModel[ImagePrompt]):
     """Prompts to images (text-to-image diffusion): one row per `ImagePrompt`, and
-    `postprocess` gives each row's image encoded in its `output_format`, in order."""
+    `postprocess` gives each row's image encoded in its `output_format`, in order. Rows
+    are bucketed and batched by app.models.image_buckets; `prior_bytes` prices both a
+    bucket and its tiled variant, and a tiled run is offered (`leaner`) where it is
+    cheaper."""
 
     capability_names = ("image_generation",)
 
     grid = 8  # widths and heights it makes are multiples of this
     default_size = (512, 512)  # (width, height) when a request says `auto`
+    max_side, max_pixels = 4096, 2**24  # the server's bounds (the registry sets them)
 
     def size_refused(self, width: int, height: int) -> InvalidImageSize | None:
         """Why this model cannot make a `width`×`height` image (None: it can)."""
@@ -167,7 +180,42 @@ class ImageGenerator(OneShotModel[ImagePrompt]):
                 f"{self.grid}; {width}x{height} is not",
                 param="size",
             )
+        if max(width, height) > self.max_side or width * height > self.max_pixels:
+            return InvalidImageSize(
+                f"{width}x{height} is beyond this server's bounds: at most {self.max_side} "
+                f"pixels a side and {self.max_pixels} pixels",
+                param="size",
+            )
         return None
+
+    def preprocess(self, inputs: list[ImagePrompt]) -> Prepared:
+        """A request's rows (one shape) with the default size filled in, checked."""
+        width, height = self.default_size
+        rows = [
+            replace(row, width=row.width or width, height=row.height or height) for row in inputs
+        ]
+        first = rows[0]
+        assert first.width is not None and first.height is not None
+        refused = self.size_refused(first.width, first.height)
+        if refused is not None:
+            raise refused
+        assert all(row_shape(row) == row_shape(first) for row in rows), "a request's rows share one"
+        return rows_prepared(rows)
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        return merged(parts, self.spec.max_batch)
+
+    def batch_group(self, prepared: Prepared) -> str:
+        return group_of(prepared)
+
+    def leaner(self, prepared: Prepared) -> Prepared | None:
+        """Its images decoded in tiles, where the model's prior says that costs less."""
+        if is_tiled(prepared):
+            return None
+        tiled = rows_prepared(prepared.payload, tiled=True)
+        if self.prior_bytes(tiled.bucket) >= self.prior_bytes(prepared.bucket):
+            return None
+        return tiled
 
     def warmup_inputs(self) -> list[list[ImagePrompt]]:
         """Its default size, one step: the price of a size does not depend on steps."""

@@ -22,6 +22,7 @@ from app.models.llama_runner_model import llama_cpp_available
 from app.models.prefix_cache import PrefixStore
 from app.models.rerank import RerankHandler
 from app.models.simulated import SimulatedHandler
+from app.models.simulated_images import SimulatedImageHandler
 from app.models.speech import SpeechHandler
 from app.models.vision import VisionHandler
 from app.models.vision_language import VisionLanguageHandler
@@ -44,7 +45,10 @@ def _generation(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
 
 
 def _simulated(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
-    simulated = SimulatedHandler(spec)
+    """The simulated model: an image generator with an `images` setting, else the one
+    that fakes every other capability."""
+    simulated: SimulatedHandler | SimulatedImageHandler
+    simulated = SimulatedImageHandler(spec) if spec.images is not None else SimulatedHandler(spec)
     simulated.max_side, simulated.max_pixels = bounds
     return simulated
 

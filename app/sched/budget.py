@@ -65,8 +65,11 @@ class PriceKey(NamedTuple):
     dtype: str
     fingerprint: str = ""  # what identifies the weights; a changed model relearns
 
-    def family(self) -> tuple[str, str, str, str]:
-        return (self.model, self.device, self.dtype, self.fingerprint)
+    def family(self) -> tuple[str, str, str, str, str]:
+        """The buckets that price one another by size: one model's weights on one device,
+        run the same way (a bucket's variant follows `~` in its label: a tiled decode)."""
+        variant = self.bucket.partition("~")[2]
+        return (self.model, self.device, self.dtype, self.fingerprint, variant)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,19 @@ def test_neighbours_are_per_model():
     assert book.quote(key("s64"), 64).source == "unseen"
 
 
+def test_buckets_of_another_variant_are_no_neighbours():
+    # a tiled 1024² decode (~tiled) is cheaper than a full 768²: were it a neighbour by
+    # size, the full 768² would borrow its price and run beside others underpriced
+    book = BudgetBook()
+    book.record(key("px1024x1024xb1~tiled"), 1024 * 1024, 2000, 0.1)
+    full = book.quote(key("px768x768xb1"), 768 * 768, prior=5000)
+    assert (full.nbytes, full.exclusive, full.source) == (5000, True, "unseen")
+    book.record(key("px1024x1024xb1"), 1024 * 1024, 9000, 0.1)
+    assert book.quote(key("px768x768xb1"), 768 * 768).nbytes == 9000  # its own variant's
+    tiled = book.quote(key("px768x768xb1~tiled"), 768 * 768)
+    assert (tiled.nbytes, tiled.source) == (2000, "neighbour")
+
+
 def test_overlapped_runs_count_time_not_bytes():
     book = BudgetBook()
     book.record_run_time(key("s16"), 16, 0.5)
