@@ -21,6 +21,11 @@ Attention is not counted as tokens²: diffusers runs it through PyTorch's
 scaled_dot_product_attention, whose flash and memory-efficient kernels hold a few
 feature maps (within the counts above), not the attention matrix.
 
+A **tiled** decode (the VAE's own `tiled_decode`, chosen by the server when only it fits)
+runs the decoder on one tile at a time (`vae_tile`² pixels, the VAE's `sample_size`: 512
+for SD 1.5, 1024 for SDXL) and keeps the decoded tiles and the blended image (3 channels
+of float each, about twice the image): counted as a tile's decode plus those.
+
 Quote = max(denoising, decoding): SD 1.5 in float16 0.75 GiB at 512², 3 GiB at 1024²;
 SDXL (float32 decoder) 1.5 and 6 GiB. The constants err above (the design's measured
 SDXL peaks grow by about 3.1 GB from 512² to 1024², this quote by 4.5 GiB); every run
@@ -45,6 +50,7 @@ class DiffusionGeometry:
     vae_channels: int  # the VAE decoder's last (full-resolution) level
     unet_element: int  # bytes per element
     vae_element: int
+    vae_tile: int = 512  # a tiled decode's tile side in pixels (the VAE's sample_size)
 
     @staticmethod
     def from_configs(
@@ -58,6 +64,7 @@ class DiffusionGeometry:
             vae_channels=int((vae.get("block_out_channels") or [128])[0]),
             unet_element=element,
             vae_element=4 if vae_upcast else element,
+            vae_tile=int(vae.get("sample_size") or 512),
         )
 
 
@@ -72,12 +79,28 @@ def decoding_bytes(geometry: DiffusionGeometry, width: int, height: int, images:
     return width * height * geometry.vae_channels * VAE_LIVE * geometry.vae_element * images
 
 
+def tiled_decoding_bytes(geometry: DiffusionGeometry, width: int, height: int, images: int) -> int:
+    """The VAE decoder's activations for one tile of every image, and the decoded tiles
+    and blended image kept beside them (3 channels, about twice the image, in float)."""
+    tile = decoding_bytes(
+        geometry, min(width, geometry.vae_tile), min(height, geometry.vae_tile), images
+    )
+    return tile + width * height * 3 * 2 * geometry.vae_element * images
+
+
 def image_bytes(
-    geometry: DiffusionGeometry, width: int, height: int, images: int, guided: bool = True
+    geometry: DiffusionGeometry,
+    width: int,
+    height: int,
+    images: int,
+    guided: bool = True,
+    tiled: bool = False,
 ) -> int:
-    """The first quote for `images` images of `width`×`height` made together."""
+    """The first quote for `images` images of `width`×`height` made together (`tiled`:
+    their VAE decode run in tiles)."""
     rows = images * (2 if guided else 1)
+    decode = tiled_decoding_bytes if tiled else decoding_bytes
     return max(
         denoising_bytes(geometry, width, height, rows),
-        decoding_bytes(geometry, width, height, images),
+        decode(geometry, width, height, images),
     )

@@ -8,6 +8,7 @@ from app.models.diffusion_cost import (
     decoding_bytes,
     denoising_bytes,
     image_bytes,
+    tiled_decoding_bytes,
 )
 
 GiB = 2**30
@@ -21,7 +22,7 @@ SDXL_UNET = {
     "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
     "attention_head_dim": [5, 10, 20],
 }
-VAE = {"block_out_channels": [128, 256, 512, 512]}
+VAE = {"block_out_channels": [128, 256, 512, 512], "sample_size": 512}
 
 
 def sd15() -> DiffusionGeometry:
@@ -60,3 +61,15 @@ def test_without_guidance_the_unet_runs_one_row_per_image():
     geometry = sd15()
     assert denoising_bytes(geometry, 512, 512, 2) == 2 * denoising_bytes(geometry, 512, 512, 1)
     assert image_bytes(geometry, 256, 256, 1, guided=False) <= image_bytes(geometry, 256, 256, 1)
+
+
+def test_a_tiled_decode_costs_a_tile_not_the_image():
+    geometry = sd15()
+    assert geometry.vae_tile == 512
+    whole, tiled = (image_bytes(geometry, 1024, 1024, 1, tiled=t) for t in (False, True))
+    assert tiled < whole / 3  # a 512² tile's decode, not a 1024² one's
+    assert tiled >= decoding_bytes(geometry, 512, 512, 1)
+    # at the tile's size or under, tiling saves nothing (diffusers does not tile it)
+    small = tiled_decoding_bytes(geometry, 512, 512, 1)
+    assert small >= decoding_bytes(geometry, 512, 512, 1)
+    assert image_bytes(geometry, 512, 512, 1, tiled=True) >= image_bytes(geometry, 512, 512, 1)
