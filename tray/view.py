@@ -96,6 +96,19 @@ def _device_line(gpu: dict[str, Any]) -> str:
     )
 
 
+def image_steps(models: list[dict[str, Any]]) -> list[str]:
+    """ "paint: image 12/30" for each image batch running (its requests' count after it
+    when several share it), from /status models' `running`."""
+    lines = []
+    for model in models:
+        for batch in model.get("running") or ():
+            step, steps = batch["steps"][0] if batch["steps"] else (0, 0)
+            line = f"{model['name']}: image {step}/{steps}" if steps else f"{model['name']}: image"
+            count = len(batch["steps"])
+            lines.append(line + (f" ({count} requests)" if count > 1 else ""))
+    return lines
+
+
 def view_of(
     status: dict[str, Any] | None,
     *,
@@ -125,6 +138,10 @@ def view_of(
             + " GiB"
         )
     tooltip = f"{memory} · {queue['running']} running · {queue['depth']} waiting"
+    images = image_steps(status.get("models", []))
+    if images:  # the first running image's step: "image 12/30"
+        tooltip += " · " + images[0].partition(": ")[2].partition(" (")[0]
+        tooltip += f" +{len(images) - 1}" if len(images) > 1 else ""
     if state not in ("ready", "busy"):
         tooltip += f" · {state}"
     if restarts:
@@ -138,6 +155,7 @@ def view_of(
         f"{queue['running']} running · {queue['depth']} waiting · served "
         f"{status['counters']['served']}",
         *(_device_line(g) for g in (gpus if len(gpus) > 1 else [])),
+        *images,
         *(f"⚠ {warning}" for warning in warnings),
     )
     notice = gave_back_notice(status.get("gave_back"))

@@ -18,8 +18,10 @@ handler fulfils at least one, and the service asks for the one a route needs.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
@@ -30,8 +32,9 @@ from app.models.audio import AudioClip
 from app.models.base import Bucket, ModelHandler, Prepared
 from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
 from app.models.image_buckets import group_of, is_tiled, merged, row_shape, rows_prepared
-from app.models.image_prompt import ImagePrompt
+from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.sched.budget import Geometry
+from app.settings import ModelSpec
 
 In = TypeVar("In")
 
@@ -171,6 +174,37 @@ class ImageGenerator(OneShotModel[ImagePrompt]):
     grid = 8  # widths and heights it makes are multiples of this
     default_size = (512, 512)  # (width, height) when a request says `auto`
     max_side, max_pixels = 4096, 2**24  # the server's bounds (the registry sets them)
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self._runs_lock = threading.Lock()  # guards _runs: written by inference threads
+        self._runs: dict[int, tuple[str, list[ImageProgress]]] = {}
+
+    @contextlib.contextmanager
+    def batch_running(self, prepared: Prepared) -> Iterator[list[ImageProgress]]:
+        """While a batch runs: its requests' progresses (one per request), listed by
+        `running` for /status, the tray and the dashboard."""
+        rows: list[ImagePrompt] = prepared.payload
+        progresses = list({id(row.progress): row.progress for row in rows}.values())
+        with self._runs_lock:
+            self._runs[id(prepared)] = (prepared.bucket.label, progresses)
+        try:
+            yield progresses
+        finally:
+            with self._runs_lock:
+                del self._runs[id(prepared)]
+
+    def running(self) -> list[dict[str, Any]]:
+        """The batches running now: their bucket and each request's [step, steps]."""
+        with self._runs_lock:
+            batches = list(self._runs.values())
+        return [
+            {"bucket": label, "steps": [list(p.read()) for p in progresses]}
+            for label, progresses in batches
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "running": self.running()}
 
     def size_refused(self, width: int, height: int) -> InvalidImageSize | None:
         """Why this model cannot make a `width`×`height` image (None: it can)."""

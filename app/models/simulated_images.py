@@ -93,10 +93,9 @@ class SimulatedImageHandler(ImageGenerator):
         bucket = ImageBucket.parse(prepared.bucket.label)
         assert bucket is not None, "its own preprocess made the label"
         rows: list[ImagePrompt] = prepared.payload
-        progresses = list({id(row.progress): row.progress for row in rows}.values())
         steps = rows[0].steps or self.images.steps
         step_s = self.images.step_ms * bucket.width * bucket.height / 1e6 / 1000
-        with self._device.hold(self.true_bytes(bucket)):
+        with self.batch_running(prepared) as progresses, self._device.hold(self.true_bytes(bucket)):
             for step in range(steps):
                 if all(progress.cancelled for progress in progresses):
                     break  # every client left: the rest is skipped, as diffusers' interrupt

@@ -115,3 +115,19 @@ def test_two_gpus_the_gauge_shows_the_fullest_and_the_tooltip_each():
     assert view.tooltip == "cuda:0 6.0/24.0 · cuda:1 7.0/8.0 GiB · 2 running · 5 waiting"
     assert "cuda:1 GTX 1080: 7.0 of 8.0 GiB · 1 running · 5 waiting" in view.lines
     assert len(view.tooltip) <= 127
+
+
+def test_a_running_image_shows_its_step_in_the_tooltip_and_the_menu():
+    paint = {
+        "name": "paint",
+        "state": "ready",
+        "weights_bytes": 0,
+        "running": [{"bucket": "px1024x1024xb4", "steps": [[12, 30]] * 3}],
+    }
+    view = view_of(status(models=[paint]))
+    assert view.tooltip == "VRAM 6.1 / 24.0 GiB · 2 running · 5 waiting · image 12/30"
+    assert "paint: image 12/30 (3 requests)" in view.lines
+    second = {**paint, "name": "sketch", "running": [{"bucket": "b", "steps": [[0, 0]]}]}
+    view = view_of(status(models=[paint, second]))
+    assert view.tooltip.endswith("· image 12/30 +1") and "sketch: image" in view.lines
+    assert not any("image" in line for line in view_of(STATUS).lines)  # none running
