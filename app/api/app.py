@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
 from app.api import (
+    a1111_routes,
     admin_routes,
     anthropic_routes,
     audio_routes,
@@ -26,6 +27,7 @@ from app.api import (
     responses_routes,
     vision_routes,
 )
+from app.api.a1111_jobs import A1111Jobs
 from app.api.errors import (
     ANTHROPIC_ERROR_RESPONSES,
     ERROR_RESPONSES,
@@ -105,6 +107,7 @@ def create_app(
         settings.resolved_data_dir / "responses", settings.max_stored_responses
     )
     app.state.image_files = images_files.ImageFiles(settings.image_url_ttl_s)  # url answers
+    app.state.a1111 = A1111Jobs()  # AUTOMATIC1111's checkpoint and current job
     routers = (
         openai_routes.router,
         vision_routes.router,
@@ -115,6 +118,7 @@ def create_app(
         responses_routes.router,
         images_routes.router,
         images_files.router,
+        a1111_routes.router,
         audio_routes.router,
     )
     for router in routers:

@@ -3,8 +3,9 @@ checks of app.models.images: a format Pillow reads, `max_image_side` and
 `max_image_pixels`, no decompression bomb, nothing truncated), and its mask.
 
 A mask says where to repaint. OpenAI's convention: the transparent parts of a PNG with
-an alpha channel (alpha 0: repaint); without alpha, AUTOMATIC1111's and diffusers': white
-repaints, black keeps. It must be the image's size."""
+an alpha channel (alpha 0: repaint). AUTOMATIC1111's: where a mask with alpha is opaque
+(alpha over 128). Without alpha, both as diffusers': white repaints, black keeps. It
+must be the image's size."""
 
 from __future__ import annotations
 
@@ -39,12 +40,15 @@ async def decode_init(data: bytes, settings: Settings) -> np.ndarray:
     )
 
 
-async def decode_mask(data: bytes, size: tuple[int, int], settings: Settings) -> np.ndarray:
-    """HW uint8, 255 where to repaint; `size` is the image's (width, height)."""
-    return await asyncio.to_thread(_mask, data, size, settings)
+async def decode_mask(
+    data: bytes, size: tuple[int, int], settings: Settings, convention: str = "openai"
+) -> np.ndarray:
+    """HW uint8, 255 where to repaint; `size` is the image's (width, height);
+    `convention`: openai or a1111 (what an alpha channel means)."""
+    return await asyncio.to_thread(_mask, data, size, settings, convention)
 
 
-def _mask(data: bytes, size: tuple[int, int], settings: Settings) -> np.ndarray:
+def _mask(data: bytes, size: tuple[int, int], settings: Settings, convention: str) -> np.ndarray:
     try:
         found = image_size(data, settings.max_image_side, settings.max_image_pixels)
     except InvalidRequest as exc:
@@ -59,7 +63,10 @@ def _mask(data: bytes, size: tuple[int, int], settings: Settings) -> np.ndarray:
             image.load()
             if "A" in image.getbands() or "transparency" in image.info:
                 alpha = np.array(image.convert("RGBA"))[:, :, 3]
-                return np.where(alpha == 0, 255, 0).astype(np.uint8)
+                if convention == "openai":
+                    return np.where(alpha == 0, 255, 0).astype(np.uint8)
+                if alpha.min() < 255:  # A1111 reads a mask's alpha only when it has some
+                    return np.where(alpha > 128, 255, 0).astype(np.uint8)
             return np.array(image.convert("L"))
     except Exception:
         raise InvalidImage("the mask is truncated or corrupt", param="mask") from None

@@ -268,12 +268,23 @@ def picture(width: int = 64, height: int = 64) -> np.ndarray:
     return rgb.round().astype(np.uint8)
 
 
-def direct_edit(folder: Path, seed: int, mask: np.ndarray | None = None, **arguments) -> np.ndarray:
-    """diffusers' image-to-image (or, with a mask, inpainting) pipeline called directly."""
+def direct_edit(
+    folder: Path,
+    seed: int,
+    mask: np.ndarray | None = None,
+    scheduler_class: str | None = None,
+    **arguments,
+) -> np.ndarray:
+    """diffusers' image-to-image (or, with a mask, inpainting) pipeline called directly,
+    with its own scheduler or `scheduler_class` over its config."""
+    import diffusers
     from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting
 
     auto = AutoPipelineForImage2Image if mask is None else AutoPipelineForInpainting
     pipeline = auto.from_pretrained(folder, local_files_only=True)
+    if scheduler_class is not None:
+        scheduler = getattr(diffusers, scheduler_class)
+        pipeline.scheduler = scheduler.from_config(pipeline.scheduler.config)
     pipeline.set_progress_bar_config(disable=True)
     if mask is not None:
         arguments["mask_image"] = Image.fromarray(mask)
