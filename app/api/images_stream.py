@@ -2,7 +2,9 @@
 `<kind>.partial_image` carries a latent preview (app.models.diffusion_preview, scaled to
 the image's size) as it is kept along the run (`partial_images`, at most 3; fewer when
 the run has fewer steps), then `<kind>.completed` carries each finished image. Errors
-after the events began come as one `error` event.
+after the events began come as one `error` event; what can be checked before is checked
+before the events begin (`refusal`: the model, its kind, n against its max_batch), so
+bad input is still a 400 or 404.
 
 The stream owns its run: a client that leaves ends the stream (Starlette stops it on
 the disconnect), and its `finally` cancels the request's rows and its place in line."""
@@ -24,7 +26,7 @@ from app.api.vision_routes import usage
 from app.core.fleet import Fleet
 from app.core.requests import ValidImageGeneration
 from app.core.watch import ClientWatch
-from app.errors import VramgateError
+from app.errors import InvalidRequest, VramgateError, WrongModelKind
 from app.models.images import encode_image
 
 POLL_S = 0.05  # how often the stream looks for a new partial image while the run goes on
@@ -40,10 +42,29 @@ def shown(preview: np.ndarray, width: int, height: int, output_format: str) -> s
     return base64.b64encode(encode_image(np.asarray(image), output_format)).decode("ascii")
 
 
+def refusal(fleet: Fleet, valid: ValidImageGeneration) -> VramgateError | None:
+    """Why a request cannot run, as far as its model's card and spec tell (the core
+    checks the same once it runs; a stream's status line is sent before that)."""
+    capabilities = fleet.card(valid.model).capabilities  # 404 for a model not served
+    if "image_generation" not in capabilities:
+        return WrongModelKind(f"model {valid.model!r} does not make images", param="model")
+    most = fleet.spec(valid.model).max_batch
+    if valid.n > most:
+        return InvalidRequest(
+            f"model {valid.model!r} makes at most {most} images at once (its max_batch); "
+            f"n={valid.n}",
+            param="n",
+        )
+    return None
+
+
 def stream_images(
     fleet: Fleet, valid: ValidImageGeneration, size: tuple[int, int], kind: str, quality: str
 ) -> StreamingResponse:
     """The events of one request's run; `kind` is image_generation or image_edit."""
+    refused = refusal(fleet, valid)
+    if refused is not None:
+        raise refused
     first = valid.first
     width, height = size
     common = {

@@ -405,3 +405,34 @@ def test_a_stream_sends_partial_previews_then_the_image_of_the_same_seed(client)
     assert (done.size, done.output_format, done.background) == ("64x96", "png", "opaque")
     plain = client.images.generate(**ask, extra_body=extra)  # type: ignore[arg-type]
     assert np.array_equal(pixels(done.b64_json), pixels((plain.data or [])[0].b64_json))
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "code", "status"),
+    [
+        ({"n": 5}, "n", "invalid_request", 400),
+        ({"model": "nobody"}, "model", "model_not_found", 404),
+    ],
+)
+def test_a_stream_that_cannot_run_is_refused_before_its_events(live, change, param, code, status):
+    body = {"model": "sd15", "prompt": "a cat", "size": "64x64", "stream": True} | change
+    answer = httpx.post(live.url + "/v1/images/generations", json=body, timeout=60)
+    assert answer.headers["content-type"].startswith("application/json")
+    error = answer.json()["error"]
+    assert (error["param"], error["code"], answer.status_code) == (param, code, status)
+
+
+def test_a_stream_whose_client_leaves_stops_its_run(live):
+    body = {"model": "sd15", "prompt": "a long road", "size": "512x512", "steps": LONG_STEPS}
+    connection = post_raw(live, body | {"seed": 0, "stream": True, "partial_images": 3})
+    wait_until(lambda: (running_step(live) or 0) >= 1, 60, "the long run's first step")
+    head = connection.recv(4096)
+    assert b"200 OK" in head and b"text/event-stream" in head
+    step = running_step(live) or 0
+    connection.close()
+    last = step
+    while (now := running_step(live)) is not None:
+        last = max(last, now)
+        time.sleep(0.01)
+    assert last - step <= 10, (step, last)
+    assert live.status()["queue"]["depth"] == 0
