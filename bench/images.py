@@ -1,0 +1,269 @@
+"""Image generation benchmark on the CPU, side by side in one run:
+
+    python bench/images.py [--side 256] [--steps 8] [--channels 64] [--write-readme]
+
+A random Stable Diffusion 1.5-shaped pipeline of mid size (built here with diffusers'
+classes and save_pretrained: a UNet of SD 1.5's layout, three cross-attention levels and
+one plain, two resnets a level, `--channels` × 1/2/4/4 wide; a KL VAE of SD's four
+levels, latents 1/8 a side; a small CLIP text encoder; PNDM as SD 1.5 ships) makes four
+`--side`² images of `--steps` steps with classifier-free guidance:
+
+- the diffusers pipeline called directly in this process: once with the four prompts as
+  one batch, then once per prompt (batch 1 × 4);
+- a real `vramgate serve` child process on loopback (`kind = "diffusion"`, max_batch 4)
+  through `POST /v1/images/generations`: four requests sent at once (they should run as
+  one batch: `X-Vramgate-Batch` 4), then the same four one after the other.
+
+Each image has its own prompt and seed, the same in every run; the batched images are
+compared with the direct batch's. The server and this process each use `--threads` torch
+threads, and never run at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.run import start_vramgate, write_readme  # noqa: E402
+from tests.random_models import _clip_text_config, _clip_tokenizer  # noqa: E402
+
+IMAGES = 4
+MODEL = "sd"
+PROMPTS = [
+    f"a lighthouse at dusk, seen from the {side}" for side in ("north", "east", "south", "west")
+]
+SEEDS = [11, 22, 33, 44]
+WAIT_MS = 200  # how long the first of the four waits for the others to join its batch
+
+
+@dataclass
+class Row:
+    name: str
+    seconds: float  # wall time for the four images
+    cpu_s: float  # CPU time of the process that ran them (this one, or the server's)
+    note: str = ""
+
+
+@dataclass
+class Result:
+    rows: list[Row]  # the direct calls (batch 4, 1 × 4), then the server's (at once, in turn)
+    difference: int  # the largest pixel difference, batched through vramgate against direct
+    unet_parameters: int
+
+
+def save_pipeline(folder: Path, channels: int, side: int) -> int:
+    """A random SD 1.5-shaped pipeline, `channels` wide at the UNet's first level (SD 1.5:
+    320), native size `side`, saved with diffusers' save_pretrained."""
+    from diffusers import (
+        AutoencoderKL,
+        PNDMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(0)
+    text = 128
+    unet = UNet2DConditionModel(
+        sample_size=side // 8, in_channels=4, out_channels=4, layers_per_block=2,
+        block_out_channels=(channels, 2 * channels, 4 * channels, 4 * channels),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        cross_attention_dim=text, attention_head_dim=8, norm_num_groups=32,
+    )  # fmt: skip
+    vae = AutoencoderKL(
+        block_out_channels=[channels // 2, channels, channels, channels], in_channels=3,
+        out_channels=3, latent_channels=4, down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=2, norm_num_groups=32,
+        sample_size=side,
+    )  # fmt: skip
+    scheduler = PNDMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", skip_prk_steps=True,
+        steps_offset=1, set_alpha_to_one=False,
+    )  # fmt: skip
+    pipeline = StableDiffusionPipeline(
+        unet=unet, vae=vae, text_encoder=CLIPTextModel(_clip_text_config(text)),
+        tokenizer=_clip_tokenizer(), scheduler=scheduler, safety_checker=None,
+        feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+    pipeline.save_pretrained(folder)
+    return sum(p.numel() for p in unet.parameters())
+
+
+def timed(work: Callable[[], Any], cpu: Callable[[], float]) -> tuple[float, float, Any]:
+    """Wall seconds, seconds of `cpu` (a process's CPU time) and the result of `work`."""
+    started, cpu_started = time.perf_counter(), cpu()
+    result = work()
+    return time.perf_counter() - started, cpu() - cpu_started, result
+
+
+# -- the pipeline called directly ------------------------------------------------------
+def direct_runs(folder: Path, side: int, steps: int) -> tuple[list[Row], np.ndarray]:
+    """Batch 4, then batch 1 × 4; the batch's images (uint8, as the server encodes them)."""
+    from diffusers import StableDiffusionPipeline
+
+    pipeline = StableDiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+
+    def run(indices: list[int], run_steps: int = steps) -> np.ndarray:
+        with torch.inference_mode():
+            images = pipeline(
+                prompt=[PROMPTS[i] for i in indices],
+                generator=[torch.Generator().manual_seed(SEEDS[i]) for i in indices],
+                width=side, height=side, num_inference_steps=run_steps, output_type="np",
+            ).images  # fmt: skip
+        return (images * 255).round().astype(np.uint8)
+
+    run([0], 1)  # warm-up: both shapes' buffers, one step each
+    run(list(range(IMAGES)), 1)
+    batch_s, batch_cpu, batched = timed(lambda: run(list(range(IMAGES))), time.process_time)
+    single_s, single_cpu, _ = timed(lambda: [run([i]) for i in range(IMAGES)], time.process_time)
+    rows = [
+        Row("diffusers pipeline, batch 4 (one call)", batch_s, batch_cpu),
+        Row("diffusers pipeline, batch 1 × 4", single_s, single_cpu),
+    ]
+    return rows, batched
+
+
+# -- through vramgate --------------------------------------------------------------------
+def generate(url: str, index: int, side: int, steps: int) -> tuple[str, np.ndarray]:
+    """One image from the server: its `X-Vramgate-Batch` and its pixels."""
+    body = {
+        "model": MODEL, "prompt": PROMPTS[index], "n": 1, "size": f"{side}x{side}",
+        "seed": SEEDS[index], "steps": steps, "output_format": "png",
+    }  # fmt: skip
+    answer = httpx.post(url + "/v1/images/generations", json=body, timeout=1800)
+    answer.raise_for_status()
+    encoded = answer.json()["data"][0]["b64_json"]
+    with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
+        pixels = np.array(image.convert("RGB"))
+    return answer.headers["X-Vramgate-Batch"], pixels
+
+
+def at_once(url: str, side: int, steps: int) -> list[tuple[str, np.ndarray]]:
+    results: list[Any] = [None] * IMAGES
+
+    def one(index: int) -> None:
+        results[index] = generate(url, index, side, steps)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(IMAGES)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if any(result is None for result in results):
+        raise RuntimeError("a request failed: see the server's log (bench-vramgate.log)")
+    return results
+
+
+def config_file(folder: Path, root: Path) -> Path:
+    config = root / "config.toml"
+    config.write_text(
+        f'[[models]]\nname = "{MODEL}"\nkind = "diffusion"\npath = "{folder.as_posix()}"\n'
+        f'max_batch = {IMAGES}\nload = "startup"\n'
+    )
+    return config
+
+
+def server_runs(folder: Path, root: Path, args: argparse.Namespace) -> tuple[list[Row], Any]:
+    """Four at once, then the same four one after the other; the batch's pixels."""
+    extra = (
+        "--cpu-threads", str(args.threads), "--max-batch-wait-ms", str(WAIT_MS),
+        "--queue-timeout", "1800", "--run-timeout", "1800",
+    )  # fmt: skip
+    server = start_vramgate(config_file(folder, root), MODEL, "/v1/images/generations", extra)
+    side, steps = args.side, args.steps
+    try:
+        generate(server.url, 0, side, 1)  # warm-up: the model's first run at this size
+        at_once(server.url, side, 1)
+        cpu = server.cpu_seconds
+        batch_s, batch_cpu, answers = timed(lambda: at_once(server.url, side, steps), cpu)
+        single_s, single_cpu, singles = timed(
+            lambda: [generate(server.url, i, side, steps) for i in range(IMAGES)], cpu
+        )
+    finally:
+        server.stop()
+    batches = ",".join(batch for batch, _ in answers)
+    ones = ",".join(batch for batch, _ in singles)
+    rows = [
+        Row("vramgate, four requests at once", batch_s, batch_cpu, f"X-Vramgate-Batch {batches}"),
+        Row("vramgate, four one after the other", single_s, single_cpu, f"X-Vramgate-Batch {ones}"),
+    ]
+    return rows, np.stack([pixels for _, pixels in answers])
+
+
+def measure(args: argparse.Namespace, root: Path) -> Result:
+    torch.set_num_threads(args.threads)
+    folder = root / "sd"
+    parameters = save_pipeline(folder, args.channels, args.side)
+    direct, expected = direct_runs(folder, args.side, args.steps)
+    served, pixels = server_runs(folder, root, args)
+    difference = int(np.abs(pixels.astype(int) - expected.astype(int)).max())
+    return Result([*direct, *served], difference, parameters)
+
+
+def table(result: Result, args: argparse.Namespace) -> str:
+    rows = result.rows
+    same_shape = [rows[0].seconds, rows[1].seconds] * 2  # batch 4, then one at a time
+    unet = result.unet_parameters
+    lines = [
+        f"Random SD 1.5-shaped pipeline (UNet {unet / 1e6:.0f}M parameters, first level "
+        f"{args.channels} channels), four {args.side}² images, {args.steps} PNDM steps, "
+        f"guidance 7.5, float32 on the CPU, {args.threads} torch threads.",
+        "",
+        "| run | seconds for 4 images | s per image | ratio to the direct call of the same shape "
+        "| CPU s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row, reference in zip(rows, same_shape, strict=True):
+        note = f" ({row.note})" if row.note else ""
+        lines.append(
+            f"| {row.name}{note} | {row.seconds:.1f} | {row.seconds / IMAGES:.2f} "
+            f"| {row.seconds / reference:.2f} | {row.cpu_s:.1f} |"
+        )
+    direct_gain = rows[1].seconds / rows[0].seconds
+    served_gain = rows[3].seconds / rows[2].seconds
+    lines += [
+        "",
+        f"Four at once against four one after the other: vramgate {served_gain:.2f}× "
+        f"faster, the direct pipeline {direct_gain:.2f}× faster. The four batched images "
+        f"against the direct batch's: largest pixel difference {result.difference} (of 255).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", type=int, default=256, help="image side, a multiple of 8")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--channels", type=int, default=64, help="the UNet's first level")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--write-readme", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        text = table(measure(args, Path(scratch)), args)
+    print(text)
+    if args.write_readme:
+        write_readme(text, "images", "bench/images.py")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
