@@ -29,14 +29,26 @@ GENERATION_FAMILIES = (
     "gemma", "gemma2", "gemma3", "gemma3_text", "granite", "smollm3", "olmo2", "stablelm",
     "starcoder2",
 )  # fmt: skip
-FAMILIES = EMBEDDING_FAMILIES + GENERATION_FAMILIES
+# speech to text (app.models.speech: Whisper and its fine-tunes, distil-whisper)
+SPEECH_FAMILIES = ("whisper",)
+# chat with images (app.models.vision_language: image-text-to-text with a processor)
+VISION_LANGUAGE_FAMILIES = (
+    "llava", "llava_next", "smolvlm", "idefics3", "qwen2_vl", "qwen2_5_vl",
+)  # fmt: skip
+FAMILIES = EMBEDDING_FAMILIES + GENERATION_FAMILIES + SPEECH_FAMILIES + VISION_LANGUAGE_FAMILIES
+# what diffusers pipelines load from transformers by class name (Stable Diffusion's and
+# SDXL's text encoders and tokenizers): bundled, though `pull` takes no such folder alone
+DIFFUSION_TEXT_FAMILIES = ("clip",)
+BUNDLED_FAMILIES = FAMILIES + DIFFUSION_TEXT_FAMILIES
 PIP_INSTALL = "pip install vramgate"
 
 
-def transformers_packages(model_types: tuple[str, ...] = FAMILIES) -> list[str]:
+def transformers_packages(model_types: tuple[str, ...] = BUNDLED_FAMILIES) -> list[str]:
     """The `transformers.models.*` packages that loading these families imports: each
     one's own, those of the sub-models its default config holds (Gemma 3's SigLIP vision
-    tower) and those of its tokenizer classes (Gemma 3's is Gemma's). Needs transformers."""
+    tower), of its tokenizer classes (Gemma 3's is Gemma's) and of its processor, image
+    processor and feature extractor (Qwen2.5-VL's images are Qwen2-VL's). Needs
+    transformers."""
     from transformers import CONFIG_MAPPING
 
     packages: set[str] = set()
@@ -44,6 +56,7 @@ def transformers_packages(model_types: tuple[str, ...] = FAMILIES) -> list[str]:
         config = CONFIG_MAPPING[model_type]()
         packages.update(_package(type(c)) for c in _configs(config))
         packages.update(_tokenizer_packages(model_type))
+        packages.update(_processor_packages(model_type))
     return sorted(p for p in packages if p.startswith("transformers.models."))
 
 
@@ -65,6 +78,35 @@ def _tokenizer_packages(model_type: str) -> set[str]:
     listed = names if isinstance(names, tuple) else (names,)
     found = (tokenizer_class_from_name(n) for n in listed if n)
     return {_package(cls) for cls in found if cls is not None}
+
+
+def _processor_packages(model_type: str) -> set[str]:
+    from transformers.models.auto import (
+        feature_extraction_auto,
+        image_processing_auto,
+        processing_auto,
+    )
+
+    lookups = (
+        (processing_auto.PROCESSOR_MAPPING_NAMES, processing_auto.processor_class_from_name),
+        (
+            image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES,
+            image_processing_auto.get_image_processor_class_from_name,
+        ),
+        (
+            feature_extraction_auto.FEATURE_EXTRACTOR_MAPPING_NAMES,
+            feature_extraction_auto.feature_extractor_class_from_name,
+        ),
+    )
+    found: set[str] = set()
+    for mapping, class_of in lookups:
+        names = mapping.get(model_type)
+        listed = names.values() if isinstance(names, dict) else [names]
+        for name in listed:
+            cls = class_of(name) if isinstance(name, str) else None
+            if isinstance(cls, type):
+                found.add(_package(cls))
+    return found
 
 
 def _package(cls: type) -> str:

@@ -28,13 +28,13 @@ from typing import Any, Literal
 
 from app.model_config import add_to_config, check_name_free
 from app.model_config import remove_from_config as remove_from_config  # app.api imports it here
-from app.model_families import sees_images
+from app.model_families import SPEECH_FAMILIES, sees_images
 from app.model_folders import left_behind, moved_in, remove_tree, scratch_folder
 from app.pull_source import PullError, Source, parse_source, regular_files
 from app.settings import MODEL_NAME_PATTERN, ModelSpec, Settings
 
 COPY_CHUNK = 8 * 2**20
-Kind = Literal["embedding", "generation", "rerank", "diffusion"]
+Kind = Literal["embedding", "generation", "rerank", "diffusion", "speech"]
 
 
 class Progress:
@@ -233,6 +233,8 @@ def detect_kind(model: Path) -> Kind:
         return "embedding"
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return "generation"
+    if config.get("model_type") in SPEECH_FAMILIES:
+        return "speech"  # Whisper: speech to text (app.models.speech)
     if sees_images(model):
         return "generation"  # a vision-language model: chat with images
     return "embedding"

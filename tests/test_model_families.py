@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from app.model_families import (
-    EMBEDDING_FAMILIES,
     FAMILIES,
     GENERATION_FAMILIES,
+    SPEECH_FAMILIES,
+    VISION_LANGUAGE_FAMILIES,
     refusal,
     transformers_packages,
 )
@@ -30,12 +31,22 @@ def test_every_module_a_family_builds_comes_from_a_collected_package(model_type)
     class in it, and its tokenizer classes, come from a package the bundle collects
     (Gemma 3's vision tower from SigLIP's)."""
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSpeechSeq2Seq,
+    )
 
     config = AutoConfig.for_model(model_type)
     if not hasattr(config, "pad_token_id"):  # transformers 5.0's Phi and StableLM defaults
         config.pad_token_id = None  # lack it, and their models read it
     classes = AutoModelForCausalLM if model_type in GENERATION_FAMILIES else AutoModel
+    if model_type in SPEECH_FAMILIES:  # as app.models.speech loads it
+        classes = AutoModelForSpeechSeq2Seq
+    if model_type in VISION_LANGUAGE_FAMILIES:  # as app.models.vision_language loads it
+        classes = AutoModelForImageTextToText
     with torch.device("meta"):
         if model_type == "gemma3":  # Gemma 3 >= 4B: the text model and its SigLIP tower
             from transformers import Gemma3ForConditionalGeneration
@@ -50,9 +61,21 @@ def test_every_module_a_family_builds_comes_from_a_collected_package(model_type)
 
 
 def test_pull_accepts_the_families_and_refuses_the_rest_in_the_bundle():
-    for model_type in EMBEDDING_FAMILIES + GENERATION_FAMILIES:
+    for model_type in FAMILIES:
         assert refusal(model_type, frozen=True) is None
         assert refusal(model_type, frozen=False) is None
     assert "does not carry" in (refusal("t5", frozen=True) or "")
     assert refusal("t5", frozen=False) is None  # a pip install serves what transformers has
     assert "does not know" in (refusal("new", frozen=False) or "")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "package"),
+    [
+        ("qwen2_5_vl", "transformers.models.qwen2_vl"),  # Qwen2.5-VL's images: Qwen2-VL's
+        ("idefics3", "transformers.models.idefics3"),
+    ],
+)
+def test_a_familys_processor_package_is_collected(model_type, package):
+    """What loading a speech or vision-language folder's processor imports by name."""
+    assert package in transformers_packages((model_type,))

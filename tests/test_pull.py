@@ -656,3 +656,27 @@ def test_a_vision_language_folder_is_pulled_as_a_generation_model(tmp_path):
     settings = make_settings(tmp_path, models_dir=tmp_path / "models")
     spec = pull(str(folder), settings, tmp_path / "config.toml")
     assert spec.kind == "generation" and (spec.path / "processor_config.json").is_file()
+
+
+def test_a_whisper_folder_is_pulled_as_a_speech_model_and_transcribes(tmp_path):
+    """WhisperForConditionalGeneration is no causal LM and no embedder: its model_type
+    says speech to text. The entry pull writes serves /v1/audio/transcriptions."""
+    from openai import OpenAI
+
+    from tests.random_whisper import save_random_whisper, tone, write_wav
+
+    folder = save_random_whisper(tmp_path / "src" / "tiny-whisper")
+    config = tmp_path / "config.toml"
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(folder), settings, config)
+    assert (spec.name, spec.kind) == ("tiny-whisper", "speech")
+    entry = next(m for m in load_settings({}, config).models if m.name == "tiny-whisper")
+    assert entry.kind == "speech" and entry.path == tmp_path / "models" / "tiny-whisper"
+    serving = make_settings(tmp_path / "serve", device="cpu", models=(entry,), cpu_threads=1)
+    audio = write_wav(tmp_path / "clip.wav", tone(3.0, seed=2))
+    with live_server(serving) as live, audio.open("rb") as file:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.audio.transcriptions.create(
+            model="tiny-whisper", file=file, response_format="verbose_json"
+        )
+    assert answer.duration == 3.0
