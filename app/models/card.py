@@ -10,10 +10,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelCard:
-    kind: str  # embedding | generation | rerank | vision | simulated
+    kind: str  # embedding | generation | rerank | vision | diffusion | speech | simulated
     engine: str  # torch | llama.cpp | simulated
     # what it can be asked for, in Ollama's words where Ollama has them: completion, tools,
-    # embedding, rerank, image (an image model's predict)
+    # vision (a chat model that sees images), embedding; else ours: rerank, image (an image
+    # model's predict), image_generation, transcription (Ollama's routes show only its own)
     capabilities: tuple[str, ...]
     architecture: str  # the family its weights say (llama, bert, ...), else the kind
     format: str  # gguf | safetensors | torchscript | none

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import ollama
 import openai
 import pytest
 from openai import OpenAI
@@ -399,8 +400,13 @@ def test_the_model_is_listed_with_its_capability(live, client):
     assert "transcription" in listed["whisper"].capabilities  # type: ignore[attr-defined]
     row = next(m for m in live.status()["models"] if m["name"] == "whisper")
     assert row["kind"] == "speech" and row["loaded"]
-    tags = httpx.get(live.url + "/api/tags", timeout=30).json()["models"]
-    assert "whisper" in {t["name"].split(":")[0] for t in tags}
+    tags = {t["name"]: t for t in httpx.get(live.url + "/api/tags", timeout=30).json()["models"]}
+    # Ollama's clients see a model that offers none of their capabilities: no chat model
+    assert tags["whisper"]["capabilities"] == []
+    assert tags["whisper"]["details"]["family"] == "whisper"
+    shown = ollama.Client(host=live.url).show("whisper")
+    assert shown.capabilities == [] and shown.details and shown.details.family == "whisper"
+    assert shown.modelinfo and shown.modelinfo["vramgate.kind"] == "speech"
 
 
 def test_the_window_bucket_has_a_learned_price(live, short_wav):
