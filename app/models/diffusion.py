@@ -12,8 +12,9 @@ the image and mask given as PIL images as users give them, so the same seed give
 same pixels as that pipeline called directly.
 
 Bucket: the exact size and the batch rounded up to a power of two (`px512x512xb2`; an
-image-to-image or inpainting run adds its task, `px512x512xb2-image2image`, since it
-also encodes its images), priced first by the pipeline's own geometry
+image-to-image or inpainting run is a variant of its own, `px512x512xb2~image2image`,
+since it also encodes its images: app.models.image_buckets' variants never price one
+another), priced first by the pipeline's own geometry
 (app.models.diffusion_cost), then by its measured peaks. Rows that share a task, size,
 steps, strength, guidance, scheduler and whether they have a negative prompt run as one
 batch. A run reports each step to its requests' progress (read by /status), with a
@@ -41,12 +42,13 @@ from app.models.base import Bucket, Prepared, dtype_on, next_pow2
 from app.models.diffusion_cost import DiffusionGeometry, image_bytes
 from app.models.diffusion_pipeline import for_run, load_pipeline, weights_bytes_on
 from app.models.diffusion_preview import latent_previews, table_for
+from app.models.image_buckets import VARIANT_MARK
 from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
 from app.settings import ModelSpec
 
-LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:-[a-z0-9]+)?$")
+LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:~(image2image|inpainting))?$")
 Shape = tuple[Any, ...]  # what rows of one batch share
 
 
@@ -128,7 +130,7 @@ class DiffusionHandler(ImageGenerator):
         width, height = rows[0].width or 0, rows[0].height or 0
         batch = next_pow2(len(rows))
         task = rows[0].task
-        suffix = "" if task == "text2image" else f"-{task}"
+        suffix = "" if task == "text2image" else f"{VARIANT_MARK}{task}"
         return Prepared(
             Bucket(f"px{width}x{height}xb{batch}{suffix}", width * height * batch),
             rows,
@@ -148,11 +150,16 @@ class DiffusionHandler(ImageGenerator):
     def batch_group(self, prepared: Prepared) -> str:
         return repr(_shape(prepared.payload[0]))
 
+    def leaner(self, prepared: Prepared) -> Prepared | None:
+        """None: this handler decodes its images whole, so it offers no tiled run (a
+        `~tiled` bucket priced here would be admitted for less than it takes)."""
+        return None
+
     def prior_bytes(self, bucket: Bucket) -> int:
         found = LABEL.match(bucket.label)
         if found is None or self._geometry is None:
             return 0
-        width, height, batch = (int(group) for group in found.groups())
+        width, height, batch = (int(group) for group in found.groups()[:3])
         return image_bytes(self._geometry, width, height, batch)
 
     # -- running -----------------------------------------------------------------------

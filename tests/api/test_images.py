@@ -306,7 +306,7 @@ def test_an_edit_through_the_openai_client_is_the_image_to_image_pipelines_own(
     answer = raw.parse()
     (ours,) = [pixels(item.b64_json) for item in answer.data or []]
     assert answer.size == "64x64"  # type: ignore[comparison-overlap]  # auto: the image's
-    assert raw.headers["X-Vramgate-Bucket"] == "px64x64xb1-image2image"
+    assert raw.headers["X-Vramgate-Bucket"] == "px64x64xb1~image2image"
     theirs = direct_edit(
         folders[model], 3, prompt="a lighthouse at dusk", image=Image.fromarray(init),
         strength=0.5, num_inference_steps=4,

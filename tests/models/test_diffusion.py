@@ -183,8 +183,8 @@ def test_tasks_and_strengths_never_share_a_batch_and_have_buckets_of_their_own(l
     assert loaded.merge([plain, half]) is None
     assert loaded.merge([half, other]) is None
     assert loaded.merge([half, masked]) is None
-    assert half.bucket.label == "px64x64xb1-image2image"
-    assert masked.bucket.label == "px64x64xb1-inpainting"
+    assert half.bucket.label == "px64x64xb1~image2image"
+    assert masked.bucket.label == "px64x64xb1~inpainting"
     assert loaded.prior_bytes(half.bucket) == loaded.prior_bytes(plain.bucket) > 0
 
 
@@ -211,3 +211,8 @@ def test_a_run_that_asks_for_previews_gets_latent_previews_of_its_own_rows(loade
     assert all(p.dtype == np.uint8 for p in previews)
     assert not np.array_equal(previews[0], previews[1])  # each row its own
     assert blind.preview()[1] == []  # computed only for those who asked
+
+
+def test_no_tiled_run_is_offered_while_the_handler_decodes_whole(loaded):
+    prepared = loaded.preprocess([ImagePrompt("x", seed=0, width=256, height=256)])
+    assert loaded.leaner(prepared) is None
