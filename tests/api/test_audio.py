@@ -8,9 +8,11 @@ server goes on serving."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import threading
+import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -287,6 +289,46 @@ def test_a_file_over_the_limit_is_a_400_naming_both_numbers(tmp_path_factory, fo
         assert error["code"] == "audio_too_long"
         assert "8.0 s" in error["message"] and "at most 5 s" in error["message"]
         nothing_queued(live, before)
+
+
+def three_hours_of_silence() -> bytes:
+    """A real 3-hour FLAC (8 kHz silence, 2 MB), encoded by PyAV a minute at a time."""
+    import av
+
+    out = io.BytesIO()
+    minute = np.zeros((1, 8000 * 60), dtype=np.int16)
+    with av.open(out, "w", format="flac") as container:
+        stream = container.add_stream("flac", rate=8000)
+        stream.layout = "mono"  # type: ignore[union-attr]
+        for index in range(180):
+            frame = av.AudioFrame.from_ndarray(minute, format="s16", layout="mono")
+            frame.sample_rate, frame.pts = 8000, index * minute.size
+            for packet in stream.encode(frame):  # type: ignore[union-attr]
+                container.mux(packet)
+        for packet in stream.encode(None):  # type: ignore[union-attr]
+            container.mux(packet)
+    return out.getvalue()
+
+
+def test_a_3_hour_file_is_refused_by_the_default_limit_before_decoding(
+    tmp_path_factory, folder, short_wav
+):
+    """The default max_audio_seconds (2 hours): the container's declared duration is read
+    and the file refused without decoding it; nothing queued, the server serves on."""
+    data = three_hours_of_silence()
+    for live in serve(tmp_path_factory, folder):
+        assert live.fleet.settings.max_audio_seconds == 7200
+        before = live.status()
+        started = time.monotonic()
+        answer = post(live, data, name="meeting.flac")
+        took = time.monotonic() - started
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "audio_too_long" and error["param"] == "file"
+        assert "10800.0 s" in error["message"] and "at most 7200 s" in error["message"]
+        assert took < 5, took  # 3 hours decoded would take far longer on this CPU
+        nothing_queued(live, before)
+        assert post(live, short_wav, response_format="text").status_code == 200
 
 
 @pytest.mark.parametrize(
