@@ -43,6 +43,12 @@ router = APIRouter(prefix="/sdapi/v1", tags=["automatic1111"])
 Body = TypeVar("Body", bound=BaseModel)
 
 
+def _openapi(model: type[BaseModel]) -> dict[str, Any]:
+    """The body's schema inline (it is validated here, not by FastAPI)."""
+    schema = model.model_json_schema()
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
 def _json(payload: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
 
@@ -73,7 +79,9 @@ def checkpoint(fleet: Fleet, jobs: A1111Jobs, asked: str | None) -> str:
     return name
 
 
-@router.post("/txt2img", summary="AUTOMATIC1111's text to image")
+@router.post(
+    "/txt2img", openapi_extra=_openapi(Txt2ImgRequest), summary="AUTOMATIC1111's text to image"
+)
 async def txt2img(request: Request) -> Response:
     fleet: Fleet = request.app.state.fleet
     jobs: A1111Jobs = request.app.state.a1111
@@ -85,7 +93,11 @@ async def txt2img(request: Request) -> Response:
     return _answer(body, valid, result, model)
 
 
-@router.post("/img2img", summary="AUTOMATIC1111's image to image (with a mask, inpainting)")
+@router.post(
+    "/img2img",
+    openapi_extra=_openapi(Img2ImgRequest),
+    summary="AUTOMATIC1111's image to image (with a mask, inpainting)",
+)
 async def img2img(request: Request) -> Response:
     fleet: Fleet = request.app.state.fleet
     jobs: A1111Jobs = request.app.state.a1111

@@ -436,3 +436,21 @@ def test_a_stream_whose_client_leaves_stops_its_run(live):
         time.sleep(0.01)
     assert last - step <= 10, (step, last)
     assert live.status()["queue"]["depth"] == 0
+
+
+def test_a_streamed_edit_sends_image_edit_events(client):
+    events = list(
+        client.images.edit(
+            model="sd15",
+            image=("init.png", png(picture()), "image/png"),
+            prompt="a red boat",
+            stream=True,
+            partial_images=1,
+            output_format="webp",
+            extra_body={"seed": 5, "steps": 4, "strength": 1.0},
+        )
+    )
+    assert [e.type for e in events] == ["image_edit.partial_image", "image_edit.completed"]
+    data = base64.b64decode(events[-1].b64_json)
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.format == "WEBP" and image.size == (64, 64)
