@@ -235,3 +235,47 @@ def test_dashboard_devices_view_shows_each_simulated_gpu_and_its_models(server_f
     assert served == {key: expected[key]["served"] for key in served}
     assert sum(served.values()) >= 20
     assert "both (simulated:0, simulated:1)" in models and "big (simulated:1)" in models
+
+
+def test_dashboard_shows_speech_and_vision_language_models_and_what_runs(tmp_path):
+    """A Whisper and a LLaVA beside the others: their kinds in the Models view (the
+    vision-language chat model says it sees), and in Prices what a bucket runs: audio
+    windows per generate call, a prompt with images."""
+    from openai import OpenAI
+    from playwright.sync_api import sync_playwright
+
+    from tests.api.test_chat_images import openai_chat, png
+    from tests.random_models import save_random_llava
+    from tests.random_whisper import save_random_whisper, tone, write_wav
+
+    models = (
+        ModelSpec(name="whisper", kind="speech", path=save_random_whisper(tmp_path / "w")),
+        ModelSpec(name="vl", kind="generation", path=save_random_llava(tmp_path / "vl")),
+    )
+    settings = make_settings(tmp_path, device="cpu", models=models, cpu_threads=1)
+    audio = write_wav(tmp_path / "clip.wav", tone(3.0, seed=4))
+    with live_server(settings) as live, sync_playwright() as pw:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        with audio.open("rb") as file:
+            client.audio.transcriptions.create(model="whisper", file=file)
+        client.chat.completions.create(model="vl", messages=openai_chat(png(1)), max_tokens=2)
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(live.url + "/dashboard")
+        page.wait_for_selector("#models tbody tr[data-model='vl']")
+        page.wait_for_function(
+            "document.querySelectorAll('#prices tbody tr').length >= 2", timeout=15000
+        )
+        kinds = {
+            name: page.inner_text(f"#models tbody tr[data-model='{name}'] td:nth-child(2)")
+            for name in ("whisper", "vl")
+        }
+        buckets = page.locator("#prices tbody tr td:nth-child(2)").all_inner_texts()
+        browser.close()
+
+    assert kinds == {"whisper": "speech", "vl": "generation · vision"}
+    assert "w30xb1 · 1 × 30 s audio a call" in buckets, buckets
+    assert any(b.endswith("+images · prompt with images") for b in buckets), buckets
