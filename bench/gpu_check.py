@@ -23,14 +23,28 @@ Runs the real server in-process on the device and prints (and writes to OUT/gpu_
    after the unload;
 7. a vision-language chat (a random LLaVA made on the spot): an image in an OpenAI chat on
    the device, answered twice the same (greedy), its price, bucket and price source, and
-   the learned `+images` price lines against the text ones.
+   the learned `+images` price lines against the text ones;
+8. Stable Diffusion 1.5 (a pipeline at SD 1.5's real configs with random weights, made on
+   the spot: memory does not depend on the values) at 512², 768² and 1024²: per size the
+   price quoted first (the pipeline's geometry), the price learned from a few runs through
+   `/v1/images/generations`, the isolated peak (torch.cuda.max_memory_allocated around
+   the diffusers pipeline called directly at that size, the cache given back first), and
+   learned / isolated (the issue's bar: within 10%);
+9. speech: a Whisper at whisper-small's config (random weights), one 30-second window's
+   learned price (`w30xb1`, through `/v1/audio/transcriptions`) against its isolated peak
+   (`generate` on that window's features, called directly).
+
+`--tiny` makes steps 8 and 9 use the tests' tiny SD 1.5-shaped pipeline and Whisper (for
+a dry run: `--tiny --sd-sizes 64,128`).
 
 On a machine without CUDA, `--device cpu` runs the same steps as a dry run. The device
 machine has no network: carry the pure dependencies as wheels, e.g.
 `pip download --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.12
 -d .whl fastapi starlette pydantic pydantic-core pydantic-settings uvicorn platformdirs
-orjson annotated-types typing-inspection anyio sniffio h11 idna` and install them there with
-`pip install --no-index --find-links .whl ...` before running this.
+orjson annotated-types typing-inspection anyio sniffio h11 idna diffusers av
+python-multipart` and install them there with `pip install --no-index --find-links .whl
+...` before running this (diffusers for step 8, av and python-multipart for step 9: each
+step is skipped, saying so, where what it needs cannot be imported).
 """
 
 from __future__ import annotations
@@ -264,6 +278,275 @@ def vision_language_check(work: Path, device_spec: str) -> dict[str, Any]:
     }
 
 
+# -- 8: Stable Diffusion 1.5 by size ------------------------------------------------------
+SD15_TEXT = {  # SD 1.5's text encoder: CLIP ViT-L/14's
+    "vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072,
+    "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 77,
+    "projection_dim": 768, "hidden_act": "quick_gelu",
+}  # fmt: skip
+WHISPER_SMALL = {  # openai/whisper-small's config.json (the vocabulary's size included)
+    "vocab_size": 51865, "d_model": 768, "encoder_layers": 12, "decoder_layers": 12,
+    "encoder_attention_heads": 12, "decoder_attention_heads": 12, "encoder_ffn_dim": 3072,
+    "decoder_ffn_dim": 3072, "num_mel_bins": 80, "max_source_positions": 1500,
+    "max_target_positions": 448, "init_std": 0.02,
+}  # fmt: skip
+
+
+def save_sd15(folder: Path, tiny: bool) -> Path:
+    """A pipeline at SD 1.5's configs (UNet 320/640/1280/1280 with 768-wide cross
+    attention, VAE 128/256/512/512, CLIP ViT-L/14's text encoder), random weights saved in
+    float16, the tests' byte-level tokenizer; or, `tiny`, the tests' tiny one."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        PNDMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from tests.random_models import _clip_tokenizer, save_random_sd15
+
+    if tiny:
+        return save_random_sd15(folder)
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(sample_size=64, cross_attention_dim=768)  # else SD 1.5's
+    vae = AutoencoderKL(
+        block_out_channels=[128, 256, 512, 512], down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=2, latent_channels=4,
+        sample_size=512,
+    )  # fmt: skip
+    text = CLIPTextConfig(bos_token_id=0, eos_token_id=1, pad_token_id=1, **SD15_TEXT)
+    scheduler = PNDMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", skip_prk_steps=True,
+        steps_offset=1, set_alpha_to_one=False,
+    )  # fmt: skip
+    pipeline = StableDiffusionPipeline(
+        unet=unet, vae=vae, text_encoder=CLIPTextModel(text), tokenizer=_clip_tokenizer(),
+        scheduler=scheduler, safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )  # fmt: skip
+    pipeline.to(torch.float16).save_pretrained(folder)
+    return folder
+
+
+def give_back_cache() -> None:
+    """What a direct call left cached goes back before the server starts beside it."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measured_peak(device: Any, call: Any) -> dict[str, int]:
+    """`call()`'s peak from a cache given back first: the device's own rule (what the
+    server measures), and on CUDA torch.cuda.max_memory_allocated's growth alone."""
+    device.synchronize()
+    device.empty_cache()
+    device.begin_peak()  # on CUDA: reset_peak_memory_stats
+    base = device.allocated()
+    call()
+    device.synchronize()
+    peak = {"peak_bytes": device.peak() - base}
+    if device.kind == "cuda":
+        import torch
+
+        peak["max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device.index)) - base
+    return peak
+
+
+def image_body(side: int, steps: int, seed: int) -> dict[str, Any]:
+    return {
+        "model": "sd15", "prompt": "a lighthouse at dusk", "n": 1, "size": f"{side}x{side}",
+        "seed": seed, "steps": steps,
+    }  # fmt: skip
+
+
+def isolated_diffusion_peaks(
+    folder: Path, device_spec: str, sides: list[int], steps: int
+) -> dict[int, dict[str, int]]:
+    """Each size's peak with the diffusers pipeline called directly, alone on the device,
+    as the server calls it (batch 1, guidance, a CPU generator, numpy output)."""
+    import torch
+    from diffusers import AutoPipelineForText2Image
+
+    from app.engine.choose import make_device
+    from app.models.base import dtype_on
+    from app.settings import load_settings
+
+    device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
+    dtype = getattr(torch, dtype_on(device, "auto"))
+    pipeline = AutoPipelineForText2Image.from_pretrained(
+        folder, dtype=dtype, use_safetensors=True, local_files_only=True
+    ).to(device.torch_device)
+    pipeline.set_progress_bar_config(disable=True)
+
+    def run(side: int, run_steps: int) -> None:
+        with torch.inference_mode():
+            pipeline(
+                prompt=["a lighthouse at dusk"], width=side, height=side, output_type="np",
+                num_inference_steps=run_steps, generator=[torch.Generator().manual_seed(0)],
+            )  # fmt: skip
+
+    run(min(sides), 1)  # kernels and handles loaded once, as the server's priming does
+    return {side: measured_peak(device, lambda side=side: run(side, steps)) for side in sides}
+
+
+def diffusion_check(
+    work: Path, device_spec: str, sides: list[int], steps: int, tiny: bool, runs: int = 3
+) -> dict[str, Any]:
+    """Per size: the first quote, the learned price after `runs` runs, the isolated peak."""
+    import importlib.util
+
+    import httpx
+
+    from app.settings import ModelSpec
+    from tests.live import live_server, make_settings
+
+    if importlib.util.find_spec("diffusers") is None:
+        return {"skipped": "diffusers is not installed here"}
+    folder = save_sd15(work / "sd15", tiny)
+    isolated = isolated_diffusion_peaks(folder, device_spec, sides, steps)
+    give_back_cache()
+    spec = ModelSpec(name="sd15", kind="diffusion", path=folder, max_batch=1, load="startup")
+    settings = make_settings(work / "sd", device=device_spec, models=(spec,))
+    first: dict[int, httpx.Response] = {}
+    with live_server(settings) as live, httpx.Client(base_url=live.url, timeout=600) as client:
+        for side in sides:
+            for seed in range(runs):  # one after another: each runs alone, measured clean
+                answer = client.post("/v1/images/generations", json=image_body(side, steps, seed))
+                answer.raise_for_status()
+                first.setdefault(side, answer)
+        lines = {p["bucket"]: p for m in live.status()["models"] if m["name"] == "sd15"
+                 for p in m["prices"]}  # fmt: skip
+    rows = [_size_row(side, first[side], lines, isolated[side]) for side in sides]
+    return {
+        "sizes": rows,
+        "steps": steps,
+        "configs": "tiny (the tests')" if tiny else "SD 1.5's, random weights, float16 saved",
+        "all_within_10pct": all(row["within_10pct"] for row in rows),
+    }
+
+
+def _size_row(
+    side: int, answer: Any, lines: dict[str, Any], isolated: dict[str, int]
+) -> dict[str, Any]:
+    bucket = answer.headers["X-Vramgate-Bucket"]
+    line = lines.get(bucket, {})
+    learned = line.get("price_bytes")
+    reference = isolated.get("max_allocated_bytes", isolated["peak_bytes"])
+    ratio = round(learned / reference, 3) if learned and reference > 0 else None
+    return {
+        "size": f"{side}x{side}",
+        "bucket": bucket,
+        "first_quote_bytes": int(answer.headers["X-Vramgate-Price-Bytes"]),
+        "first_quote_source": answer.headers["X-Vramgate-Price-Source"],
+        "learned_bytes": learned,
+        "samples": line.get("samples"),
+        "isolated_max_allocated_bytes": isolated.get("max_allocated_bytes"),
+        "isolated_peak_bytes": isolated["peak_bytes"],  # the device's rule: reserved growth too
+        "ratio": ratio,
+        "within_10pct": ratio is not None and abs(ratio - 1) <= 0.10,
+    }
+
+
+# -- 9: one speech window ------------------------------------------------------------------
+def save_whisper(folder: Path, tiny: bool) -> Path:
+    """A Whisper at whisper-small's config with random weights (its processor and
+    generation config the tests' small ones: token ids past that tokenizer decode as
+    timestamps, which the server keeps within the window); or, `tiny`, the tests' own."""
+    import torch
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+    from tests.random_whisper import save_random_whisper
+
+    save_random_whisper(folder, d_model=64, layers=1)
+    if tiny:
+        return folder
+    config = WhisperConfig.from_pretrained(folder)
+    for name, value in WHISPER_SMALL.items():
+        setattr(config, name, value)
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(config)
+    with torch.no_grad():  # as the tests' Whisper: end-of-text lowered, so it writes a while
+        model.proj_out.weight[config.eos_token_id].mul_(0.0)
+    model.generation_config = GenerationConfig.from_pretrained(folder)
+    model.save_pretrained(folder)
+    return folder
+
+
+def isolated_window_peak(folder: Path, device_spec: str, samples: Any) -> dict[str, int]:
+    """One 30-second window's `generate`, called directly as the server calls it."""
+    import torch
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    from app.engine.choose import make_device
+    from app.models.base import dtype_on
+    from app.settings import load_settings
+
+    device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
+    dtype = getattr(torch, dtype_on(device, "auto"))
+    model = WhisperForConditionalGeneration.from_pretrained(folder, dtype=dtype)
+    model = model.to(device.torch_device).eval()
+    features = (
+        WhisperProcessor.from_pretrained(folder)
+        .feature_extractor([samples], sampling_rate=16_000, return_tensors="pt")
+        .input_features.to(device.torch_device, dtype)
+    )
+    kwargs = {"return_timestamps": True, "task": "transcribe", "language": "en"}
+
+    def run() -> None:
+        with torch.inference_mode():
+            model.generate(features, **kwargs)
+
+    run()  # kernels and handles loaded once, as the server's priming does
+    return measured_peak(device, run)
+
+
+def speech_check(work: Path, device_spec: str, tiny: bool, runs: int = 3) -> dict[str, Any]:
+    import importlib.util
+
+    import httpx
+
+    from app.settings import ModelSpec
+    from tests.live import live_server, make_settings
+    from tests.random_whisper import tone, write_wav
+
+    missing = [m for m in ("av", "multipart") if importlib.util.find_spec(m) is None]
+    if missing:
+        return {"skipped": f"{', '.join(missing)} not installed here"}
+    folder = save_whisper(work / "whisper", tiny)
+    from app.models.audio import decode_audio
+
+    wav = write_wav(work / "window.wav", tone(30.0, seed=3)).read_bytes()
+    isolated = isolated_window_peak(folder, device_spec, decode_audio(wav, 60.0))
+    give_back_cache()
+    spec = ModelSpec(name="whisper", kind="speech", path=folder, max_batch=8, load="startup")
+    settings = make_settings(work / "speech", device=device_spec, models=(spec,))
+    form = {"model": "whisper", "language": "en", "response_format": "json"}
+    with live_server(settings) as live, httpx.Client(base_url=live.url, timeout=600) as client:
+        answers = [
+            client.post("/v1/audio/transcriptions", files={"file": ("w.wav", wav)}, data=form)
+            for _ in range(runs)
+        ]
+        lines = {p["bucket"]: p for m in live.status()["models"] if m["name"] == "whisper"
+                 for p in m["prices"]}  # fmt: skip
+    first = answers[0]
+    bucket = first.headers.get("X-Vramgate-Bucket", "")
+    row = _size_row(30, first, lines, isolated) if first.status_code == 200 else {}
+    row.pop("size", None)
+    return {
+        "status": [a.status_code for a in answers],
+        "config": "the tests' tiny Whisper" if tiny else "whisper-small's, random weights",
+        "window": "30 s",
+        **row,
+        "bucket": bucket,
+    }
+
+
 async def flood(url: str, bodies: list[dict], clients: int) -> dict[str, Any]:
     import httpx
 
@@ -376,6 +659,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--gen-tokens", type=int, default=1000, help="a priced generation")
+    parser.add_argument("--sd-sizes", default="512,768,1024", help="SD 1.5's image sides")
+    parser.add_argument("--sd-steps", type=int, default=4, help="a peak is one step's")
+    parser.add_argument("--tiny", action="store_true", help="steps 8 and 9 on tiny models")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
 
@@ -469,6 +755,9 @@ def main() -> int:
     )
     report["llama_split"] = llama_split_check(work, args.device)
     report["vision_language"] = vision_language_check(work, args.device)
+    sides = [int(side) for side in args.sd_sizes.split(",")]
+    report["sd15"] = diffusion_check(work, args.device, sides, args.sd_steps, args.tiny)
+    report["speech_window"] = speech_check(work, args.device, args.tiny)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))

@@ -1,5 +1,6 @@
 """bench/gpu_check.py as a dry run on the CPU: the script a GPU session runs must run end
-to end, and its generation section must report what the issue asks of it."""
+to end, and its generation, SD 1.5 and speech sections must report what the issues ask of
+them (on the CPU the peaks are the resident set's, so no ratio is asserted)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_gpu_check_dry_run_on_the_cpu_reports_generation(tmp_path):
         [
             sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu",
             "--hidden", "64", "--layers", "1", "--requests", "16", "--clients", "4",
-            "--gen-tokens", "40", "--out", str(tmp_path),
+            "--gen-tokens", "40", "--tiny", "--sd-sizes", "64,128", "--sd-steps", "2",
+            "--out", str(tmp_path),
         ],
         capture_output=True, text=True, timeout=600, env=clean_env(), cwd=ROOT,
     )  # fmt: skip
@@ -43,6 +45,15 @@ def test_gpu_check_dry_run_on_the_cpu_reports_generation(tmp_path):
     seen = report["vision_language"]
     assert seen["status"] == [200, 200] and seen["same_answer"]
     assert any(line["bucket"].endswith("+images") for line in seen["lines"])
+    sizes = report["sd15"]["sizes"]
+    assert [row["bucket"] for row in sizes] == ["px64x64xb1", "px128x128xb1"]
+    for row in sizes:  # a quote, a learned price from 3 runs, an isolated peak
+        assert row["first_quote_bytes"] > 0 and row["learned_bytes"] > 0
+        assert row["samples"] >= 3 and row["isolated_peak_bytes"] >= 0
+        assert row["isolated_max_allocated_bytes"] is None  # CUDA's figure; not on the CPU
+    window = report["speech_window"]
+    assert window["status"] == [200, 200, 200] and window["bucket"] == "w30xb1"
+    assert window["learned_bytes"] > 0 and window["samples"] >= 3
 
 
 def test_the_flood_limits_the_card_itself_and_the_server_sees_the_limit(tmp_path):
