@@ -7,16 +7,21 @@ server-sent events (app.api.images_stream). A client that leaves stops its image
 the next denoising step.
 
 An edit is multipart (`image`, optional `mask`, and the generation's fields as form
-fields): image to image, or with a mask inpainting, on the same served pipeline."""
+fields): image to image, or with a mask inpainting, on the same served pipeline.
+
+`GET /v1/images/preview/{model}`: the latent preview of the model's running batch (a
+PNG at the latents' size), 204 when nothing runs; the dashboard shows it."""
 
 from __future__ import annotations
 
 import base64
 import time
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
 from fastapi.responses import Response
 from pydantic import ValidationError
 
@@ -36,7 +41,9 @@ from app.core.fleet import Fleet
 from app.core.requests import ValidImageGeneration
 from app.core.work import InferenceResult
 from app.errors import InvalidRequest
+from app.models.images import encode_png
 from app.models.kinds import ImageGenerator
+from app.settings import MODEL_NAME_PATTERN
 
 router = APIRouter(prefix="/v1", tags=["images"])
 
@@ -153,3 +160,21 @@ async def run_images(
         except BaseException:
             valid.first.progress.cancel()  # its client left, or it failed: its rows stop
             raise
+
+
+@runtime_checkable
+class Previewing(Protocol):
+    def preview(self) -> np.ndarray | None: ...
+
+
+@router.get("/images/preview/{model}", summary="The running image's latent preview (PNG)")
+async def running_preview(
+    request: Request, model: str = PathParam(max_length=64, pattern=MODEL_NAME_PATTERN)
+) -> Response:
+    fleet: Fleet = request.app.state.fleet
+    handler = fleet.handler(model, ImageGenerator)
+    pixels = handler.preview() if isinstance(handler, Previewing) else None
+    if pixels is None:
+        return Response(status_code=204, headers={"Cache-Control": "no-store"})
+    headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    return Response(encode_png(pixels), media_type="image/png", headers=headers)

@@ -50,6 +50,9 @@ from app.settings import ModelSpec
 
 LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:~(image2image|inpainting))?$")
 Shape = tuple[Any, ...]  # what rows of one batch share
+# How often a run maps its latents to RGB for the dashboard when no request asked for
+# previews: a copy of the latents off the device each time, so not every step.
+PREVIEW_EVERY_S = 0.5
 
 
 class DiffusionHandler(ImageGenerator):
@@ -65,8 +68,9 @@ class DiffusionHandler(ImageGenerator):
         self._pipeline: Any = None
         self._device = torch.device("cpu")
         self._geometry: DiffusionGeometry | None = None
-        self._lock = threading.Lock()  # guards _running: written by inference threads
-        self._running: dict[int, tuple[str, list[ImageProgress]]] = {}
+        self._lock = threading.Lock()  # guards _preview and _preview_at (inference threads)
+        self._preview: np.ndarray | None = None  # a running batch's latest, for the dashboard
+        self._preview_at = 0.0
 
     def expected_weights_bytes(self, device: Device) -> int:
         dtype = getattr(torch, dtype_on(device, self.spec.dtype))
@@ -166,14 +170,13 @@ class DiffusionHandler(ImageGenerator):
     def forward(self, prepared: Prepared) -> Any:
         self.forward_calls += 1
         rows: list[ImagePrompt] = prepared.payload
-        progresses = list({id(row.progress): row.progress for row in rows}.values())
-        with self._lock:
-            self._running[id(prepared)] = (prepared.bucket.label, progresses)
         try:
-            images = self._run(rows, progresses)
+            with self.batch_running(prepared) as progresses:  # listed in /status meanwhile
+                images = self._run(rows, progresses)
         finally:
-            with self._lock:
-                del self._running[id(prepared)]
+            if not self.running():
+                with self._lock:
+                    self._preview = None
         return [(pixels, row.output_format) for pixels, row in zip(images, rows, strict=True)]
 
     def _run(self, rows: list[ImagePrompt], progresses: list[ImageProgress]) -> np.ndarray:
@@ -183,8 +186,13 @@ class DiffusionHandler(ImageGenerator):
         watchers = [p for p in progresses if p.previews] if table is not None else []
 
         def on_step(pipe: Any, step: int, _: Any, tensors: dict[str, Any]) -> dict[str, Any]:
-            self.progress_at = time.monotonic()  # each step: the watchdog sees life
-            previews = latent_previews(tensors["latents"], table) if watchers and table else []
+            self.progress_at = now = time.monotonic()  # each step: the watchdog sees life
+            shown = table is not None and now - self._preview_at >= PREVIEW_EVERY_S
+            wanted = table is not None and (watchers or shown)
+            previews = latent_previews(tensors["latents"], table) if wanted and table else []
+            if shown and previews:
+                with self._lock:
+                    self._preview, self._preview_at = previews[0], now
             owners = [row.progress for row in rows] if previews else []
             for progress in progresses:
                 own = [v for v, o in zip(previews, owners, strict=True) if o is progress]
@@ -205,14 +213,11 @@ class DiffusionHandler(ImageGenerator):
         self.forward(self._prepared(self.probe_input()))
         self.forward_calls = 0
 
-    def running(self) -> list[dict[str, Any]]:
-        """The batches running now: their bucket and each request's step of steps."""
+    def preview(self) -> np.ndarray | None:
+        """A running batch's latest latent preview (its first row; HWC uint8 RGB, at most
+        `PREVIEW_EVERY_S` old while it runs); None when nothing runs."""
         with self._lock:
-            batches = list(self._running.values())
-        return [
-            {"bucket": label, "steps": [list(p.read()) for p in progresses]}
-            for label, progresses in batches
-        ]
+            return self._preview
 
     def describe(self) -> dict[str, Any]:
         width, height = self.default_size

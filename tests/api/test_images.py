@@ -454,3 +454,23 @@ def test_a_streamed_edit_sends_image_edit_events(client):
     data = base64.b64decode(events[-1].b64_json)
     with Image.open(io.BytesIO(data)) as image:
         assert image.format == "WEBP" and image.size == (64, 64)
+
+
+def test_the_running_batch_s_preview_is_served_while_it_runs(live):
+    idle = httpx.get(live.url + "/v1/images/preview/sd15", timeout=30)
+    assert idle.status_code == 204
+    body = {"model": "sd15", "prompt": "a long road", "size": "512x512", "steps": LONG_STEPS}
+    connection = post_raw(live, body | {"seed": 0})
+    try:
+        wait_until(
+            lambda: httpx.get(live.url + "/v1/images/preview/sd15", timeout=30).status_code == 200,
+            60,
+            "a preview",
+        )
+        shown = httpx.get(live.url + "/v1/images/preview/sd15", timeout=30)
+        with Image.open(io.BytesIO(shown.content)) as image:
+            assert (image.format, image.size) == ("PNG", (64, 64))  # the latents' size
+    finally:
+        connection.close()
+    wait_until(lambda: running_step(live) is None, 60, "the run's end")
+    assert httpx.get(live.url + "/v1/images/preview/sd15", timeout=30).status_code == 204
