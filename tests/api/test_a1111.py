@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,26 @@ def test_choosing_a_checkpoint_not_served_is_refused(http):
     assert titled.status_code == 200
     assert http.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == "sdxl"
     http.post("/sdapi/v1/options", json={"sd_model_checkpoint": "sd15"}).raise_for_status()
+
+
+def test_a_client_that_leaves_stops_its_job(http, live):
+    host, port = live.url.removeprefix("http://").split(":")
+    data = json.dumps(
+        {"prompt": "a long road", "seed": 0, "steps": LONG, "width": 512, "height": 512}
+    ).encode()
+    connection = socket.create_connection((host, int(port)))
+    connection.sendall(
+        f"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    wait_until(
+        lambda: http.get("/sdapi/v1/progress").json()["state"]["sampling_step"] >= 2, 60, "steps"
+    )
+    step = http.get("/sdapi/v1/progress").json()["state"]["sampling_step"]
+    connection.close()
+    last = step
+    while (now := http.get("/sdapi/v1/progress").json()["state"])["job_count"]:
+        last = max(last, now["sampling_step"])
+    assert last - step <= 10, (step, last)  # its run stopped, and its job is gone
+    assert http.get("/sdapi/v1/progress").json()["state"]["job_count"] == 0
