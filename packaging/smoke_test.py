@@ -2,10 +2,14 @@
 prints; the bundled pip runs; with `--gguf FILE`, `pull` keeps that GGUF in the models
 folder; `serve` answers /health, gives a real embedding from the embedded model and (with
 a GGUF) streams a chat from the pulled model through the engine it names (llama.cpp's,
-in a runner process the bundle's executable starts); it stops cleanly. Standard
+in a runner process the bundle's executable starts); with `--whisper FOLDER --audio FILE`,
+`pull` takes that Whisper folder as a speech model and `serve` transcribes the file (PyAV
+decoding it, transformers' Whisper running); with `--diffusion FOLDER`, a diffusers
+folder is pulled and draws one 64x64 image; it stops cleanly. Standard
 library only, so CI on any runner can run it right after the build.
 
-    python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf] [--timeout 300]
+    python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf]
+        [--whisper tiny-whisper --audio clip.flac] [--diffusion tiny-sd] [--timeout 300]
 
 Prints one JSON line with the figures; exit status 1 on any failure.
 """
@@ -13,7 +17,9 @@ Prints one JSON line with the figures; exit status 1 on any failure.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -113,6 +119,51 @@ def streamed_chat(url: str, model: str) -> int:
     return chunks
 
 
+def transcribe(url: str, model: str, audio: Path) -> dict:
+    """verbose_json of `audio` through /v1/audio/transcriptions (a multipart upload)."""
+    boundary = "vramgate-smoke-boundary"
+    fields = [
+        ('name="model"', model.encode()),
+        ('name="response_format"', b"verbose_json"),
+        (f'name="file"; filename="{audio.name}"', audio.read_bytes()),
+    ]
+    body = (
+        b"".join(
+            f"--{boundary}\r\nContent-Disposition: form-data; {head}\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+            for head, data in fields
+        )
+        + f"--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        url + "/v1/audio/transcriptions",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"transcription: {error.code} {error.read()[:2000]!r}") from None
+
+
+def image_bytes(url: str, model: str) -> int:
+    """The size of one 64x64 PNG drawn in 2 steps through /v1/images/generations."""
+    body = {"model": model, "prompt": "a red fox", "size": "64x64", "steps": 2}
+    status, answer = call(url + "/v1/images/generations", {**body, "seed": 1}, timeout=600)
+    if status != 200:
+        raise RuntimeError(f"image generation: {status} {answer}")
+    return len(base64.b64decode(answer["data"][0]["b64_json"]))
+
+
+def pulled_kind(cli: Path, folder: Path, config: Path, models: Path) -> str:
+    """`pull` of a local folder: the kind it said it took the folder for."""
+    said = run_cli(cli, "pull", str(folder), "--config", str(config), "--models-dir", str(models))
+    found = re.search(r"^pulled \S+ \((\w+)\)", said, re.MULTILINE)
+    return found.group(1) if found else said[-300:]
+
+
 def run_cli(cli: Path, *args: str, timeout: float = 600) -> str:
     done = subprocess.run(
         [str(cli), *args], capture_output=True, text=True, timeout=timeout, check=False
@@ -136,7 +187,13 @@ def shut_down(server: subprocess.Popen, url: str) -> int:
     return code
 
 
-def smoke(bundle: Path, timeout: float, gguf: Path | None = None) -> dict:
+def smoke(
+    bundle: Path,
+    timeout: float,
+    gguf: Path | None = None,
+    speech: tuple[Path, Path] | None = None,
+    diffusion: Path | None = None,
+) -> dict:
     suffix = ".exe" if sys.platform == "win32" else ""
     cli = bundle / f"vramgate-cli{suffix}"
     if not (bundle / f"vramgate{suffix}").is_file():
@@ -154,6 +211,11 @@ def smoke(bundle: Path, timeout: float, gguf: Path | None = None) -> dict:
         models = str(scratch / "models")
         run_cli(cli, "pull", str(gguf), "--config", str(config), "--models-dir", models)
         figures["gguf_pull_s"] = round(time.monotonic() - started, 1)
+    models = scratch / "models"
+    if speech is not None:
+        figures["whisper_kind"] = pulled_kind(cli, speech[0], config, models)
+    if diffusion is not None:
+        figures["diffusion_kind"] = pulled_kind(cli, diffusion, config, models)
     log = scratch / "output.txt"
     with log.open("w") as output:  # a file: an unread pipe could block the server
         server = subprocess.Popen(
@@ -171,6 +233,12 @@ def smoke(bundle: Path, timeout: float, gguf: Path | None = None) -> dict:
             if gguf is not None:
                 figures["chat_chunks"] = streamed_chat(url, gguf.stem)
                 figures["gguf_engine"] = engine_of(url, gguf.stem)
+            if speech is not None:
+                answer = transcribe(url, speech[0].name, speech[1])
+                figures["audio_duration_s"] = answer["duration"]
+                figures["audio_segments"] = len(answer["segments"])
+            if diffusion is not None:
+                figures["image_bytes"] = image_bytes(url, diffusion.name)
             figures["exit_code"] = shut_down(server, url)
             return figures
         finally:
@@ -184,9 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--gguf", type=Path, default=None, help="a GGUF to pull and chat with")
+    parser.add_argument("--whisper", type=Path, default=None, help="a Whisper folder to pull")
+    parser.add_argument("--audio", type=Path, default=None, help="a file it transcribes")
+    parser.add_argument("--diffusion", type=Path, default=None, help="a diffusers folder to pull")
     args = parser.parse_args(argv)
+    if (args.whisper is None) != (args.audio is None):
+        parser.error("--whisper and --audio go together")
+    speech = None if args.whisper is None else (args.whisper, args.audio)
     try:
-        figures = smoke(args.bundle, args.timeout, args.gguf)
+        figures = smoke(args.bundle, args.timeout, args.gguf, speech, args.diffusion)
     except RuntimeError as error:
         print(f"smoke test FAILED: {error}", file=sys.stderr)
         return 1

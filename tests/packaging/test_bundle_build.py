@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.random_models import save_random_llama, save_random_llama_gguf
+from tests.random_models import save_random_llama, save_random_llama_gguf, save_random_sd15
+from tests.random_whisper import save_random_whisper, tone, write_encoded
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "windows-bundle.yml"
@@ -61,8 +62,12 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     assert check.returncode == 0, check.stdout
     model = save_random_llama(tmp_path / "tiny-chat", context=256)
     gguf = save_random_llama_gguf(model, tmp_path / "tiny-chat.gguf")
+    whisper = save_random_whisper(tmp_path / "tiny-whisper")
+    audio = write_encoded(tmp_path / "clip.flac", tone(3.0, seed=1))
+    diffusion = save_random_sd15(tmp_path / "tiny-sd")
+    speech = ["--whisper", str(whisper), "--audio", str(audio), "--diffusion", str(diffusion)]
     smoke = subprocess.run(
-        [sys.executable, "packaging/smoke_test.py", str(bundle), "--gguf", str(gguf)],
+        [sys.executable, "packaging/smoke_test.py", str(bundle), "--gguf", str(gguf), *speech],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -73,6 +78,10 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     assert figures["embedding_dims"] == 384 and figures["exit_code"] == 0
     assert figures["chat_chunks"] >= 2 and figures["pip"].startswith("pip ")
     assert figures["gguf_engine"] == "llama.cpp"  # the bundle carries the engine
+    # pull takes the Whisper folder as speech; PyAV decodes the FLAC, Whisper transcribes it
+    assert figures["whisper_kind"] == "speech" and figures["audio_duration_s"] == 3.0
+    # diffusers and the CLIP text encoder it loads by name: one image drawn
+    assert figures["diffusion_kind"] == "diffusion" and figures["image_bytes"] > 100
     print(
         f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
         f"ready in {figures['time_to_ready_s']}s; GGUF pulled in {figures['gguf_pull_s']}s"
