@@ -56,41 +56,43 @@ def decoded(b64: str) -> Image.Image:
     return image
 
 
-def test_open_webui_s_requests_in_its_order_get_what_it_reads(http):
+def test_open_webui_s_requests_in_its_order_get_what_it_reads(live):
     """Open WebUI (backend/open_webui/routers/images.py): the URL check (GET options),
     the model list (GET sd-models: title, model_name), choosing a model (GET options;
     POST them back with sd_model_checkpoint changed), the model in use (GET options),
     then txt2img with its payload and the admin's AUTOMATIC1111_PARAMS; it reads
-    `images` (bare base64) and `info`."""
-    assert http.get("/sdapi/v1/options").status_code == 200  # verify_url
-    models = http.get("/sdapi/v1/sd-models").json()  # get_models
-    listed = [{"id": m["title"], "name": m["model_name"]} for m in models]
-    assert listed == [{"id": "sd15", "name": "sd15"}, {"id": "sdxl", "name": "sdxl"}]
-    options = http.get("/sdapi/v1/options").json()  # set_image_model
-    assert options["sd_model_checkpoint"] == "sd15"
-    options["sd_model_checkpoint"] = "sdxl"
-    http.post("/sdapi/v1/options", json=options).raise_for_status()
-    assert http.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == "sdxl"
-    names = [s["name"] for s in http.get("/sdapi/v1/samplers").json()]
-    assert {"Euler a", "DPM++ 2M Karras", "DDIM"} <= set(names)
-    data = {"prompt": "a lighthouse", "batch_size": 2, "width": 64, "height": 96, "steps": 2,
-            "negative_prompt": "blurry"}  # fmt: skip
-    data |= {"cfg_scale": 5, "sampler_name": "DPM++ 2M", "scheduler": "Karras", "seed": 4}
-    answer = http.post("/sdapi/v1/txt2img", json=data)
-    res = answer.json()
-    assert answer.status_code == 200, res
-    images = [decoded(b64) for b64 in res["images"]]
-    assert [(i.format, i.size) for i in images] == [("PNG", (64, 96))] * 2
-    info = json.loads(res["info"])
-    assert (info["sd_model_name"], info["all_seeds"]) == ("sdxl", [4, 5])
-    assert info["sampler_name"] == "DPM++ 2M Karras"
-    assert images[1].info["parameters"] == (
-        "a lighthouse\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, "
-        "CFG scale: 5, Seed: 5, Size: 64x96, Model: sdxl"
-    )
-    assert res["parameters"]["batch_size"] == 2
-    assert answer.headers["X-Vramgate-Bucket"] == "px64x96xb2"  # under the gate, as one batch
-    http.post("/sdapi/v1/options", json={"sd_model_checkpoint": "sd15"}).raise_for_status()
+    `images` (bare base64) and `info`. Every call carries its `authorization` header,
+    empty when no A1111 credentials are set."""
+    with httpx.Client(base_url=live.url, timeout=300, headers={"authorization": ""}) as http:
+        assert http.get("/sdapi/v1/options").status_code == 200  # verify_url
+        models = http.get("/sdapi/v1/sd-models").json()  # get_models
+        listed = [{"id": m["title"], "name": m["model_name"]} for m in models]
+        assert listed == [{"id": "sd15", "name": "sd15"}, {"id": "sdxl", "name": "sdxl"}]
+        options = http.get("/sdapi/v1/options").json()  # set_image_model
+        assert options["sd_model_checkpoint"] == "sd15"
+        options["sd_model_checkpoint"] = "sdxl"
+        http.post("/sdapi/v1/options", json=options).raise_for_status()
+        assert http.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == "sdxl"
+        names = [s["name"] for s in http.get("/sdapi/v1/samplers").json()]
+        assert {"Euler a", "DPM++ 2M Karras", "DDIM"} <= set(names)
+        data = {"prompt": "a lighthouse", "batch_size": 2, "width": 64, "height": 96, "steps": 2,
+                "negative_prompt": "blurry"}  # fmt: skip
+        data |= {"cfg_scale": 5, "sampler_name": "DPM++ 2M", "scheduler": "Karras", "seed": 4}
+        answer = http.post("/sdapi/v1/txt2img", json=data)
+        res = answer.json()
+        assert answer.status_code == 200, res
+        images = [decoded(b64) for b64 in res["images"]]
+        assert [(i.format, i.size) for i in images] == [("PNG", (64, 96))] * 2
+        info = json.loads(res["info"])
+        assert (info["sd_model_name"], info["all_seeds"]) == ("sdxl", [4, 5])
+        assert info["sampler_name"] == "DPM++ 2M Karras"
+        assert images[1].info["parameters"] == (
+            "a lighthouse\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M Karras, "
+            "CFG scale: 5, Seed: 5, Size: 64x96, Model: sdxl"
+        )
+        assert res["parameters"]["batch_size"] == 2
+        assert answer.headers["X-Vramgate-Bucket"] == "px64x96xb2"  # under the gate, as one batch
+        http.post("/sdapi/v1/options", json={"sd_model_checkpoint": "sd15"}).raise_for_status()
 
 
 def test_a_seed_gives_the_pixels_of_the_pipeline_called_directly(http, folders):
