@@ -5,11 +5,13 @@ a GGUF) streams a chat from the pulled model through the engine it names (llama.
 in a runner process the bundle's executable starts); with `--whisper FOLDER --audio FILE`,
 `pull` takes that Whisper folder as a speech model and `serve` transcribes the file (PyAV
 decoding it, transformers' Whisper running); with `--diffusion FOLDER`, a diffusers
-folder is pulled and draws one 64x64 image; it stops cleanly. Standard
+folder is pulled and draws one 64x64 image; with `--vision FOLDER`, a vision-language
+folder is pulled and answers a chat with an image in it; it stops cleanly. Standard
 library only, so CI on any runner can run it right after the build.
 
     python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf]
-        [--whisper tiny-whisper --audio clip.flac] [--diffusion tiny-sd] [--timeout 300]
+        [--whisper tiny-whisper --audio clip.flac] [--diffusion tiny-sd] [--vision tiny-vl]
+        [--timeout 300]
 
 Prints one JSON line with the figures; exit status 1 on any failure.
 """
@@ -21,12 +23,14 @@ import base64
 import json
 import re
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 
@@ -157,6 +161,40 @@ def image_bytes(url: str, model: str) -> int:
     return len(base64.b64decode(answer["data"][0]["b64_json"]))
 
 
+def png(width: int = 8, height: int = 8) -> bytes:
+    """A small RGB gradient as a PNG, written with zlib (standard library only)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    rows = b"".join(
+        b"\x00" + b"".join(bytes((x * 30 % 256, y * 30 % 256, 128)) for x in range(width))
+        for y in range(height)
+    )
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def chat_with_an_image(url: str, model: str) -> str:
+    """A chat whose message holds a PNG (an OpenAI `image_url` data URL): its finish reason."""
+    image = "data:image/png;base64," + base64.b64encode(png()).decode()
+    parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": image}},
+    ]
+    body = {"model": model, "messages": [{"role": "user", "content": parts}], "max_tokens": 4}
+    status, answer = call(url + "/v1/chat/completions", body, timeout=600)
+    if status != 200:
+        raise RuntimeError(f"chat with an image: {status} {answer}")
+    return str(answer["choices"][0]["finish_reason"])
+
+
 def pulled_kind(cli: Path, folder: Path, config: Path, models: Path) -> str:
     """`pull` of a local folder: the kind it said it took the folder for."""
     said = run_cli(cli, "pull", str(folder), "--config", str(config), "--models-dir", str(models))
@@ -193,6 +231,7 @@ def smoke(
     gguf: Path | None = None,
     speech: tuple[Path, Path] | None = None,
     diffusion: Path | None = None,
+    vision: Path | None = None,
 ) -> dict:
     suffix = ".exe" if sys.platform == "win32" else ""
     cli = bundle / f"vramgate-cli{suffix}"
@@ -216,6 +255,8 @@ def smoke(
         figures["whisper_kind"] = pulled_kind(cli, speech[0], config, models)
     if diffusion is not None:
         figures["diffusion_kind"] = pulled_kind(cli, diffusion, config, models)
+    if vision is not None:
+        figures["vision_kind"] = pulled_kind(cli, vision, config, models)
     log = scratch / "output.txt"
     with log.open("w") as output:  # a file: an unread pipe could block the server
         server = subprocess.Popen(
@@ -239,6 +280,8 @@ def smoke(
                 figures["audio_segments"] = len(answer["segments"])
             if diffusion is not None:
                 figures["image_bytes"] = image_bytes(url, diffusion.name)
+            if vision is not None:
+                figures["vision_finish"] = chat_with_an_image(url, vision.name)
             figures["exit_code"] = shut_down(server, url)
             return figures
         finally:
@@ -255,12 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whisper", type=Path, default=None, help="a Whisper folder to pull")
     parser.add_argument("--audio", type=Path, default=None, help="a file it transcribes")
     parser.add_argument("--diffusion", type=Path, default=None, help="a diffusers folder to pull")
+    parser.add_argument("--vision", type=Path, default=None, help="a vision-language folder")
     args = parser.parse_args(argv)
     if (args.whisper is None) != (args.audio is None):
         parser.error("--whisper and --audio go together")
     speech = None if args.whisper is None else (args.whisper, args.audio)
     try:
-        figures = smoke(args.bundle, args.timeout, args.gguf, speech, args.diffusion)
+        figures = smoke(args.bundle, args.timeout, args.gguf, speech, args.diffusion, args.vision)
     except RuntimeError as error:
         print(f"smoke test FAILED: {error}", file=sys.stderr)
         return 1

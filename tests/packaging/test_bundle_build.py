@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.random_models import save_random_llama, save_random_llama_gguf, save_random_sd15
+from tests.random_models import (
+    save_random_llama,
+    save_random_llama_gguf,
+    save_random_llava,
+    save_random_sd15,
+)
 from tests.random_whisper import save_random_whisper, tone, write_encoded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +70,9 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     whisper = save_random_whisper(tmp_path / "tiny-whisper")
     audio = write_encoded(tmp_path / "clip.flac", tone(3.0, seed=1))
     diffusion = save_random_sd15(tmp_path / "tiny-sd")
+    vision = save_random_llava(tmp_path / "tiny-vl")
     speech = ["--whisper", str(whisper), "--audio", str(audio), "--diffusion", str(diffusion)]
+    speech += ["--vision", str(vision)]
     smoke = subprocess.run(
         [sys.executable, "packaging/smoke_test.py", str(bundle), "--gguf", str(gguf), *speech],
         cwd=ROOT,
@@ -82,6 +89,8 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     assert figures["whisper_kind"] == "speech" and figures["audio_duration_s"] == 3.0
     # diffusers and the CLIP text encoder it loads by name: one image drawn
     assert figures["diffusion_kind"] == "diffusion" and figures["image_bytes"] > 100
+    # a LLaVA (its CLIP vision tower and image processor, imported by name) sees a PNG
+    assert figures["vision_kind"] == "generation" and figures["vision_finish"] == "length"
     print(
         f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
         f"ready in {figures['time_to_ready_s']}s; GGUF pulled in {figures['gguf_pull_s']}s"
