@@ -414,6 +414,23 @@ def test_word_timestamps_are_the_pipelines_words_within_the_audio(
         assert answer.segments  # segments stay beside the words
 
 
+def test_a_batched_rows_token_times_are_its_own_not_the_paddings(live):
+    """Windows of different lengths in one `generate` call: each row's tokens and times
+    are those it gets alone, its padding after its end cut off (the last word's end
+    would otherwise be read past it)."""
+    from app.models.audio import SpeechOptions, Window
+
+    handler = live.service.registry.get("whisper")
+    options = SpeechOptions(language="en", words=True)
+    rows = [Window(tone(seconds, seed=seed), 0.0, options) for seconds, seed in ((12, 3), (7, 5))]
+    together = handler.forward(handler._prepared(rows))
+    alone = [handler.forward(handler._prepared([row]))[0] for row in rows]
+    assert len({len(d.tokens) for d in alone}) == 2  # one row ends before the other
+    for mixed, single in zip(together, alone, strict=True):
+        assert mixed.tokens == single.tokens
+        assert mixed.times is not None and len(mixed.times) == len(mixed.tokens)
+
+
 def test_a_model_without_alignment_heads_refuses_words(tmp_path_factory, folder, short_wav):
     """transformers times words by the cross-attention heads `alignment_heads` names and
     raises without them: a 400 before anything is queued; segments still served."""
