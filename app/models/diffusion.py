@@ -68,9 +68,8 @@ class DiffusionHandler(ImageGenerator):
         self._pipeline: Any = None
         self._device = torch.device("cpu")
         self._geometry: DiffusionGeometry | None = None
-        self._lock = threading.Lock()  # guards _preview and _preview_at (inference threads)
+        self._lock = threading.Lock()  # guards _preview (written by inference threads)
         self._preview: np.ndarray | None = None  # a running batch's latest, for the dashboard
-        self._preview_at = 0.0
 
     def expected_weights_bytes(self, device: Device) -> int:
         dtype = getattr(torch, dtype_on(device, self.spec.dtype))
@@ -183,20 +182,26 @@ class DiffusionHandler(ImageGenerator):
         first = rows[0]
         pipeline = for_run(self._pipeline, first.scheduler, first.task)
         table = table_for(type(self._pipeline).__name__)
-        watchers = [p for p in progresses if p.previews] if table is not None else []
+        shown_at = [-PREVIEW_EVERY_S]  # this run's last preview
 
         def on_step(pipe: Any, step: int, _: Any, tensors: dict[str, Any]) -> dict[str, Any]:
             self.progress_at = now = time.monotonic()  # each step: the watchdog sees life
-            shown = table is not None and now - self._preview_at >= PREVIEW_EVERY_S
-            wanted = table is not None and (watchers or shown)
+            # Previews copy the latents off the device: where a partial image is due, else
+            # at the first step and then at most every PREVIEW_EVERY_S (the dashboard's,
+            # and A1111's /progress)
+            shown = now - shown_at[0] >= PREVIEW_EVERY_S
+            due = any(p.due(step + 1, pipe.num_timesteps) for p in progresses)
+            wanted = table is not None and (due or shown)
             previews = latent_previews(tensors["latents"], table) if wanted and table else []
             if shown and previews:
+                shown_at[0] = now
                 with self._lock:
-                    self._preview, self._preview_at = previews[0], now
+                    self._preview = previews[0]
             owners = [row.progress for row in rows] if previews else []
             for progress in progresses:
                 own = [v for v, o in zip(previews, owners, strict=True) if o is progress]
-                progress.advance(step + 1, pipe.num_timesteps, own if progress.previews else None)
+                kept = own if previews and progress.previews else None  # None: keeps its last
+                progress.advance(step + 1, pipe.num_timesteps, kept)
             if all(progress.cancelled for progress in progresses):
                 pipe._interrupt = True  # diffusers' own stop: the remaining steps are skipped
             return tensors

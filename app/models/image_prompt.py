@@ -28,6 +28,7 @@ class ImageProgress:
         self.previews = previews or partial_images > 0
         self.partial_images = partial_images  # how many previews to keep along the way
         self._previews: list[np.ndarray] = []  # its rows' latest previews, HWC uint8
+        self._preview_step = 0  # the step they show
         self._partials: list[list[np.ndarray]] = []  # kept at evenly spaced steps
 
     def advance(self, step: int, steps: int, previews: list[np.ndarray] | None = None) -> None:
@@ -35,18 +36,25 @@ class ImageProgress:
             self._step, self._steps = step, steps
             if previews is None:
                 return
-            self._previews = previews
-            kept = len(self._partials)
-            # the i-th of k is kept at step ceil(steps * (i + 1) / (k + 1)) or the first after
-            if kept < self.partial_images and step * (self.partial_images + 1) >= steps * (
-                kept + 1
-            ):
+            self._previews, self._preview_step = previews, step
+            if self._partial_due(step, steps):
                 self._partials.append(previews)
+
+    def due(self, step: int, steps: int) -> bool:
+        """Whether a partial image is to be kept at this step (the run then maps its
+        latents to RGB whatever else it does)."""
+        with self._lock:
+            return self._partial_due(step, steps)
+
+    def _partial_due(self, step: int, steps: int) -> bool:
+        # the i-th of k is kept at step ceil(steps * (i + 1) / (k + 1)) or the first after
+        kept = len(self._partials)
+        return kept < self.partial_images and step * (self.partial_images + 1) >= steps * (kept + 1)
 
     def preview(self) -> tuple[int, list[np.ndarray]]:
         """The step of its latest previews and its rows' previews then ([] before any)."""
         with self._lock:
-            return self._step, list(self._previews)
+            return self._preview_step, list(self._previews)
 
     def partials(self, start: int = 0) -> list[list[np.ndarray]]:
         """The previews kept along the way (at most `partial_images`), from `start` on;

@@ -206,7 +206,7 @@ def test_a_run_that_asks_for_previews_gets_latent_previews_of_its_own_rows(loade
     assert merged is not None
     loaded.forward(merged)
     step, previews = watched.preview()
-    assert step == watched.read()[0] >= 3
+    assert 1 <= step <= watched.read()[0]  # the first step's, at least (then every 0.5 s)
     assert [p.shape for p in previews] == [(12, 8, 3)] * 2  # the latents' size, RGB
     assert all(p.dtype == np.uint8 for p in previews)
     assert not np.array_equal(previews[0], previews[1])  # each row its own

@@ -39,6 +39,8 @@ def test_partials_are_read_from_where_the_reader_left_off_and_previews_are_the_l
     assert len(progress.partials()) == 2 and len(progress.partials(1)) == 1
     step, latest = progress.preview()
     assert step == 6 and int(latest[0][0, 0, 0]) == 6
+    progress.advance(7, 8)  # a step without previews keeps the last ones, and their step
+    assert progress.preview()[0] == 6 and progress.read() == (7, 8)
     assert not ImageProgress().previews  # no previews unless asked
 
 
