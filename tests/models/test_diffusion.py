@@ -216,3 +216,20 @@ def test_a_run_that_asks_for_previews_gets_latent_previews_of_its_own_rows(loade
 def test_no_tiled_run_is_offered_while_the_handler_decodes_whole(loaded):
     prepared = loaded.preprocess([ImagePrompt("x", seed=0, width=256, height=256)])
     assert loaded.leaner(prepared) is None
+
+
+@pytest.mark.parametrize("task", ["image2image", "inpainting"])
+def test_an_edit_runs_over_the_loaded_modules_with_a_scheduler_of_its_own(loaded, task):
+    from app.models.diffusion_pipeline import for_run
+
+    base = loaded._pipeline
+    run = for_run(base, "euler_a", task)
+    assert "Img2Img" in type(run).__name__ or "Inpaint" in type(run).__name__
+    shared = [
+        name
+        for name in ("unet", "vae", "text_encoder")
+        if getattr(run, name) is getattr(base, name)
+    ]
+    assert shared == ["unet", "vae", "text_encoder"]  # the same modules: no second copy
+    assert type(run.scheduler).__name__ == "EulerAncestralDiscreteScheduler"  # its own
+    assert type(base.scheduler).__name__ != "EulerAncestralDiscreteScheduler"  # untouched
