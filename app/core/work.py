@@ -89,14 +89,14 @@ class Cost:
 
 
 def cost_of(result: JobResult, job: Job) -> Cost:
-    """What `job` cost. Its price source names the bucket's variant too, where it ran
-    another way than its own (`learned+tiled`: its images decoded in tiles)."""
+    """What `job` cost. Its price source says `+tiled` where its images were decoded in
+    tiles to fit (its bucket's `~tiled` variant: app.models.image_buckets)."""
     measurement = result.measurement
-    variant = result.bucket.partition("~")[2]
+    tiled = result.bucket.endswith("~tiled")
     return Cost(
         result.bucket,
         result.price_bytes,
-        f"{job.quote.source}+{variant}" if variant else job.quote.source,
+        f"{job.quote.source}+tiled" if tiled else job.quote.source,
         job.waited_s,
         measurement.run_s,
         measurement.peak_bytes,

@@ -11,13 +11,13 @@ modules (with a mask, its inpainting pipeline; app.models.diffusion_pipeline.for
 the image and mask given as PIL images as users give them, so the same seed gives the
 same pixels as that pipeline called directly.
 
-Bucket: the exact size and the batch rounded up to a power of two (`px512x512xb2`; an
-image-to-image or inpainting run is a variant of its own, `px512x512xb2~image2image`,
-since it also encodes its images: app.models.image_buckets' variants never price one
-another), priced first by the pipeline's own geometry
-(app.models.diffusion_cost), then by its measured peaks. Rows that share a task, size,
-steps, strength, guidance, scheduler and whether they have a negative prompt run as one
-batch. A run reports each step to its requests' progress (read by /status), with a
+Buckets and batches are every image generator's (app.models.image_buckets: the exact
+size and the batch rounded up to a power of two, `px512x512xb2`; an edit's task and a
+tiled decode are variants, `px512x512xb2~image2image`, `px1024x1024xb1~tiled`), priced
+first by the pipeline's own geometry (app.models.diffusion_cost), then by its measured
+peaks. A tiled run decodes with a copy of the VAE whose tiling is on (the loaded one is
+shared by every run), where the server chose it because only that fits
+(ImageGenerator.leaner). A run reports each step to its requests' progress (read by /status), with a
 latent preview for the requests that asked for one (app.models.diffusion_preview), and
 stops early once every client of the batch has left.
 """
@@ -25,10 +25,8 @@ stops early once every client of the batch has left.
 from __future__ import annotations
 
 import gc
-import re
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +35,16 @@ import torch
 from PIL import Image
 
 from app.engine.device import Device
-from app.errors import InvalidImageSize
-from app.models.base import Bucket, Prepared, dtype_on, next_pow2
+from app.models.base import Bucket, Prepared, dtype_on
 from app.models.diffusion_cost import DiffusionGeometry, image_bytes
 from app.models.diffusion_pipeline import for_run, load_pipeline, weights_bytes_on
 from app.models.diffusion_preview import latent_previews, table_for
-from app.models.image_buckets import VARIANT_MARK
+from app.models.image_buckets import ImageBucket, is_tiled
 from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
 from app.settings import ModelSpec
 
-LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:~(image2image|inpainting))?$")
-Shape = tuple[Any, ...]  # what rows of one batch share
 # How often a run maps its latents to RGB for the dashboard when no request asked for
 # previews: a copy of the latents off the device each time, so not every step.
 PREVIEW_EVERY_S = 0.5
@@ -106,64 +101,13 @@ class DiffusionHandler(ImageGenerator):
         self._pipeline = None
         gc.collect()
 
-    # -- rows and buckets --------------------------------------------------------------
-    def preprocess(self, inputs: list[ImagePrompt]) -> Prepared:
-        width, height = self.default_size
-        rows = [
-            replace(row, width=row.width or width, height=row.height or height) for row in inputs
-        ]
-        first = rows[0]
-        assert first.width is not None and first.height is not None
-        self._check_size(first.width, first.height)
-        assert all(_shape(row) == _shape(first) for row in rows), "a request's rows share one"
-        return self._prepared(rows)
-
-    def _check_size(self, width: int, height: int) -> None:
-        refused = self.size_refused(width, height)
-        if refused is not None:
-            raise refused
-        if max(width, height) > self.max_side or width * height > self.max_pixels:
-            raise InvalidImageSize(
-                f"{width}x{height} is beyond this server's bounds: at most {self.max_side} "
-                f"pixels a side and {self.max_pixels} pixels",
-                param="size",
-            )
-
-    def _prepared(self, rows: list[ImagePrompt]) -> Prepared:
-        width, height = rows[0].width or 0, rows[0].height or 0
-        batch = next_pow2(len(rows))
-        task = rows[0].task
-        suffix = "" if task == "text2image" else f"{VARIANT_MARK}{task}"
-        return Prepared(
-            Bucket(f"px{width}x{height}xb{batch}{suffix}", width * height * batch),
-            rows,
-            width * height * len(rows),
-            count=len(rows),
-            longest=max(width, height),
-        )
-
-    def merge(self, parts: list[Prepared]) -> Prepared | None:
-        if len(parts) == 1:
-            return parts[0]
-        shapes = {_shape(p.payload[0]) for p in parts}
-        if len(shapes) != 1 or sum(p.count for p in parts) > self.spec.max_batch:
-            return None
-        return self._prepared([row for p in parts for row in p.payload])
-
-    def batch_group(self, prepared: Prepared) -> str:
-        return repr(_shape(prepared.payload[0]))
-
-    def leaner(self, prepared: Prepared) -> Prepared | None:
-        """None: this handler decodes its images whole, so it offers no tiled run (a
-        `~tiled` bucket priced here would be admitted for less than it takes)."""
-        return None
-
+    # -- buckets (rows are batched as every image generator's: app.models.image_buckets) --
     def prior_bytes(self, bucket: Bucket) -> int:
-        found = LABEL.match(bucket.label)
-        if found is None or self._geometry is None:
+        parsed = ImageBucket.parse(bucket.label)
+        if parsed is None or self._geometry is None:
             return 0
-        width, height, batch = (int(group) for group in found.groups()[:3])
-        return image_bytes(self._geometry, width, height, batch)
+        width, height, batch = parsed.width, parsed.height, parsed.batch
+        return image_bytes(self._geometry, width, height, batch, tiled=parsed.tiled)
 
     # -- running -----------------------------------------------------------------------
     def forward(self, prepared: Prepared) -> Any:
@@ -171,16 +115,18 @@ class DiffusionHandler(ImageGenerator):
         rows: list[ImagePrompt] = prepared.payload
         try:
             with self.batch_running(prepared) as progresses:  # listed in /status meanwhile
-                images = self._run(rows, progresses)
+                images = self._run(rows, progresses, tiled=is_tiled(prepared))
         finally:
             if not self.running():
                 with self._lock:
                     self._preview = None
         return [(pixels, row.output_format) for pixels, row in zip(images, rows, strict=True)]
 
-    def _run(self, rows: list[ImagePrompt], progresses: list[ImageProgress]) -> np.ndarray:
+    def _run(
+        self, rows: list[ImagePrompt], progresses: list[ImageProgress], tiled: bool
+    ) -> np.ndarray:
         first = rows[0]
-        pipeline = for_run(self._pipeline, first.scheduler, first.task)
+        pipeline = for_run(self._pipeline, first.scheduler, first.task, tiled=tiled)
         table = table_for(type(self._pipeline).__name__)
         shown_at = [-PREVIEW_EVERY_S]  # this run's last preview
 
@@ -215,7 +161,7 @@ class DiffusionHandler(ImageGenerator):
         return [encode_image(pixels, output_format) for pixels, output_format in raw]
 
     def prime(self) -> None:
-        self.forward(self._prepared(self.probe_input()))
+        self.forward(self.preprocess(self.probe_input()))
         self.forward_calls = 0
 
     def preview(self) -> np.ndarray | None:
@@ -234,20 +180,6 @@ class DiffusionHandler(ImageGenerator):
             "pipeline": type(self._pipeline).__name__ if self._pipeline is not None else None,
             "running": self.running(),
         }
-
-
-def _shape(row: ImagePrompt) -> Shape:
-    """What rows must share to run as one batch."""
-    return (
-        row.task,
-        row.width,
-        row.height,
-        row.steps,
-        row.strength,
-        row.guidance_scale,
-        row.scheduler,
-        row.negative_prompt is None,
-    )
 
 
 def _arguments(rows: list[ImagePrompt]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ modules (`AutoPipelineForImage2Image/Inpainting.from_pipe`): no second copy of w
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
@@ -73,11 +74,20 @@ def single_file_class(path: Path, pipeline_config: Path | None) -> str:
     return "StableDiffusionXLPipeline" if sdxl else "StableDiffusionPipeline"
 
 
-def for_run(pipeline: Any, scheduler: str | None, task: str = "text2image") -> Any:
+def for_run(
+    pipeline: Any, scheduler: str | None, task: str = "text2image", tiled: bool = False
+) -> Any:
     """A pipeline of its own for one run of `task` (text2image, image2image, inpainting):
     the same loaded modules, a fresh scheduler (`scheduler` by name, else the pipeline's
-    own kind), and the pipeline's settings."""
+    own kind), and the pipeline's settings. `tiled`: its VAE decodes (and encodes) in
+    tiles, through a shallow copy of the loaded VAE with tiling on (the same weights;
+    `enable_tiling` on the shared one would tile every run on every thread)."""
     import diffusers
+
+    vae = {}
+    if tiled:
+        vae["vae"] = copy.copy(pipeline.vae)
+        vae["vae"].use_tiling = True  # what enable_tiling() sets
 
     config = pipeline.scheduler.config
     if scheduler is None:
@@ -90,11 +100,11 @@ def for_run(pipeline: Any, scheduler: str | None, task: str = "text2image") -> A
             "image2image": diffusers.AutoPipelineForImage2Image,
             "inpainting": diffusers.AutoPipelineForInpainting,
         }[task]
-        other = auto.from_pipe(pipeline, scheduler=fresh)
+        other = auto.from_pipe(pipeline, scheduler=fresh, **vae)
         other.set_progress_bar_config(disable=True)
         return other
     parameters = inspect.signature(type(pipeline).__init__).parameters
-    components = {**pipeline.components, "scheduler": fresh}
+    components = {**pipeline.components, "scheduler": fresh, **vae}
     settings = {
         name: pipeline.config[name]
         for name in parameters

@@ -1,13 +1,14 @@
 """How an image generator's rows are bucketed, batched and priced: pure and torch-free, the
 same for the diffusion handler and the simulated one.
 
-A bucket is the exact size, the batch rounded up to a power of two and how the images are
-decoded: `px768x512xb2`, or `px1024x1024xb1~tiled` for a tiled VAE decode (the image
-decoded in tiles, in fewer bytes and more slowly). What follows `~` is the bucket's
-*variant*: buckets of different variants never price one another (a tiled 1024² costs
-less than a full 768², which a price kept by size would take for a smaller image's).
-Rows that share a size, steps, guidance, scheduler, whether they have a negative prompt
-and their variant run as one batch.
+A bucket is the exact size, the batch rounded up to a power of two, the task and how the
+images are decoded: `px768x512xb2`; `px512x512xb1~image2image` or `~inpainting` for an
+edit (it also encodes its images); `px1024x1024xb1~tiled` for a tiled VAE decode (the
+image decoded in tiles, in fewer bytes and more slowly). What follows the first `~` is
+the bucket's *variant*: buckets of different variants never price one another (a tiled
+1024² costs less than a full 768², which a price kept by size would take for a smaller
+image's). Rows that share a task, size, steps, strength, guidance, scheduler, whether
+they have a negative prompt, and their decode run as one batch.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.models.base import Bucket, Prepared, next_pow2
-from app.models.image_prompt import ImagePrompt
+from app.models.image_prompt import ImagePrompt, Task
 
 TILED = "tiled"
 VARIANT_MARK = "~"
-_LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:~(\w+))?$")
+_LABEL = re.compile(r"^px(\d+)x(\d+)xb(\d+)(?:~(image2image|inpainting))?(~tiled)?$")
 
 Shape = tuple[Any, ...]  # what rows of one batch share
 
@@ -34,11 +35,13 @@ class ImageBucket:
     height: int
     batch: int
     tiled: bool = False
+    task: Task = "text2image"
 
     @property
     def label(self) -> str:
-        tail = f"{VARIANT_MARK}{TILED}" if self.tiled else ""
-        return f"px{self.width}x{self.height}xb{self.batch}{tail}"
+        task = f"{VARIANT_MARK}{self.task}" if self.task != "text2image" else ""
+        tiled = f"{VARIANT_MARK}{TILED}" if self.tiled else ""
+        return f"px{self.width}x{self.height}xb{self.batch}{task}{tiled}"
 
     @property
     def pixels(self) -> int:
@@ -48,23 +51,21 @@ class ImageBucket:
     @staticmethod
     def parse(label: str) -> ImageBucket | None:
         found = _LABEL.match(label)
-        if found is None or found.group(4) not in (None, TILED):
+        if found is None:
             return None
         width, height, batch = (int(found.group(i)) for i in (1, 2, 3))
-        return ImageBucket(width, height, batch, found.group(4) == TILED)
-
-
-def variant(label: str) -> str:
-    """A bucket label's variant ("" for the plain way of running it)."""
-    return label.partition(VARIANT_MARK)[2]
+        task: Task = found.group(4) or "text2image"  # type: ignore[assignment]
+        return ImageBucket(width, height, batch, found.group(5) is not None, task)
 
 
 def row_shape(row: ImagePrompt) -> Shape:
     """What rows must share to run as one batch."""
     return (
+        row.task,
         row.width,
         row.height,
         row.steps,
+        row.strength,
         row.guidance_scale,
         row.scheduler,
         row.negative_prompt is None,
@@ -74,7 +75,7 @@ def row_shape(row: ImagePrompt) -> Shape:
 def rows_prepared(rows: list[ImagePrompt], tiled: bool = False) -> Prepared:
     """Rows of one shape (sizes filled in) as one run's input."""
     width, height = rows[0].width or 0, rows[0].height or 0
-    bucket = ImageBucket(width, height, next_pow2(len(rows)), tiled)
+    bucket = ImageBucket(width, height, next_pow2(len(rows)), tiled, rows[0].task)
     return Prepared(
         Bucket(bucket.label, bucket.pixels),
         rows,
@@ -85,7 +86,7 @@ def rows_prepared(rows: list[ImagePrompt], tiled: bool = False) -> Prepared:
 
 
 def is_tiled(prepared: Prepared) -> bool:
-    return variant(prepared.bucket.label) == TILED
+    return prepared.bucket.label.endswith(f"{VARIANT_MARK}{TILED}")
 
 
 def merged(parts: list[Prepared], max_batch: int) -> Prepared | None:

@@ -213,9 +213,29 @@ def test_a_run_that_asks_for_previews_gets_latent_previews_of_its_own_rows(loade
     assert blind.preview()[1] == []  # computed only for those who asked
 
 
-def test_no_tiled_run_is_offered_while_the_handler_decodes_whole(loaded):
-    prepared = loaded.preprocess([ImagePrompt("x", seed=0, width=256, height=256)])
-    assert loaded.leaner(prepared) is None
+def test_a_tiled_run_is_the_pipelines_own_with_vae_tiling_on_and_costs_less(loaded):
+    # the tiny VAE tiles at 64 pixels (its sample_size): 128² decodes in four tiles
+    whole = loaded.preprocess([ImagePrompt("a bay", seed=3, steps=2, width=128, height=128)])
+    tiled = loaded.leaner(whole)
+    assert tiled is not None and tiled.bucket.label == "px128x128xb1~tiled"
+    assert loaded.prior_bytes(tiled.bucket) < loaded.prior_bytes(whole.bucket)
+    (ours,) = [pixels for pixels, _ in loaded.forward(tiled)]
+    (plain,) = [pixels for pixels, _ in loaded.forward(whole)]
+
+    from diffusers import AutoPipelineForText2Image
+
+    pipeline = AutoPipelineForText2Image.from_pretrained(loaded.path, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.vae.enable_tiling()  # as users tile a decode
+    theirs = pipeline(
+        "a bay", generator=torch.Generator().manual_seed(3), num_inference_steps=2,
+        width=128, height=128, output_type="np",
+    ).images[0]  # fmt: skip
+    assert np.array_equal(ours, (theirs * 255).round().astype(np.uint8))
+    assert not np.array_equal(ours, plain)  # the tiles' seams blended: not the whole decode
+    assert not loaded._pipeline.vae.use_tiling  # the loaded VAE is untouched
+    at_tile = loaded.preprocess([ImagePrompt("x", seed=0, width=64, height=64)])
+    assert loaded.leaner(at_tile) is None  # one tile: tiling saves nothing
 
 
 @pytest.mark.parametrize("task", ["image2image", "inpainting"])

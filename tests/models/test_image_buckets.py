@@ -17,6 +17,8 @@ def test_a_label_parses_back_to_its_parts():
     for bucket in (ImageBucket(768, 512, 2), ImageBucket(1024, 1024, 1, tiled=True)):
         assert ImageBucket.parse(bucket.label) == bucket
     assert ImageBucket(1024, 1024, 1, tiled=True).label == "px1024x1024xb1~tiled"
+    edit = ImageBucket(512, 512, 2, tiled=True, task="inpainting")
+    assert edit.label == "px512x512xb2~inpainting~tiled" and ImageBucket.parse(edit.label) == edit
     assert ImageBucket.parse("px64x64xb1~sliced") is None  # a variant no one makes
     assert ImageBucket.parse("w16") is None
 
