@@ -31,7 +31,7 @@ from app.api.a1111_schemas import (
     validate_txt2img,
 )
 from app.api.errors import from_validation_errors
-from app.api.images_routes import run_images
+from app.api.images_routes import prompt_warnings, run_images
 from app.api.images_uploads import decode_init, decode_mask, from_base64
 from app.api.openai_routes import read_body
 from app.core.fleet import Fleet
@@ -90,7 +90,7 @@ async def txt2img(request: Request) -> Response:
     with jobs.job() as job:
         valid = validate_txt2img(body, model, fleet.settings, job.progress)
         result = await run_images(request, fleet, valid)
-    return _answer(body, valid, result, model)
+    return _answer(fleet, body, valid, result, model)
 
 
 @router.post(
@@ -112,10 +112,11 @@ async def img2img(request: Request) -> Response:
     with jobs.job() as job:
         valid = validate_img2img(body, model, settings, job.progress, init, mask)
         result = await run_images(request, fleet, valid)
-    return _answer(body, valid, result, model, body.denoising_strength)
+    return _answer(fleet, body, valid, result, model, body.denoising_strength)
 
 
 def _answer(
+    fleet: Fleet,
     body: Txt2ImgRequest,
     valid: ValidImageGeneration,
     result: InferenceResult,
@@ -154,6 +155,9 @@ def _answer(
         "restore_faces": False,
         "version": "vramgate",
     }
+    warnings = prompt_warnings(fleet, valid)
+    if warnings:
+        info["warnings"] = warnings
     payload = {"images": images, "parameters": parameters, "info": orjson.dumps(info).decode()}
     return _json(payload, result.cost.headers())
 

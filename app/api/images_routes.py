@@ -145,9 +145,29 @@ async def answer(
         "size": f"{width}x{height}",
         "usage": usage(result),
     }
+    warnings = prompt_warnings(fleet, valid)
+    if warnings:
+        payload["warnings"] = warnings
     return Response(
         orjson.dumps(payload), media_type="application/json", headers=result.cost.headers()
     )
+
+
+def prompt_warnings(fleet: Fleet, valid: ValidImageGeneration) -> list[str]:
+    """What the answer tells of its prompts: the end of one its model's text encoder did
+    not see (a CLIP encoder sees 77 tokens; diffusers cuts the rest and logs it only)."""
+    handler = fleet.handler(valid.model, ImageGenerator)
+    first = valid.first
+    warnings = []
+    for field, text in (("prompt", first.prompt), ("negative_prompt", first.negative_prompt)):
+        unseen = handler.prompt_unseen(text or "")
+        if unseen is not None:
+            shown = unseen if len(unseen) <= 80 else unseen[:77] + "..."
+            warnings.append(
+                f"{field} is longer than model {valid.model!r}'s text encoder reads; "
+                f"this end of it was cut: {shown!r}"
+            )
+    return warnings
 
 
 async def run_images(

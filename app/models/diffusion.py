@@ -109,6 +109,16 @@ class DiffusionHandler(ImageGenerator):
         width, height, batch = parsed.width, parsed.height, parsed.batch
         return image_bytes(self._geometry, width, height, batch, tiled=parsed.tiled)
 
+    def prompt_unseen(self, prompt: str) -> str | None:
+        """What diffusers cuts off: the prompt's tokens past the first text encoder's
+        window (CLIP's 77 positions, less its start and end marks), decoded."""
+        tokenizer = getattr(self._pipeline, "tokenizer", None)
+        if tokenizer is None or not prompt:
+            return None
+        ids = tokenizer(prompt, add_special_tokens=False, truncation=False).input_ids
+        room = int(tokenizer.model_max_length) - 2
+        return str(tokenizer.decode(ids[room:])) if len(ids) > room else None
+
     # -- running -----------------------------------------------------------------------
     def forward(self, prepared: Prepared) -> Any:
         self.forward_calls += 1

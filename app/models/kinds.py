@@ -242,6 +242,11 @@ class ImageGenerator(OneShotModel[ImagePrompt]):
     def batch_group(self, prepared: Prepared) -> str:
         return group_of(prepared)
 
+    def prompt_unseen(self, prompt: str) -> str | None:
+        """The end of `prompt` that its text encoder never sees (cut at its window), or
+        None when it sees it all."""
+        return None
+
     def leaner(self, prepared: Prepared) -> Prepared | None:
         """Its images decoded in tiles, where the model's prior says that costs less."""
         if is_tiled(prepared):

@@ -107,6 +107,14 @@ def test_a_seed_gives_the_pixels_of_the_pipeline_called_directly(http, folders):
     )  # fmt: skip
     assert np.array_equal(ours, theirs)
     assert json.loads(res["info"])["sd_model_name"] == "sdxl"  # override_settings, this call
+    assert "warnings" not in json.loads(res["info"])
+
+
+def test_a_prompt_past_the_text_encoders_window_is_told_in_info(http):
+    body = {"prompt": "a" * 80 + " tail", "steps": 1, "width": 64, "height": 64}
+    info = json.loads(http.post("/sdapi/v1/txt2img", json=body).json()["info"])
+    (warning,) = info["warnings"]
+    assert warning.startswith("prompt is longer") and warning.endswith("'aaaaa tail'")
 
 
 def test_img2img_and_inpainting_are_the_pipelines_own(http, folders):

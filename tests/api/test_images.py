@@ -474,3 +474,24 @@ def test_the_running_batch_s_preview_is_served_while_it_runs(live):
         connection.close()
     wait_until(lambda: running_step(live) is None, 60, "the run's end")
     assert httpx.get(live.url + "/v1/images/preview/sd15", timeout=30).status_code == 204
+
+
+def test_a_prompt_past_the_text_encoders_window_is_cut_and_the_answer_says_so(client, folders):
+    # the tiny CLIP tokenizer reads one token a character: 75 of them fit its 77 positions
+    prompt = "a" * 70 + " lighthouse on a cliff"  # the window ends inside "lighthouse"
+    answer = client.images.generate(
+        model="sd15", prompt=prompt, size="64x64",  # type: ignore[arg-type]
+        extra_body={"seed": 4, "steps": 2, "negative_prompt": "blurry", "scheduler": "euler_a"},
+    )  # fmt: skip
+    extra = answer.model_extra or {}
+    (warning,) = extra["warnings"]
+    assert warning.startswith("prompt is longer than model 'sd15'") and "cliff" in warning
+    assert "aaaa" not in warning.split("cut:")[1]  # only the end that was cut
+    theirs = direct(folders["sd15"], 4, prompt=prompt, negative_prompt="blurry",
+                    num_inference_steps=2, width=64, height=64)  # fmt: skip
+    assert np.array_equal(pixels((answer.data or [])[0].b64_json), theirs)  # diffusers' cut
+    short = client.images.generate(
+        model="sd15", prompt="a lighthouse", size="64x64",  # type: ignore[arg-type]
+        extra_body={"steps": 1},
+    )  # fmt: skip
+    assert "warnings" not in (short.model_extra or {})
