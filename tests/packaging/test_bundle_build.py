@@ -115,6 +115,9 @@ def test_windows_workflow_runs_the_same_steps_and_lints_clean():
     runs = [step.get("run", "") for step in workflow["jobs"]["bundle"]["steps"]]
     for command in STEPS:
         assert any(command in run for run in runs), command
+    smoke = next(run for run in runs if "packaging/smoke_test.py" in run)
+    for option in ("--gguf", "--whisper", "--audio", "--diffusion", "--vision"):
+        assert option in smoke, option  # the CUDA bundle is smoke-tested as this one is
     assert workflow["jobs"]["bundle"]["runs-on"].startswith("windows")
     actionlint = shutil.which("actionlint", path=os.path.dirname(sys.executable))
     assert actionlint, "actionlint comes with the test extras"
