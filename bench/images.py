@@ -63,6 +63,7 @@ class Row:
     name: str
     rounds: list[tuple[float, float]]  # per round: wall and CPU seconds for the four images
     note: str = ""
+    queued: list[float] | None = None  # per round: the four's seconds in the server's queue
 
     @property
     def best(self) -> tuple[float, float]:
@@ -178,8 +179,11 @@ def direct_runs(folder: Path, args: argparse.Namespace) -> tuple[list[Row], np.n
 
 
 # -- through vramgate --------------------------------------------------------------------
-def generate(url: str, index: int, side: int, steps: int) -> tuple[str, np.ndarray]:
-    """One image from the server: its `X-Vramgate-Batch` and its pixels."""
+Answer = tuple[str, float, np.ndarray]  # X-Vramgate-Batch, seconds queued, the pixels
+
+
+def generate(url: str, index: int, side: int, steps: int) -> Answer:
+    """One image from the server: its batch, how long it waited in the queue, its pixels."""
     body = {
         "model": MODEL, "prompt": PROMPTS[index], "n": 1, "size": f"{side}x{side}",
         "seed": SEEDS[index], "steps": steps, "output_format": "png",
@@ -189,10 +193,11 @@ def generate(url: str, index: int, side: int, steps: int) -> tuple[str, np.ndarr
     encoded = answer.json()["data"][0]["b64_json"]
     with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
         pixels = np.array(image.convert("RGB"))
-    return answer.headers["X-Vramgate-Batch"], pixels
+    waited = float(answer.headers["X-Vramgate-Queue-Ms"]) / 1000
+    return answer.headers["X-Vramgate-Batch"], waited, pixels
 
 
-def at_once(url: str, side: int, steps: int) -> list[tuple[str, np.ndarray]]:
+def at_once(url: str, side: int, steps: int) -> list[Answer]:
     results: list[Any] = [None] * IMAGES
 
     def one(index: int) -> None:
@@ -237,15 +242,25 @@ def server_runs(folder: Path, root: Path, args: argparse.Namespace) -> tuple[lis
     finally:
         server.stop()
     rows = [
-        Row("vramgate, four requests at once", together.times, batch_headers(together)),
-        Row("vramgate, four one after the other", apart.times, batch_headers(apart)),
+        Row(
+            "vramgate, four requests at once",
+            together.times,
+            batch_headers(together),
+            queued(together),
+        ),
+        Row("vramgate, four one after the other", apart.times, batch_headers(apart), queued(apart)),
     ]
-    return rows, np.stack([pixels for _, pixels in together.results[0]])
+    return rows, np.stack([pixels for _, _, pixels in together.results[0]])
+
+
+def queued(rounds: Rounds) -> list[float]:
+    """Per round, the four answers' X-Vramgate-Queue-Ms added up, in seconds."""
+    return [sum(queue for _, queue, _ in answers) for answers in rounds.results]
 
 
 def batch_headers(rounds: Rounds) -> str:
     """Each answer's X-Vramgate-Batch, round by round."""
-    each = [",".join(batch for batch, _ in answers) for answers in rounds.results]
+    each = [",".join(batch for batch, _, _ in answers) for answers in rounds.results]
     return "X-Vramgate-Batch " + " / ".join(each)
 
 
@@ -267,7 +282,8 @@ def table(result: Result, args: argparse.Namespace) -> str:
         f"Random SD 1.5-shaped pipeline (UNet {unet / 1e6:.0f}M parameters, first level "
         f"{args.channels} channels), four {args.side}² images, {args.steps} PNDM steps, "
         f"guidance 7.5, float32 on the CPU, {args.threads} torch threads; best of "
-        f"{args.rounds} alternating rounds (every round's wall seconds in the last column).",
+        f"{args.rounds} alternating rounds (every round's wall seconds in the last "
+        "column; for vramgate, its four requests' seconds in its queue, added up).",
         "",
         "| run | seconds for 4 images | s per image | ratio to the direct call of the same "
         "shape | CPU s | every round |",
@@ -277,6 +293,8 @@ def table(result: Result, args: argparse.Namespace) -> str:
         note = f" ({row.note})" if row.note else ""
         wall, spent = row.best
         every = ", ".join(f"{seconds:.1f}" for seconds, _ in row.rounds)
+        if row.queued is not None:
+            every += " (queued " + ", ".join(f"{q:.1f}" for q in row.queued) + ")"
         lines.append(
             f"| {row.name}{note} | {wall:.1f} | {wall / IMAGES:.2f} | {wall / reference:.2f} "
             f"| {spent:.1f} | {every} |"
