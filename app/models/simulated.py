@@ -52,23 +52,12 @@ def _unit_vectors(count: int) -> np.ndarray:
 _VECTORS = _unit_vectors(4096)
 
 
-class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
-    """Fakes every capability: texts, images (bytes) and prompts all come in."""
+class SimulatedWeights:
+    """A simulated model's weights: the spec's `weights` bytes held on the device from its
+    load (which takes `load_ms`) to its unload; it has no torch module to count."""
 
-    kind = "simulated"
-    engine = "simulated"
-    dimensions = DIMENSIONS
-    max_side, max_pixels = 4096, 2**24  # image bounds; the registry sets the configured ones
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__(spec)
-        self._buckets = sorted(spec.buckets, key=lambda b: b.size)
-        self._by_label = {f"w{b.size}": b for b in self._buckets}
-        self._lock = threading.Lock()  # guards forward_calls and _jitter
-        self._jitter = random.Random(zlib.crc32(spec.name.encode()))
-        self._device: Device | None = None
-        self._leaked: list[bytearray] = []  # what an injected leak keeps
-        self._weights = contextlib.ExitStack()
+    spec: ModelSpec
+    _device: Device | None = None
 
     def expected_weights_bytes(self, device: Device) -> int:
         return int(self.spec.weights)
@@ -84,8 +73,24 @@ class SimulatedHandler(Embedder, ImageModel, Generator):  # type: ignore[misc]
         self._device = None
 
     def weights_bytes(self) -> int:
-        """What its weights hold on the device (it has no torch module to count)."""
         return int(self.spec.weights) if self._device is not None else 0
+
+
+class SimulatedHandler(SimulatedWeights, Embedder, ImageModel, Generator):  # type: ignore[misc]
+    """Fakes every capability: texts, images (bytes) and prompts all come in."""
+
+    kind = "simulated"
+    engine = "simulated"
+    dimensions = DIMENSIONS
+    max_side, max_pixels = 4096, 2**24  # image bounds; the registry sets the configured ones
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self._buckets = sorted(spec.buckets, key=lambda b: b.size)
+        self._by_label = {f"w{b.size}": b for b in self._buckets}
+        self._lock = threading.Lock()  # guards forward_calls and _jitter
+        self._jitter = random.Random(zlib.crc32(spec.name.encode()))
+        self._leaked: list[bytearray] = []  # what an injected leak keeps
 
     def _bucket_for(self, words: int) -> SimulatedBucket:
         for bucket in self._buckets:

@@ -13,7 +13,6 @@ run stops once every client of it has left, as the diffusion handler's does.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 import time
@@ -22,16 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.device import Device
 from app.models.base import Bucket, Prepared
 from app.models.image_buckets import ImageBucket
 from app.models.image_prompt import ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
+from app.models.simulated import SimulatedWeights
 from app.settings import ModelSpec, SimulatedImages
 
 
-class SimulatedImageHandler(ImageGenerator):
+class SimulatedImageHandler(SimulatedWeights, ImageGenerator):
     kind = "simulated"
     engine = "simulated"
     postprocess_on_loop = False  # encoding images stays off the event loop
@@ -42,26 +41,8 @@ class SimulatedImageHandler(ImageGenerator):
         assert spec.images is not None, "the registry builds this for an images setting"
         self.images: SimulatedImages = spec.images
         self.default_size = (self.images.default_size, self.images.default_size)
-        self._device: Device | None = None
-        self._weights = contextlib.ExitStack()
         self._lock = threading.Lock()  # guards forward_calls and _jitter
         self._jitter = random.Random(zlib.crc32(spec.name.encode()))
-
-    def expected_weights_bytes(self, device: Device) -> int:
-        return int(self.spec.weights)
-
-    def load(self, device: Device) -> None:
-        self._weights = contextlib.ExitStack()
-        self._weights.enter_context(device.hold(int(self.spec.weights)))
-        time.sleep(self.spec.load_ms / 1000)
-        self._device = device
-
-    def unload(self) -> None:
-        self._weights.close()
-        self._device = None
-
-    def weights_bytes(self) -> int:
-        return int(self.spec.weights) if self._device is not None else 0
 
     def _bytes(self, bucket: ImageBucket, per_pixel: float) -> int:
         """A run of `bucket` at `per_pixel` bytes a pixel: the full image's decode, or
