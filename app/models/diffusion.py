@@ -24,6 +24,7 @@ stops early once every client of the batch has left.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -64,6 +65,10 @@ class DiffusionHandler(ImageGenerator):
         self._device = torch.device("cpu")
         self._geometry: DiffusionGeometry | None = None
         self._lock = threading.Lock()  # guards _preview (written by inference threads)
+        # held by each run of a model whose pipeline casts its shared VAE in place (see
+        # load): two such runs at once would cast it under each other's decode
+        self._vae_lock = threading.Lock()
+        self.upcasts = False
         self._preview: np.ndarray | None = None  # a running batch's latest, for the dashboard
 
     def expected_weights_bytes(self, device: Device) -> int:
@@ -82,12 +87,19 @@ class DiffusionHandler(ImageGenerator):
         side = int(unet.config.sample_size) if unet is not None else 64
         self.default_size = (side * scale, side * scale)
         vae = pipeline.vae.config
+        # SDXL's pipelines (those with upcast_vae) cast a float16 VAE whose config says
+        # force_upcast to float32 for each decode, in place, and back; SD 1.5's never do
+        self.upcasts = (
+            hasattr(pipeline, "upcast_vae")
+            and bool(vae.get("force_upcast"))
+            and dtype == torch.float16
+        )
         self._geometry = DiffusionGeometry.from_configs(
             dict(unet.config) if unet is not None else {},
             dict(vae),
             scale,
             torch.finfo(dtype).bits // 8,
-            vae_upcast=bool(vae.get("force_upcast")) and dtype == torch.float16,
+            vae_upcast=self.upcasts,
         )
 
     def weights_bytes(self) -> int:
@@ -163,7 +175,8 @@ class DiffusionHandler(ImageGenerator):
             return tensors
 
         arguments = {**_arguments(rows), "callback_on_step_end": on_step}
-        with torch.inference_mode():
+        serial = self._vae_lock if self.upcasts else contextlib.nullcontext()
+        with torch.inference_mode(), serial:
             images = pipeline(**arguments).images
         return (images * 255).round().astype(np.uint8)  # as diffusers' numpy_to_pil
 

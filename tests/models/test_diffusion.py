@@ -253,3 +253,16 @@ def test_an_edit_runs_over_the_loaded_modules_with_a_scheduler_of_its_own(loaded
     assert shared == ["unet", "vae", "text_encoder"]  # the same modules: no second copy
     assert type(run.scheduler).__name__ == "EulerAncestralDiscreteScheduler"  # its own
     assert type(base.scheduler).__name__ != "EulerAncestralDiscreteScheduler"  # untouched
+
+
+def test_only_a_pipeline_that_upcasts_its_vae_is_quoted_a_float32_decode(tmp_path):
+    # AutoencoderKL's config says force_upcast by default, but only SDXL's pipelines act
+    # on it: an SD 1.5 in float16 decodes in float16 (its quote was twice the truth)
+    handlers = {}
+    for name, build in BUILDERS.items():
+        spec = ModelSpec(name=name, kind="diffusion", path=build(tmp_path / name), dtype="float16")
+        handlers[name] = DiffusionHandler(spec)
+        handlers[name].load(CpuDevice())
+    assert handlers["sd15"]._pipeline.vae.config.force_upcast  # the config says it...
+    assert not handlers["sd15"].upcasts and handlers["sd15"]._geometry.vae_element == 2
+    assert handlers["sdxl"].upcasts and handlers["sdxl"]._geometry.vae_element == 4
