@@ -25,6 +25,7 @@ stops early once every client of the batch has left.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import threading
 import time
@@ -62,6 +63,7 @@ class DiffusionHandler(ImageGenerator):
         self.path = Path(spec.path)
         self.max_side, self.max_pixels = max_side, max_pixels
         self._pipeline: Any = None
+        self._tokenizer: Any = None
         self._device = torch.device("cpu")
         self._geometry: DiffusionGeometry | None = None
         self._lock = threading.Lock()  # guards _preview (written by inference threads)
@@ -80,6 +82,9 @@ class DiffusionHandler(ImageGenerator):
         dtype = getattr(torch, self.dtype)
         pipeline = load_pipeline(self.path, dtype, self.spec.pipeline_config)
         self._pipeline = pipeline.to(device.torch_device)
+        # the event loop's own copy (prompt_unseen): a fast tokenizer's truncation and
+        # padding are state of its Rust backend, which a call from another thread resets
+        self._tokenizer = copy.deepcopy(getattr(pipeline, "tokenizer", None))
         self._device = device.torch_device
         scale = int(getattr(pipeline, "vae_scale_factor", 8))
         self.grid = max(8, scale)
@@ -87,12 +92,13 @@ class DiffusionHandler(ImageGenerator):
         side = int(unet.config.sample_size) if unet is not None else 64
         self.default_size = (side * scale, side * scale)
         vae = pipeline.vae.config
-        # SDXL's pipelines (those with upcast_vae) cast a float16 VAE whose config says
-        # force_upcast to float32 for each decode, in place, and back; SD 1.5's never do
+        # SDXL's pipelines (those with upcast_vae) cast a VAE whose config says
+        # force_upcast to float32, in place, and back: for each float16 decode, and for
+        # an edit's encode in any dtype but float32; SD 1.5's never do
         self.upcasts = (
             hasattr(pipeline, "upcast_vae")
             and bool(vae.get("force_upcast"))
-            and dtype == torch.float16
+            and dtype != torch.float32
         )
         self._geometry = DiffusionGeometry.from_configs(
             dict(unet.config) if unet is not None else {},
@@ -124,12 +130,19 @@ class DiffusionHandler(ImageGenerator):
     def prompt_unseen(self, prompt: str) -> str | None:
         """What diffusers cuts off: the prompt's tokens past the first text encoder's
         window (CLIP's 77 positions, less its start and end marks), decoded."""
-        tokenizer = getattr(self._pipeline, "tokenizer", None)
+        tokenizer = self._tokenizer
         if tokenizer is None or not prompt:
             return None
-        ids = tokenizer(prompt, add_special_tokens=False, truncation=False).input_ids
         room = int(tokenizer.model_max_length) - 2
-        return str(tokenizer.decode(ids[room:])) if len(ids) > room else None
+        if not getattr(tokenizer, "is_fast", False):
+            ids = tokenizer(prompt, add_special_tokens=False, truncation=False).input_ids
+            return str(tokenizer.decode(ids[room:])) if len(ids) > room else None
+        encoded = tokenizer(
+            prompt, add_special_tokens=False, truncation=False, return_offsets_mapping=True
+        )
+        if len(encoded.input_ids) <= room:
+            return None
+        return prompt[encoded.offset_mapping[room][0] :]  # the user's own words, as written
 
     # -- running -----------------------------------------------------------------------
     def forward(self, prepared: Prepared) -> Any:

@@ -79,15 +79,21 @@ def for_run(
 ) -> Any:
     """A pipeline of its own for one run of `task` (text2image, image2image, inpainting):
     the same loaded modules, a fresh scheduler (`scheduler` by name, else the pipeline's
-    own kind), and the pipeline's settings. `tiled`: its VAE decodes (and encodes) in
+    own kind), tokenizers of its own (a fast tokenizer's truncation and padding are
+    state its calls set: two runs sharing one may get each other's), and the pipeline's
+    settings. `tiled`: its VAE decodes (and encodes) in
     tiles, through a shallow copy of the loaded VAE with tiling on (the same weights;
     `enable_tiling` on the shared one would tile every run on every thread)."""
     import diffusers
 
-    vae = {}
+    own: dict[str, Any] = {  # tokenizers keep per-call state: each run its own copy
+        name: copy.deepcopy(tokenizer)
+        for name in ("tokenizer", "tokenizer_2")
+        if (tokenizer := getattr(pipeline, name, None)) is not None
+    }
     if tiled:
-        vae["vae"] = copy.copy(pipeline.vae)
-        vae["vae"].use_tiling = True  # what enable_tiling() sets
+        own["vae"] = copy.copy(pipeline.vae)
+        own["vae"].use_tiling = True  # what enable_tiling() sets
 
     config = pipeline.scheduler.config
     if scheduler is None:
@@ -100,11 +106,11 @@ def for_run(
             "image2image": diffusers.AutoPipelineForImage2Image,
             "inpainting": diffusers.AutoPipelineForInpainting,
         }[task]
-        other = auto.from_pipe(pipeline, scheduler=fresh, **vae)
+        other = auto.from_pipe(pipeline, scheduler=fresh, **own)
         other.set_progress_bar_config(disable=True)
         return other
     parameters = inspect.signature(type(pipeline).__init__).parameters
-    components = {**pipeline.components, "scheduler": fresh, **vae}
+    components = {**pipeline.components, "scheduler": fresh, **own}
     settings = {
         name: pipeline.config[name]
         for name in parameters

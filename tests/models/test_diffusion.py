@@ -251,6 +251,8 @@ def test_an_edit_runs_over_the_loaded_modules_with_a_scheduler_of_its_own(loaded
         if getattr(run, name) is getattr(base, name)
     ]
     assert shared == ["unet", "vae", "text_encoder"]  # the same modules: no second copy
+    # its own tokenizer (a fast one's truncation is state its calls set), as the loop's
+    assert run.tokenizer is not base.tokenizer and loaded._tokenizer is not base.tokenizer
     assert type(run.scheduler).__name__ == "EulerAncestralDiscreteScheduler"  # its own
     assert type(base.scheduler).__name__ != "EulerAncestralDiscreteScheduler"  # untouched
 
