@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.images_schemas import (
     MAX_IMAGES,
@@ -109,13 +109,6 @@ class Txt2ImgRequest(BaseModel):
                 if data.get(name) not in (None, False, 0, "", "None", [], {}):
                     raise InvalidRequest(f"{name} is not supported: {why}", param=name)
         return data
-
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("the prompt is blank")
-        return value
 
     @model_validator(mode="after")
     def _batch(self) -> Txt2ImgRequest:

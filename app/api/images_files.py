@@ -48,8 +48,10 @@ class ImageFiles:
 
     def put(self, data: bytes, output_format: str) -> str:
         """Keep an encoded image; its id (the last part of its link)."""
+        now = self._clock()
+        self._drop(lambda: self._kept[next(iter(self._kept))].expires <= now)  # expired
         key = secrets.token_urlsafe(16)
-        self._kept[key] = KeptImage(data, MEDIA_TYPES[output_format], self._clock() + self.ttl_s)
+        self._kept[key] = KeptImage(data, MEDIA_TYPES[output_format], now + self.ttl_s)
         self._bytes += len(data)
         self._drop(lambda: len(self._kept) > self.max_files or self._bytes > self.max_bytes)
         return key

@@ -23,8 +23,9 @@ feature maps (within the counts above), not the attention matrix.
 
 A **tiled** decode (the VAE's own `tiled_decode`, chosen by the server when only it fits)
 runs the decoder on one tile at a time (`vae_tile`² pixels, the VAE's `sample_size`: 512
-for SD 1.5, 1024 for SDXL) and keeps the decoded tiles and the blended image (3 channels
-of float each, about twice the image): counted as a tile's decode plus those.
+for SD 1.5, 1024 for SDXL) and keeps, 3 channels each, every decoded tile (1.6-1.7 times
+the image, for their overlaps), the blended rows, the joined image and a copy for
+post-processing: counted as a tile's decode plus `TILED_KEPT` images.
 
 Quote = max(denoising, decoding): SD 1.5 in float16 0.75 GiB at 512², 3 GiB at 1024²;
 SDXL (float32 decoder) 1.5 and 6 GiB. The constants err above (the design's measured
@@ -39,6 +40,7 @@ from typing import Any
 
 UNET_LIVE = 12  # first-level feature maps alive at once in a UNet step (skips + working)
 VAE_LIVE = 12  # full-resolution maps of vae[0] channels alive at once in the VAE decoder
+TILED_KEPT = 5  # images' worth (3 channels) a tiled decode keeps beside its tile
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,12 @@ def decoding_bytes(geometry: DiffusionGeometry, width: int, height: int, images:
 
 
 def tiled_decoding_bytes(geometry: DiffusionGeometry, width: int, height: int, images: int) -> int:
-    """The VAE decoder's activations for one tile of every image, and the decoded tiles
-    and blended image kept beside them (3 channels, about twice the image, in float)."""
+    """The VAE decoder's activations for one tile of every image, and the decoded tiles,
+    rows and image kept beside them (`TILED_KEPT` images of 3 channels)."""
     tile = decoding_bytes(
         geometry, min(width, geometry.vae_tile), min(height, geometry.vae_tile), images
     )
-    return tile + width * height * 3 * 2 * geometry.vae_element * images
+    return tile + width * height * 3 * TILED_KEPT * geometry.vae_element * images
 
 
 def image_bytes(

@@ -46,7 +46,11 @@ def table_for(pipeline_class: str) -> tuple[np.ndarray, np.ndarray] | None:
 
 def latent_previews(latents: Any, table: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
     """Each row's preview, HWC uint8 RGB, from latents shaped (batch, 4, h, w) (a torch
-    tensor on any device, or an array): x·factors + bias, mapped from [-1, 1] to 0..255."""
+    tensor on any device, or an array): x·factors + bias, mapped from [-1, 1] to 0..255.
+    None of them for latents of another channel count (SD3's 16: a pipeline whose class name
+    matched a table it does not fit): no preview rather than a failed run."""
+    if latents.shape[1] != table[0].shape[0]:
+        return []
     if hasattr(latents, "detach"):
         latents = latents.detach().float().cpu().numpy()
     factors, bias = table

@@ -110,6 +110,12 @@ def test_a_seed_gives_the_pixels_of_the_pipeline_called_directly(http, folders):
     assert "warnings" not in json.loads(res["info"])
 
 
+def test_an_empty_prompt_is_drawn_as_a1111_draws_it(http):
+    # A1111's own default prompt is "" (img2img is often called with none)
+    res = http.post("/sdapi/v1/txt2img", json={"steps": 1, "width": 64, "height": 64})
+    assert res.status_code == 200 and decoded(res.json()["images"][0]).size == (64, 64)
+
+
 def test_a_prompt_past_the_text_encoders_window_is_told_in_info(http):
     body = {"prompt": "a" * 80 + " tail", "steps": 1, "width": 64, "height": 64}
     info = json.loads(http.post("/sdapi/v1/txt2img", json=body).json()["info"])
@@ -206,7 +212,6 @@ BAD = [
     ("txt2img", {"scheduler": "Exponential"}, "scheduler", "invalid_request", 400),
     ("txt2img", {"enable_hr": True}, "enable_hr", "invalid_request", 400),
     ("txt2img", {"steps": 0}, "steps", "invalid_request", 400),
-    ("txt2img", {"prompt": ""}, "prompt", "invalid_request", 400),
     ("txt2img", {"batch_size": 5}, "n", "invalid_request", 400),  # beyond max_batch 4
     ("txt2img", {"override_settings": {"sd_model_checkpoint": "nobody"}},
      "sd_model_checkpoint", "model_not_found", 404),

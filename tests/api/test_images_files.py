@@ -38,3 +38,13 @@ def test_keys_are_long_and_unguessable():
     files = ImageFiles(ttl_s=60)
     keys = {files.put(b"x", "png") for _ in range(50)}
     assert len(keys) == 50 and all(len(k) >= 21 for k in keys)
+
+
+def test_expired_images_leave_memory_when_the_next_is_kept_not_only_when_read():
+    clock = Clock()
+    files = ImageFiles(ttl_s=60, clock=clock)
+    for _ in range(3):
+        files.put(b"x" * 100, "png")
+    clock.now = 61.0
+    files.put(b"new", "png")  # nobody read the three: they go now all the same
+    assert files._bytes == 3 and len(files._kept) == 1

@@ -42,3 +42,10 @@ def test_a_batch_of_torch_latents_gives_one_preview_a_row_and_tables_by_pipeline
     assert table_for("StableDiffusionXLPipeline")[0] is SDXL_FACTORS  # type: ignore[index]
     assert table_for("StableDiffusionPipeline")[0] is SD15_FACTORS  # type: ignore[index]
     assert table_for("FluxPipeline") is None  # 16-channel latents: no table
+
+
+def test_latents_of_another_channel_count_get_no_preview_not_an_error():
+    # SD3's 16-channel latents: its class name holds "StableDiffusion", the table is 4 rows
+    table = table_for("StableDiffusion3Pipeline")
+    assert table is not None
+    assert latent_previews(torch.zeros(1, 16, 8, 8), table) == []
