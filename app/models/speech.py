@@ -13,8 +13,17 @@ by the tokenizer, within the audio too.
 
 Bucket: `w30xbN`, N the windows in one `generate` call rounded up to a power of two
 (capped at `max_batch`: a longer clip runs in calls of that many, so its memory is that
-of one call). The first quote comes from the model's config (`speech_bytes`); every run
-then teaches the bucket its measured peak.
+of one call); `w30xbN~words` for windows timed word by word, a variant of its own (see
+app.models.image_buckets): transformers then generates with `output_attentions` and
+`output_scores` in eager attention, holding every layer's encoder attention maps, the
+decoder's cross-attentions and each step's scores, several times a plain window's bytes,
+so a plain price never quotes it. The first quote comes from the model's config
+(`speech_bytes`, plus `word_bytes` a window for words); every run then teaches the bucket
+its measured peak.
+
+transformers switches the model's config to eager attention for word timestamps and
+leaves it so: every `generate` holds the handler's lock, and a word run restores the
+setting it found, so no run (plain or word) sees another's attention setting.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import gc
 import io
 import re
+import threading
 import time
 import wave
 from dataclasses import dataclass
@@ -47,15 +57,30 @@ from app.models.kinds import Transcriber
 from app.models.transcript import Segment, WindowText, placed
 from app.settings import ModelSpec
 
-LABEL = re.compile(r"^w30xb(\d+)$")
+WORDS = "words"  # the bucket variant of windows timed word by word
+LABEL = re.compile(rf"^w30xb(\d+)(~{WORDS})?$")
 MAX_TARGET_TOKENS = 448  # Whisper's decoder positions: a window's tokens at most
 
 
-def speech_bytes(config: Any, batch: int, element: int) -> int:
+def word_bytes(config: Any, element: int) -> int:
+    """What timing words adds to one window: transformers generates with
+    `output_attentions` and `output_scores` (eager attention), so it holds every encoder
+    layer's attention maps over the 1,500 frames, every decoder layer's cross-attention
+    of each target token to them, and each step's float32 scores over the vocabulary."""
+    frames = int(config.max_source_positions)
+    tokens = int(config.max_target_positions)
+    encoder = int(config.encoder_layers) * int(config.encoder_attention_heads) * frames * frames
+    cross = int(config.decoder_layers) * int(config.decoder_attention_heads) * frames * tokens
+    scores = tokens * int(config.vocab_size) * 4
+    return element * (encoder + cross) + scores
+
+
+def speech_bytes(config: Any, batch: int, element: int, words: bool = False) -> int:
     """An upper bound on one `generate` call's activations over `batch` windows: the
     encoder's widest moment (its feed-forward over 1,500 frames, and one layer's
     attention scores counted as if materialised) beside every layer's cross-attention
-    keys and values and a full self-attention cache, with a quarter's margin."""
+    keys and values and a full self-attention cache, and `word_bytes` for words, with a
+    quarter's margin."""
     frames = int(config.max_source_positions)
     width, heads = int(config.d_model), int(config.encoder_attention_heads)
     layers = int(config.decoder_layers)
@@ -64,6 +89,8 @@ def speech_bytes(config: Any, batch: int, element: int) -> int:
     cache = 2 * layers * width * (frames + MAX_TARGET_TOKENS)
     logits = MAX_TARGET_TOKENS * int(config.vocab_size) // 8  # scores of recent steps
     per_window = features + element * (encoder + cache + logits)
+    if words:
+        per_window += word_bytes(config, element)
     return batch * per_window * 5 // 4
 
 
@@ -78,6 +105,8 @@ class SpeechHandler(Transcriber):
         self._processor: Any = None
         self._device = torch.device("cpu")
         self._torch_dtype = torch.float32
+        # every `generate`: a word run sets the shared config's attention to eager
+        self._generate_lock = threading.Lock()
 
     def expected_weights_bytes(self, device: Device) -> int:
         element = torch.finfo(getattr(torch, dtype_on(device, self.spec.dtype))).bits // 8
@@ -152,16 +181,21 @@ class SpeechHandler(Transcriber):
         return self._prepared(windows(decode_audio(clip.data, clip.max_seconds), clip.options))
 
     def _prepared(self, rows: list[Window]) -> Prepared:
+        words = {row.options.words for row in rows}
+        if len(words) != 1:  # merge keeps them apart: they cost differently
+            raise ValueError("word and plain windows never share a generate call")
         batch = next_pow2(min(len(rows), self.spec.max_batch))
         seconds = sum(row.samples.size for row in rows) // SAMPLE_RATE
-        return Prepared(Bucket(f"w30xb{batch}", batch), rows, seconds, count=len(rows))
+        label = f"w30xb{batch}" + (f"~{WORDS}" if words.pop() else "")
+        return Prepared(Bucket(label, batch), rows, seconds, count=len(rows))
 
     def batch_group(self, prepared: Prepared) -> str:
         return repr(prepared.payload[0].options)
 
     def merge(self, parts: list[Prepared]) -> Prepared | None:
-        """Windows of requests with the same options, however many: `forward` runs them
-        `max_batch` to a call, so the bucket (one call's) stays within its cap."""
+        """Windows of requests with the same options (words or not among them), however
+        many: `forward` runs them `max_batch` to a call, so the bucket (one call's) stays
+        within its cap."""
         if len(parts) == 1:
             return parts[0]
         if len({p.payload[0].options for p in parts}) != 1:
@@ -173,7 +207,8 @@ class SpeechHandler(Transcriber):
         if found is None or self._model is None:
             return 0
         element = torch.finfo(self._torch_dtype).bits // 8
-        return speech_bytes(self._model.config, int(found.group(1)), element)
+        words = found.group(2) is not None
+        return speech_bytes(self._model.config, int(found.group(1)), element, words)
 
     def forward(self, prepared: Prepared) -> list[Decoded]:
         """Each window's generated tokens, `max_batch` windows to a `generate` call."""
@@ -209,8 +244,13 @@ class SpeechHandler(Transcriber):
             kwargs["prompt_ids"] = ids.to(self._device)
         if options.temperature > 0:
             kwargs.update(do_sample=True, temperature=options.temperature)
-        with torch.inference_mode():
-            tokens = self._model.generate(features, **kwargs)
+        config = self._model.config
+        with self._generate_lock, torch.inference_mode():
+            attention = config._attn_implementation
+            try:
+                tokens = self._model.generate(features, **kwargs)
+            finally:  # transformers leaves it eager after word timestamps
+                config._attn_implementation = attention
         sequences = tokens["sequences"] if isinstance(tokens, dict) else tokens
         rows = [row.tolist() for row in sequences.cpu()]
         if not options.words:

@@ -473,3 +473,27 @@ def test_the_window_bucket_has_a_learned_price(live, short_wav):
     row = next(m for m in live.status()["models"] if m["name"] == "whisper")
     prices = {p["bucket"]: p for p in row["prices"]}
     assert prices["w30xb1"]["source"] == "learned", prices
+
+
+def test_a_word_request_has_its_own_bucket_and_leaves_the_attention_as_it_was(live, short_wav):
+    """Word timestamps hold every layer's attention maps: a `~words` bucket of its own,
+    never the plain window's price; and transformers' switch of the shared config to
+    eager attention is undone, so later plain runs run as priced."""
+    config = live.service.registry.get("whisper")._model.config
+    before = config._attn_implementation
+    assert before != "eager"
+    words = post(
+        live,
+        short_wav,
+        language="en",
+        response_format="verbose_json",
+        **{"timestamp_granularities[]": "word"},
+    )
+    assert words.status_code == 200, words.text
+    assert words.json()["words"] and words.headers["X-Vramgate-Bucket"] == "w30xb1~words"
+    assert config._attn_implementation == before
+    plain = post(live, short_wav, language="en")
+    assert plain.status_code == 200 and plain.headers["X-Vramgate-Bucket"] == "w30xb1"
+    row = next(m for m in live.status()["models"] if m["name"] == "whisper")
+    prices = {p["bucket"]: p for p in row["prices"]}
+    assert prices["w30xb1~words"]["source"] == "learned", prices

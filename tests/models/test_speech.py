@@ -6,8 +6,11 @@ call, and what is no audio or too long refused before anything runs."""
 
 from __future__ import annotations
 
+import threading
+import time
 import wave
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ import torch
 from app.engine.device import CpuDevice
 from app.errors import AudioTooLong, InvalidAudio
 from app.models.audio import SAMPLE_RATE, AudioClip, SpeechOptions, decode_audio
-from app.models.speech import SpeechHandler, speech_bytes
+from app.models.speech import SpeechHandler, speech_bytes, word_bytes
 from app.models.transcript import Transcript
 from app.settings import ModelSpec
 from tests.random_whisper import (
@@ -141,6 +144,90 @@ def test_the_first_quote_grows_with_the_windows_in_a_call(loaded):
 
     one, four = (loaded.prior_bytes(Bucket(f"w30xb{n}", n)) for n in (1, 4))
     assert 0 < one < four == 4 * speech_bytes(loaded._model.config, 1, 4) * 4 // 4
+
+
+def whisper_config(layers: int, heads: int, vocab: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        max_source_positions=1500,
+        max_target_positions=448,
+        encoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_layers=layers,
+        decoder_attention_heads=heads,
+        vocab_size=vocab,
+    )
+
+
+@pytest.mark.parametrize(
+    ("layers", "heads", "vocab", "element", "expected"),
+    [
+        # encoder maps + cross-attentions + float32 scores, a window
+        (4, 6, 51865, 4, 216_000_000 + 64_512_000 + 92_942_080),  # tiny, float32
+        (12, 12, 51865, 2, 648_000_000 + 193_536_000 + 92_942_080),  # small, float16
+        (32, 20, 51866, 2, 2_880_000_000 + 860_160_000 + 92_943_872),  # large-v3, float16
+    ],
+)
+def test_what_timing_words_adds_to_a_window(layers, heads, vocab, element, expected):
+    assert word_bytes(whisper_config(layers, heads, vocab), element) == expected
+
+
+def test_word_windows_are_a_bucket_variant_of_their_own(loaded, tmp_path):
+    """Word runs hold every layer's attention maps: their own `~words` variant, quoted
+    with `word_bytes` a window, never merged or batched with plain windows."""
+    from app.models.base import Bucket
+
+    data = write_wav(tmp_path / "w.wav", tone(40, seed=5)).read_bytes()
+    words = loaded.preprocess([AudioClip(data, 60, SpeechOptions(language="en", words=True))])
+    plain = loaded.preprocess([AudioClip(data, 60, EN)])
+    assert words.bucket.label == "w30xb2~words" and plain.bucket.label == "w30xb2"
+    assert loaded.merge([words, plain]) is None
+    assert loaded.batch_group(words) != loaded.batch_group(plain)
+    with pytest.raises(ValueError):
+        loaded._prepared([*words.payload, *plain.payload])
+    config = loaded._model.config
+    quote = loaded.prior_bytes(Bucket("w30xb2~words", 2))
+    assert quote == speech_bytes(config, 2, 4, words=True)
+    assert quote - loaded.prior_bytes(Bucket("w30xb2", 2)) == 2 * word_bytes(config, 4) * 5 // 4
+
+
+def test_a_word_run_leaves_the_models_attention_as_it_found_it(loaded, tmp_path):
+    """transformers sets the config to eager attention for word timestamps and leaves it
+    so: every later run of the model would be eager (slower, more bytes than priced)."""
+    before = loaded._model.config._attn_implementation
+    assert before != "eager"
+    data = write_wav(tmp_path / "w.wav", tone(5, seed=2)).read_bytes()
+    assert transcribe(loaded, data, SpeechOptions(language="en", words=True)).words
+    assert loaded._model.config._attn_implementation == before
+
+
+def test_no_run_generates_while_a_word_run_does(loaded, monkeypatch):
+    """Every `generate` of the model holds the handler's lock: a plain run that arrives
+    while a word run generates (the config eager) waits for it to end."""
+    from app.models.audio import Window
+
+    inner = loaded._model.generate
+    inside, running, seen = threading.Event(), [0], []
+
+    def generate(*args, **kwargs):
+        seen.append((running[0], loaded._model.config._attn_implementation))
+        running[0] += 1
+        try:
+            if kwargs.get("return_token_timestamps"):
+                inside.set()
+                time.sleep(0.5)  # the plain run arrives meanwhile
+            return inner(*args, **kwargs)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(loaded._model, "generate", generate)
+    word = Window(tone(5, seed=2), 0.0, SpeechOptions(language="en", words=True))
+    thread = threading.Thread(target=lambda: loaded.forward(loaded._prepared([word])))
+    thread.start()
+    assert inside.wait(60)
+    loaded.forward(loaded._prepared([Window(tone(5, seed=3), 0.0, EN)]))
+    thread.join()
+    assert [count for count, _ in seen] == [0, 0]  # one at a time
+    assert seen[1][1] != "eager"  # the plain run ran as priced
 
 
 @pytest.mark.parametrize("suffix", sorted(CODECS))
