@@ -101,9 +101,13 @@ def _processor_packages(model_type: str) -> set[str]:
     found: set[str] = set()
     for mapping, class_of in lookups:
         names = mapping.get(model_type)
-        listed = names.values() if isinstance(names, dict) else [names]
-        for name in listed:
-            cls = class_of(name) if isinstance(name, str) else None
+        # one name, a (slow, fast) pair (transformers 5.0), or names by backend (later)
+        listed = names.values() if isinstance(names, dict) else names
+        for name in listed if isinstance(listed, (tuple, list, type({}.values()))) else [listed]:
+            try:
+                cls = class_of(name) if isinstance(name, str) else None
+            except ImportError:  # it needs what is not installed (torchvision, under
+                continue  # transformers 5.0's SmolVLM processor): nothing to collect
             if isinstance(cls, type):
                 found.add(_package(cls))
     return found
