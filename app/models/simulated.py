@@ -52,6 +52,23 @@ def _unit_vectors(count: int) -> np.ndarray:
 _VECTORS = _unit_vectors(4096)
 
 
+class TrueJitter:
+    """The fault injection's jitter on a run's true bytes: × (1 + U(0, `true_jitter`)),
+    drawn from a generator seeded by the model's name (runs repeat), under its own lock
+    (inference threads draw at once)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self._amount = spec.inject.true_jitter
+        self._draws = random.Random(zlib.crc32(spec.name.encode()))
+        self._lock = threading.Lock()
+
+    def __call__(self, true: int) -> int:
+        if not self._amount:
+            return true
+        with self._lock:
+            return int(true * (1 + self._draws.uniform(0, self._amount)))
+
+
 class SimulatedWeights:
     """A simulated model's weights: the spec's `weights` bytes held on the device from its
     load (which takes `load_ms`) to its unload; it has no torch module to count."""
@@ -88,8 +105,8 @@ class SimulatedHandler(SimulatedWeights, Embedder, ImageModel, Generator):  # ty
         super().__init__(spec)
         self._buckets = sorted(spec.buckets, key=lambda b: b.size)
         self._by_label = {f"w{b.size}": b for b in self._buckets}
-        self._lock = threading.Lock()  # guards forward_calls and _jitter
-        self._jitter = random.Random(zlib.crc32(spec.name.encode()))
+        self._lock = threading.Lock()  # guards forward_calls
+        self._jitter = TrueJitter(spec)
         self._leaked: list[bytearray] = []  # what an injected leak keeps
 
     def _bucket_for(self, words: int) -> SimulatedBucket:
@@ -167,12 +184,9 @@ class SimulatedHandler(SimulatedWeights, Embedder, ImageModel, Generator):  # ty
 
     def true_bytes(self, bucket: SimulatedBucket) -> int:
         """What one run of `bucket` really allocates: unknown to the server in advance."""
-        true = int(bucket.true_bytes if bucket.true_bytes is not None else bucket.bytes)
-        jitter = self.spec.inject.true_jitter
-        if jitter:
-            with self._lock:
-                true = int(true * (1 + self._jitter.uniform(0, jitter)))
-        return true
+        return self._jitter(
+            int(bucket.true_bytes if bucket.true_bytes is not None else bucket.bytes)
+        )
 
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"

@@ -13,7 +13,6 @@ run stops once every client of it has left, as the diffusion handler's does.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import zlib
@@ -26,7 +25,7 @@ from app.models.image_buckets import ImageBucket
 from app.models.image_prompt import ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
-from app.models.simulated import SimulatedWeights
+from app.models.simulated import SimulatedWeights, TrueJitter
 from app.settings import ModelSpec, SimulatedImages
 
 
@@ -41,8 +40,8 @@ class SimulatedImageHandler(SimulatedWeights, ImageGenerator):
         assert spec.images is not None, "the registry builds this for an images setting"
         self.images: SimulatedImages = spec.images
         self.default_size = (self.images.default_size, self.images.default_size)
-        self._lock = threading.Lock()  # guards forward_calls and _jitter
-        self._jitter = random.Random(zlib.crc32(spec.name.encode()))
+        self._lock = threading.Lock()  # guards forward_calls
+        self._jitter = TrueJitter(spec)
 
     def _bytes(self, bucket: ImageBucket, per_pixel: float) -> int:
         """A run of `bucket` at `per_pixel` bytes a pixel: the full image's decode, or
@@ -60,12 +59,7 @@ class SimulatedImageHandler(SimulatedWeights, ImageGenerator):
     def true_bytes(self, bucket: ImageBucket) -> int:
         """What one run really holds: unknown to the server in advance."""
         per_pixel = self.images.true_bytes_per_pixel or self.images.bytes_per_pixel
-        true = self._bytes(bucket, per_pixel)
-        jitter = self.spec.inject.true_jitter
-        if jitter:
-            with self._lock:
-                true = int(true * (1 + self._jitter.uniform(0, jitter)))
-        return true
+        return self._jitter(self._bytes(bucket, per_pixel))
 
     def forward(self, prepared: Prepared) -> Any:
         assert self._device is not None, "load() first"
