@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from app.settings import ModelSpec
 from tests.random_models import save_random_llama
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random SD 1.5- and SDXL-shaped diffusers folders, "sd15" and "sdxl"."""
+    from tests.random_models import save_random_sd15, save_random_sdxl
+
+    root = tmp_path_factory.mktemp("diffusion")
+    return {"sd15": save_random_sd15(root / "sd15"), "sdxl": save_random_sdxl(root / "sdxl")}
 
 
 def serve(tmp_path_factory: pytest.TempPathFactory, *models: ModelSpec) -> Iterator[OpenAI]:

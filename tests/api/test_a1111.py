@@ -12,7 +12,6 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,13 +21,6 @@ from PIL import Image
 from app.settings import ModelSpec
 from tests.api.test_images import direct, direct_edit, picture, png
 from tests.live import Live, live_server, make_settings, wait_until
-from tests.random_models import save_random_sd15, save_random_sdxl
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("a1111")
-    return {"sd15": save_random_sd15(root / "sd15"), "sdxl": save_random_sdxl(root / "sdxl")}
 
 
 @pytest.fixture(scope="module")

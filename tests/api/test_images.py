@@ -25,15 +25,8 @@ from PIL import Image
 
 from app.settings import ModelSpec
 from tests.live import Live, live_server, make_settings, wait_until
-from tests.random_models import save_random_sd15, save_random_sdxl
 
 MODELS = ("sd15", "sdxl")
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("diffusion")
-    return {"sd15": save_random_sd15(root / "sd15"), "sdxl": save_random_sdxl(root / "sdxl")}
 
 
 @pytest.fixture(scope="module")
