@@ -1,7 +1,7 @@
 import multiprocessing
 import sys
 
-from app.streams import ensure_streams
+from app.process.streams import ensure_streams
 
 if __name__ == "__main__":
     multiprocessing.freeze_support()  # a frozen executable must not re-run main in children

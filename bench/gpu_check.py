@@ -116,9 +116,9 @@ def unlimit_memory(service: Any) -> None:
 def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, int]]) -> dict:
     """Each bucket's peak with the model alone on the device, outside the server: from a
     cache given back first, so that a CUDA peak is what the allocator had to reserve."""
-    from app.engine.choose import make_device
-    from app.models.embedding import EmbeddingHandler
-    from app.settings import ModelSpec, load_settings
+    from app.config.settings import ModelSpec, load_settings
+    from app.devices.choose import make_device
+    from app.engines.torch.embedding import EmbeddingHandler
 
     device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
     handler = EmbeddingHandler(ModelSpec(name="bert", path=model_dir))
@@ -141,10 +141,10 @@ def isolated_peaks(model_dir: Path, device_spec: str, shapes: list[tuple[int, in
 
 def isolated_generation_peak(model_dir: Path, device_spec: str, prompt: str, tokens: int) -> int:
     """One generation of `tokens` tokens with the model alone on the device."""
-    from app.engine.choose import make_device
-    from app.models.causal_lm import CausalLMHandler
+    from app.config.settings import ModelSpec, load_settings
+    from app.devices.choose import make_device
+    from app.engines.torch.generation.causal_lm import CausalLMHandler
     from app.models.decoding import SamplingParams, TokenStream
-    from app.settings import ModelSpec, load_settings
 
     device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
     handler = CausalLMHandler(ModelSpec(name="llama", kind="generation", path=model_dir))
@@ -196,9 +196,9 @@ def generation_check(
 ) -> dict[str, Any]:
     import httpx
 
-    from app.settings import ModelSpec
-    from tests.live import live_server, make_settings
-    from tests.random_models import save_random_llama
+    from app.config.settings import ModelSpec
+    from tests.support.live import live_server, make_settings
+    from tests.support.random_models import save_random_llama
 
     heads = max(1, hidden // 64)
     model_dir = save_random_llama(
@@ -250,9 +250,9 @@ def vision_language_check(work: Path, device_spec: str) -> dict[str, Any]:
     import httpx
     from PIL import Image
 
-    from app.settings import ModelSpec
-    from tests.live import live_server, make_settings
-    from tests.random_models import save_random_llava
+    from app.config.settings import ModelSpec
+    from tests.support.live import live_server, make_settings
+    from tests.support.random_models import save_random_llava
 
     buffer = io.BytesIO()
     Image.new("RGB", (64, 48), (200, 30, 90)).save(buffer, format="PNG")
@@ -305,7 +305,7 @@ def save_sd15(folder: Path, tiny: bool) -> Path:
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from tests.random_models import _clip_tokenizer, save_random_sd15
+    from tests.support.random_models import _clip_tokenizer, save_random_sd15
 
     if tiny:
         return save_random_sd15(folder)
@@ -373,9 +373,9 @@ def isolated_diffusion_peaks(
     import torch
     from diffusers import AutoPipelineForText2Image
 
-    from app.engine.choose import make_device
+    from app.config.settings import load_settings
+    from app.devices.choose import make_device
     from app.models.base import dtype_on
-    from app.settings import load_settings
 
     device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
     dtype = getattr(torch, dtype_on(device, "auto"))
@@ -403,8 +403,8 @@ def diffusion_check(
 
     import httpx
 
-    from app.settings import ModelSpec
-    from tests.live import live_server, make_settings
+    from app.config.settings import ModelSpec
+    from tests.support.live import live_server, make_settings
 
     if importlib.util.find_spec("diffusers") is None:
         return {"skipped": "diffusers is not installed here"}
@@ -461,7 +461,7 @@ def save_whisper(folder: Path, tiny: bool) -> Path:
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
-    from tests.random_whisper import save_random_whisper
+    from tests.support.random_whisper import save_random_whisper
 
     save_random_whisper(folder, d_model=64, layers=1)
     if tiny:
@@ -483,9 +483,9 @@ def isolated_window_peak(folder: Path, device_spec: str, samples: Any) -> dict[s
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    from app.engine.choose import make_device
+    from app.config.settings import load_settings
+    from app.devices.choose import make_device
     from app.models.base import dtype_on
-    from app.settings import load_settings
 
     device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
     dtype = getattr(torch, dtype_on(device, "auto"))
@@ -511,9 +511,9 @@ def speech_check(work: Path, device_spec: str, tiny: bool, runs: int = 3) -> dic
 
     import httpx
 
-    from app.settings import ModelSpec
-    from tests.live import live_server, make_settings
-    from tests.random_whisper import tone, write_wav
+    from app.config.settings import ModelSpec
+    from tests.support.live import live_server, make_settings
+    from tests.support.random_whisper import tone, write_wav
 
     missing = [m for m in ("av", "multipart") if importlib.util.find_spec(m) is None]
     if missing:
@@ -576,7 +576,7 @@ def device_side_assert(device_spec: str) -> dict[str, Any]:
     code = (
         "import torch, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from app.engine.cuda import CudaDevice\n"
+        "from app.devices.cuda import CudaDevice\n"
         "device = CudaDevice(0)\n"
         "x = torch.zeros(4, device='cuda')\n"
         "try:\n"
@@ -593,12 +593,12 @@ def device_side_assert(device_spec: str) -> dict[str, Any]:
 
 def llama_split_check(work: Path, device_spec: str, layers: int = 16) -> dict[str, Any]:
     """A GGUF larger than the room it is given: the split, planned and as it happened."""
-    from app.models.layer_split import bytes_on_device
-    from app.models.llama_cpp import LlamaCppHandler
-    from app.models.llama_runner_model import llama_cpp_available
-    from app.settings import ModelSpec
-    from tests.live import live_server, make_settings
-    from tests.random_models import save_random_llama, save_random_llama_gguf
+    from app.config.settings import ModelSpec
+    from app.engines.llama_cpp.generation import LlamaCppHandler
+    from app.engines.llama_cpp.layer_split import bytes_on_device
+    from app.engines.llama_cpp.runner_model import llama_cpp_available
+    from tests.support.live import live_server, make_settings
+    from tests.support.random_models import save_random_llama, save_random_llama_gguf
 
     if not llama_cpp_available():
         return {"skipped": "xllamacpp is not installed here"}
@@ -667,9 +667,9 @@ def main() -> int:
 
     import torch
 
-    from app.settings import ModelSpec, SimulatedBucket
-    from tests.live import live_server, make_settings
-    from tests.random_models import save_random_bert
+    from app.config.settings import ModelSpec, SimulatedBucket
+    from tests.support.live import live_server, make_settings
+    from tests.support.random_models import save_random_bert
 
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     model_dir = save_random_bert(

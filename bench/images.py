@@ -45,7 +45,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.run import start_vramgate, write_readme  # noqa: E402
-from tests.random_models import _clip_text_config, _clip_tokenizer  # noqa: E402
+from tests.support.random_models import _clip_text_config, _clip_tokenizer  # noqa: E402
 
 IMAGES = 4
 MODEL = "sd"

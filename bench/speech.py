@@ -31,10 +31,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from app.settings import ModelSpec  # noqa: E402
+from app.config.settings import ModelSpec  # noqa: E402
 from bench.run import write_readme  # noqa: E402
-from tests.live import live_server, make_settings  # noqa: E402
-from tests.random_whisper import save_random_whisper, tone, write_wav  # noqa: E402
+from tests.support.live import live_server, make_settings  # noqa: E402
+from tests.support.random_whisper import save_random_whisper, tone, write_wav  # noqa: E402
 
 MAX_BATCH = 8
 

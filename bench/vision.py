@@ -26,7 +26,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from app.models.vision import normalise_batch  # noqa: E402
+from app.engines.torch.vision import normalise_batch  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
 from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E402
 

@@ -7,7 +7,7 @@ cudart, each cuDNN sub-library, ...) is in the bundle at its package-relative pl
 every flavour: both executables are there, no driver library is, the size is reported,
 and (unless --skip-modules) the bundle's Python archive holds the configuration, modeling
 and tokenization modules of every transformers family `pull` accepts
-(app.model_families), read from the archive PyInstaller built, as the bundle imports them.
+(app.engines.torch.families), read from the archive PyInstaller built, as the bundle imports them.
 Exit status 1 on any problem.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # app.model_families
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # app.engines.torch.families
 from cuda_libs import Platform, is_driver, missing_groups, select_libraries
 
 
@@ -113,7 +113,7 @@ def missing_family_modules(expected: list[str], bundled: set[str]) -> list[str]:
 
 
 def check_modules(bundle: Path, platform: Platform, report: Report) -> None:
-    from app.model_families import transformers_packages
+    from app.engines.torch.families import transformers_packages
 
     expected = family_modules(transformers_packages())
     missing = missing_family_modules(expected, bundled_modules(bundle, platform))

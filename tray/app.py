@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app import client_auth, streams
+from app.config import client_auth
+from app.config.settings import Settings, config_path, load_settings
 from app.errors import EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
-from app.ports import port_free
-from app.settings import Settings, config_path, load_settings
+from app.process import streams
+from app.process.ports import port_free
 from tray import single_instance
 from tray.icon import render
 from tray.menu import Item, TrayActions, build_menu

@@ -13,21 +13,11 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
-from app.api import (
-    a1111_routes,
-    admin_routes,
-    anthropic_routes,
-    audio_routes,
-    images_files,
-    images_routes,
-    ollama_routes,
-    openai_routes,
-    ops_routes,
-    rerank_routes,
-    responses_routes,
-    vision_routes,
-)
-from app.api.a1111_jobs import A1111Jobs
+from app.api import admin, ops
+from app.api.a1111 import routes as a1111_routes
+from app.api.a1111.jobs import A1111Jobs
+from app.api.anthropic import routes as anthropic_routes
+from app.api.audio import routes as audio_routes
 from app.api.errors import (
     ANTHROPIC_ERROR_RESPONSES,
     ERROR_RESPONSES,
@@ -36,12 +26,19 @@ from app.api.errors import (
 )
 from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
-from app.core.fleet import Fleet, build_fleet
-from app.core.response_store import ResponseStore
-from app.engine.choose import make_devices
-from app.engine.device import Device
-from app.logconfig import set_snapshot_provider
-from app.settings import ConfigSource, Settings
+from app.api.images import files as images_files
+from app.api.images import routes as images_routes
+from app.api.ollama import routes as ollama_routes
+from app.api.openai import routes as openai_routes
+from app.api.rerank import routes as rerank_routes
+from app.api.responses import routes as responses_routes
+from app.api.responses.store import ResponseStore
+from app.api.vision import routes as vision_routes
+from app.config.settings import ConfigSource, Settings
+from app.core.fleet.fleet import Fleet, build_fleet
+from app.devices.base import Device
+from app.devices.choose import make_devices
+from app.process.logconfig import set_snapshot_provider
 
 log = logging.getLogger("vramgate.app")
 
@@ -111,8 +108,8 @@ def create_app(
     routers = (
         openai_routes.router,
         vision_routes.router,
-        ops_routes.router,
-        admin_routes.router,
+        ops.router,
+        admin.router,
         ollama_routes.router,
         rerank_routes.router,
         responses_routes.router,

@@ -13,12 +13,12 @@ import binascii
 import re
 from typing import TYPE_CHECKING
 
+from app.config.settings import Settings
 from app.errors import ImageTooLarge, InvalidImage, InvalidRequest
 from app.models.images import image_size
-from app.settings import Settings
 
 if TYPE_CHECKING:
-    from app.core.fleet import Fleet
+    from app.core.fleet.fleet import Fleet
 
 # any media type: the image's own header says what it is
 _DATA_URL = re.compile(r"^data:[^,;]*(;[^,;]*)*;base64,", re.IGNORECASE)

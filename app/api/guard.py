@@ -31,6 +31,7 @@ from app.api.page_sessions import (
     PageSessions,
     session_cookie,
 )
+from app.config.settings import Settings, is_loopback_host
 from app.errors import (
     BodyTooLarge,
     ForbiddenHost,
@@ -40,7 +41,6 @@ from app.errors import (
     UnsupportedMediaType,
     VramgateError,
 )
-from app.settings import Settings, is_loopback_host
 
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 * 1024

@@ -23,7 +23,7 @@ from ray.serve.config import RequestRouterConfig
 from app.cluster.ingress import Ingress
 from app.cluster.replica import Replica
 from app.cluster.router import FreeBytesRouter
-from app.settings import Settings
+from app.config.settings import Settings
 
 log = logging.getLogger("vramgate.cluster")
 

@@ -19,8 +19,8 @@ from ray import serve
 
 from app.api.app import create_app
 from app.cluster.asgi import Forwarded, Head, answer
-from app.core.fleet import Fleet
-from app.settings import Settings
+from app.config.settings import Settings
+from app.core.fleet.fleet import Fleet
 
 log = logging.getLogger("vramgate.cluster")
 

@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 from typing import Any, Protocol
 
+from app.config.settings import Settings
 from app.core.health import Health
+from app.core.lifecycle.registry import ModelRegistry
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult
@@ -20,8 +22,6 @@ from app.errors import ExceedsDevice, OutOfMemory, VramgateError
 from app.models.base import ModelHandler
 from app.models.decoding import SamplingParams
 from app.models.kinds import CAPABILITIES, Generator, OneShotModel
-from app.models.registry import ModelRegistry
-from app.settings import Settings
 
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
 

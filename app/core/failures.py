@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from app.core.memory import MemoryView
 from app.core.pricing import Pricer
-from app.engine.device import Device
-from app.engine.executor import drop_references
+from app.devices.base import Device
+from app.devices.executor import drop_references
 from app.errors import (
     DeviceFailed,
     ExceedsDevice,
@@ -19,8 +19,8 @@ from app.errors import (
     QueueTimeout,
     VramgateError,
 )
-from app.metrics import Metrics
 from app.models.base import Prepared
+from app.observe.metrics import Metrics
 from app.sched.budget import PriceKey
 from app.sched.tickets import Permit, Reject
 

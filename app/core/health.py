@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from app.config.settings import Settings
 from app.core.scheduler import Scheduler
 from app.core.state import ServerState
 from app.errors import EXIT_WEDGED
-from app.settings import Settings
 
 
 class Health:

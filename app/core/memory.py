@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.engine.device import Device, MemorySnapshot
+from app.devices.base import Device, MemorySnapshot
 
 SNAPSHOT_TTL_S = 0.05
 

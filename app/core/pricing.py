@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.core.work import Job
-from app.engine.executor import Measurement
+from app.devices.executor import Measurement
 from app.models.base import Prepared
 from app.models.decoding import DecodeResult
 from app.models.kinds import Generator, OneShotModel

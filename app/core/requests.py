@@ -1,4 +1,4 @@
-"""Validated requests: what the routes hand the core. Each is built by app.api.schemas
+"""Validated requests: what the routes hand the core. Each is built by app.api.openai.schemas
 after every check that needs no model (bounds, lengths, formats) has passed.
 
 A one-shot request (inputs in, one output row each, out) is a `OneShotRequest`: it names

@@ -16,7 +16,7 @@ import numpy as np
 from app.core.failures import FailureMapper
 from app.core.pricing import Pricer
 from app.core.work import Job, JobResult
-from app.engine.executor import Executor, Measurement
+from app.devices.executor import Executor, Measurement
 from app.models.base import Prepared
 from app.models.decoding import DecodeResult, TokenStream
 from app.models.kinds import Generator, OneShotModel

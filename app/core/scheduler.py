@@ -21,18 +21,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.config.settings import Settings
 from app.core.failures import FailureMapper, queue_timeout, rejection
 from app.core.pricing import Pricer
 from app.core.runs import GroupRunner, Running
 from app.core.watch import ClientWatch
 from app.core.work import Job
-from app.engine.executor import Executor
+from app.devices.executor import Executor
 from app.errors import ClientGone, RunTimeout, VramgateError
 from app.models.kinds import OneShotModel
 from app.models.prefix_cache import PrefixStore
 from app.sched.gate import MemoryGate
 from app.sched.tickets import Permit, Reject, Ticket, Wait
-from app.settings import Settings
 
 log = logging.getLogger("vramgate.jobs")
 
@@ -122,7 +122,7 @@ class Scheduler:
         """Wait until the gate admits a model load of `nbytes` (its weights): a load takes
         memory like a job, so it waits for room like one. The caller releases the permit
         (`release`) when the load is done. The caller checks that it can ever fit (other
-        models' weights may be unloaded to make room: app.core.lifecycle); raises
+        models' weights may be unloaded to make room: app.core.lifecycle.lifecycle); raises
         QueueTimeout when no room came in time."""
         ticket = Ticket(
             nbytes=nbytes,

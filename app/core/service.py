@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from app.config.settings import Settings
 from app.core.exercise import exercise, probe_loop
 from app.core.failures import FailureMapper
 from app.core.health import Health
-from app.core.keep_alive import InFlight
-from app.core.lifecycle import ModelLifecycle
+from app.core.lifecycle.keep_alive import InFlight
+from app.core.lifecycle.lifecycle import ModelLifecycle
+from app.core.lifecycle.registry import ModelRegistry
 from app.core.memory import MemoryView
 from app.core.pricing import Handler, Pricer
 from app.core.requests import OneShotRequest, ValidGenerationRequest
@@ -30,8 +32,8 @@ from app.core.spill import SPILL_WARNING, SpillWatch
 from app.core.state import ServerState
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult, Job, JobResult, cost_of, log_request
-from app.engine.device import Device
-from app.engine.executor import Executor
+from app.devices.base import Device
+from app.devices.executor import Executor
 from app.errors import (
     EXIT_FATAL_DEVICE,
     DeviceFailed,
@@ -41,14 +43,12 @@ from app.errors import (
     ShuttingDown,
     VramgateError,
 )
-from app.history import History
-from app.metrics import Metrics
 from app.models.base import ModelHandler
 from app.models.decoding import TokenStream
 from app.models.kinds import Generator, OneShotModel
-from app.models.registry import ModelRegistry
+from app.observe.history import History
+from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook
-from app.settings import Settings
 
 log = logging.getLogger("vramgate.service")
 
@@ -71,7 +71,7 @@ class InferenceService:
         *,
         on_fatal: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
-        history: History | None = None,  # shared by the devices' services (app.core.fleet)
+        history: History | None = None,  # shared by the devices' services (app.core.fleet.fleet)
     ) -> None:
         self.settings = settings
         self.device = device

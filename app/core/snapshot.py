@@ -10,9 +10,9 @@ from typing import Any
 from app import __version__
 from app.core.memory import MemoryView
 from app.core.state import ServerState
-from app.engine.device import MemorySnapshot
-from app.history import Sample
-from app.metrics import Metrics
+from app.devices.base import MemorySnapshot
+from app.observe.history import Sample
+from app.observe.metrics import Metrics
 from app.sched.gate import MemoryGate
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.executor import Measurement
+from app.devices.executor import Measurement
 from app.models.base import Prepared
 from app.models.decoding import DecodeResult, TokenStream
 from app.models.kinds import Generator, OneShotModel

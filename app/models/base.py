@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.device import Device
+from app.config.settings import ModelSpec
+from app.devices.base import Device
 from app.models.card import ModelCard
 from app.models.prefix_cache import PrefixStore
 from app.sched.budget import LoadLedger
-from app.settings import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class ModelHandler(ABC):
     capability by its type, never by a flag or a name."""
 
     kind: str
-    engine = "torch"  # what runs it (app.models.registry.HANDLERS)
+    engine = "torch"  # what runs it (app.core.lifecycle.registry.HANDLERS)
     capability_names: tuple[str, ...] = ()  # each contract of app.models.kinds adds its own
     dimensions = 0  # an embedding's width, or an image model's class count
 

@@ -70,7 +70,8 @@ class GenerationInput:
     prompt_ids: list[int]
     params: SamplingParams
     max_tokens: int
-    grammar: str | None = None  # params.json_schema compiled (app.models.constrained)
+    # params.json_schema compiled (app.engines.torch.generation.constrained)
+    grammar: str | None = None
     # the model inputs its prefill takes beside the ids (a vision-language prompt's
     # pixel_values); its KV then depends on more than its ids: never shared or kept
     prefill_inputs: dict[str, Any] | None = None

@@ -24,7 +24,7 @@ class ImageProgress:
         self._step = 0
         self._steps = 0
         self._cancelled = threading.Event()
-        # whether the run maps its latents to RGB at each step (app.models.diffusion_preview)
+        # whether the run maps its latents to RGB at each step (app.engines.torch.diffusion.preview)
         self.previews = previews or partial_images > 0
         self.partial_images = partial_images  # how many previews to keep along the way
         self._previews: list[np.ndarray] = []  # its rows' latest previews, HWC uint8

@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from app.config.settings import ModelSpec
 from app.errors import InvalidImageSize, InvalidRequest
 from app.models.audio import AudioClip
 from app.models.base import Bucket, ModelHandler, Prepared
@@ -34,7 +35,6 @@ from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStrea
 from app.models.image_buckets import group_of, is_tiled, merged, row_shape, rows_prepared
 from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.sched.budget import Geometry
-from app.settings import ModelSpec
 
 In = TypeVar("In")
 

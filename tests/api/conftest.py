@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from app.settings import ModelSpec
-from tests.random_models import save_random_llama
+from app.config.settings import ModelSpec
+from tests.support.random_models import save_random_llama
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny random SD 1.5- and SDXL-shaped diffusers folders, "sd15" and "sdxl"."""
-    from tests.random_models import save_random_sd15, save_random_sdxl
+    from tests.support.random_models import save_random_sd15, save_random_sdxl
 
     root = tmp_path_factory.mktemp("diffusion")
     return {"sd15": save_random_sd15(root / "sd15"), "sdxl": save_random_sdxl(root / "sdxl")}
@@ -23,7 +23,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def serve(tmp_path_factory: pytest.TempPathFactory, *models: ModelSpec) -> Iterator[OpenAI]:
     """`models` on the CPU behind a live server; an `openai` client pointed at it."""
-    from tests.live import live_server, make_settings
+    from tests.support.live import live_server, make_settings
 
     settings = make_settings(tmp_path_factory.mktemp("server"), device="cpu", models=models)
     with live_server(settings) as live:

@@ -8,10 +8,10 @@ import json
 
 import httpx
 
-from app.manage import folder_bytes
-from app.settings import ConfigSource, ModelSpec, SimulatedBucket
-from tests.live import live_server, make_settings, wait_until
-from tests.random_models import save_model_wheel, save_random_bert
+from app.config.settings import ConfigSource, ModelSpec, SimulatedBucket
+from app.store.manage import folder_bytes
+from tests.support.live import live_server, make_settings, wait_until
+from tests.support.random_models import save_model_wheel, save_random_bert
 
 MiB = 2**20
 SIM = ModelSpec(

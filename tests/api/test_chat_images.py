@@ -1,6 +1,6 @@
-"""Images in chat (app.api.chat_images, app.models.vision_language) on a live server,
-through the official clients unchanged: a tiny random LLaVA built on the spot ("vl") and
-a text-only random Llama ("tiny"). Each answer is checked against the model called
+"""Images in chat (app.api.chat_images, app.engines.torch.generation.vision_language) on a
+live server, through the official clients unchanged: a tiny random LLaVA built on the
+spot ("vl") and a text-only random Llama ("tiny"). Each answer is checked against the model called
 directly in the test: transformers' own processor (its chat template with the image in
 the message) and `model.generate`, greedy."""
 
@@ -21,10 +21,10 @@ from ollama import Client, ResponseError
 from openai import OpenAI
 from PIL import Image
 
-from app.settings import ModelSpec
-from tests.api.test_vision import png_header_only
-from tests.live import Live, live_server, make_settings
-from tests.random_models import llava_answers, save_random_llama, save_random_llava
+from app.config.settings import ModelSpec
+from tests.api.vision.test_routes import png_header_only
+from tests.support.live import Live, live_server, make_settings
+from tests.support.random_models import llava_answers, save_random_llama, save_random_llava
 
 QUESTION = "What is this?"
 TOKENS = 8

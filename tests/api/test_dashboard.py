@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.settings import ConfigSource, FaultInjection, ModelSpec, SimulatedBucket
-from tests.live import live_server, make_settings, wait_until
-from tests.random_models import save_model_wheel, save_random_bert
+from app.config.settings import ConfigSource, FaultInjection, ModelSpec, SimulatedBucket
+from tests.support.live import live_server, make_settings, wait_until
+from tests.support.random_models import save_model_wheel, save_random_bert
 
 MiB = 2**20
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -245,8 +245,8 @@ def test_dashboard_shows_speech_and_vision_language_models_and_what_runs(tmp_pat
     from playwright.sync_api import sync_playwright
 
     from tests.api.test_chat_images import openai_chat, png
-    from tests.random_models import save_random_llava
-    from tests.random_whisper import save_random_whisper, tone, write_wav
+    from tests.support.random_models import save_random_llava
+    from tests.support.random_whisper import save_random_whisper, tone, write_wav
 
     models = (
         ModelSpec(name="whisper", kind="speech", path=save_random_whisper(tmp_path / "w")),

@@ -12,9 +12,9 @@ import socket
 import pytest
 from PIL import Image
 
-from app.settings import ModelSpec
-from tests.live import live_server, make_settings, wait_until
-from tests.random_models import save_random_sd15
+from app.config.settings import ModelSpec
+from tests.support.live import live_server, make_settings, wait_until
+from tests.support.random_models import save_random_sd15
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run)")

@@ -12,8 +12,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import positive_data_acceptance
 
-from app.settings import ModelSpec, SimulatedBucket
-from tests.live import live_server, make_settings
+from app.config.settings import ModelSpec, SimulatedBucket
+from tests.support.live import live_server, make_settings
 
 MiB = 2**20
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from ollama import Client
 
-from app.settings import ModelSpec, SimulatedBucket
-from tests.live import ServerProcess, clean_env
+from app.config.settings import ModelSpec, SimulatedBucket
+from tests.support.live import ServerProcess, clean_env
 
 MiB = 2**20
 PAGE_KEY = "X-Vramgate-Page-Key"  # what the dashboard sends with its cookie

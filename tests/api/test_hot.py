@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from app.settings import FaultInjection, ModelSpec, SimulatedBucket
+from app.config.settings import FaultInjection, ModelSpec, SimulatedBucket
 
 MiB = 2**20
 

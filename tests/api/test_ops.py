@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live import live_server, make_settings
+from tests.support.live import live_server, make_settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

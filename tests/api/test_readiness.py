@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from app.settings import FaultInjection, ModelSpec, SimulatedBucket
-from tests.live import wait_until
+from app.config.settings import FaultInjection, ModelSpec, SimulatedBucket
+from tests.support.live import wait_until
 
 MiB = 2**20
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live import clean_env
+from tests.support.live import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +63,8 @@ def test_the_flood_limits_the_card_itself_and_the_server_sees_the_limit(tmp_path
     tests/engine/fake_cuda for torch's rule); the server must see that limit too, or it
     admits more than the card may give and its '0 OOM' fails for the wrong reason."""
     from bench.gpu_check import limit_memory
-    from tests.core.test_cache_return import _lane
-    from tests.engine.fake_cuda import CachingCuda
+    from tests.core.lifecycle.test_cache_return import _lane
+    from tests.support.fake_cuda import CachingCuda
 
     gib = 2**30
     card = CachingCuda(total=139 * gib)

@@ -9,8 +9,8 @@ import orjson
 
 from app.api.app import create_app
 from app.cluster.asgi import Forwarded, Head, answer
-from app.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
-from tests.live import make_settings, wait_until
+from app.config.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
+from tests.support.live import make_settings, wait_until
 
 MiB = 2**20
 HOST = ((b"host", b"127.0.0.1:8450"), (b"content-type", b"application/json"))

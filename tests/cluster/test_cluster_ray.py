@@ -18,7 +18,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.live import clean_env, free_port, wait_until
+from tests.support.live import clean_env, free_port, wait_until
 
 pytest.importorskip("ray.serve", reason="the cluster extra (Linux only)")
 pytestmark = pytest.mark.slow

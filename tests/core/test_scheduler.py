@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from app.config.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
 from app.core import scheduler as scheduler_module
 from app.core.failures import FailureMapper
 from app.core.memory import MemoryView
@@ -24,15 +25,14 @@ from app.core.pricing import Pricer
 from app.core.scheduler import Limits, Scheduler
 from app.core.watch import ClientWatch
 from app.core.work import Job
-from app.engine.executor import Executor
-from app.engine.simulated_device import SimulatedDevice
+from app.devices.executor import Executor
+from app.devices.simulated import SimulatedDevice
+from app.engines.simulated.model import SimulatedHandler
 from app.errors import ClientGone, QueueFull, QueueTimeout, ShuttingDown
-from app.metrics import Metrics
 from app.models.base import Prepared
 from app.models.decoding import SamplingParams, TokenStream
-from app.models.simulated import SimulatedHandler
+from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook
-from app.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
 
 MiB = 2**20
 CAPACITY = 1000 * MiB

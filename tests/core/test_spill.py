@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from app.config.settings import ModelSpec, SimulatedBucket
+from app.config.simulated_spec import FaultInjection
 from app.core.spill import SPILL_WARNING, SpillWatch
-from app.settings import ModelSpec, SimulatedBucket
-from app.simulated_spec import FaultInjection
 
 GiB, MiB = 2**30, 2**20
 

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from app.engine.device import CpuDevice
+from app.config.settings import ModelSpec
+from app.devices.base import CpuDevice
+from app.engines.torch.generation.causal_lm import CausalLMHandler
 from app.models.base import weights_fingerprint
-from app.models.causal_lm import CausalLMHandler
-from app.settings import ModelSpec
-from tests.random_models import save_random_llama
+from tests.support.random_models import save_random_llama
 
 
 @pytest.fixture(scope="module")

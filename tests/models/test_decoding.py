@@ -67,8 +67,8 @@ def tokenizers(tmp_path):
     be half a UTF-8 character) and BERT's WordPiece (## pieces, spaces between words)."""
     from transformers import AutoTokenizer
 
-    from app.models.embedding import embedded_model_path
-    from tests.random_models import save_random_llama
+    from app.engines.torch.embedding import embedded_model_path
+    from tests.support.random_models import save_random_llama
 
     bpe = save_random_llama(tmp_path / "bpe", context=64)
     minilm = embedded_model_path()

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from app.config.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
 from app.models.prefix_cache import MIN_CACHED, Entry, PrefixStore
-from app.settings import ModelSpec, SimulatedBucket, SimulatedGeneration
-from tests.live import wait_until
-from tests.random_models import save_random_llama
+from tests.support.live import wait_until
+from tests.support.random_models import save_random_llama
 
 MiB = 2**20
 
@@ -72,7 +72,7 @@ def test_store_forgets_what_went_unused_for_its_models_keep_alive():
 def llama_twice(tmp_path_factory: pytest.TempPathFactory):
     """One small random Llama served twice: "cached" with the prefix cache, "plain"
     without it."""
-    from tests.live import live_server, make_settings
+    from tests.support.live import live_server, make_settings
 
     folder = save_random_llama(tmp_path_factory.mktemp("llama"), context=2048)
     specs = (
@@ -237,9 +237,9 @@ def test_torch_engine_an_ended_rows_copy_is_made_only_once_the_store_has_room_fo
     """The copy of an ended row's KV takes device bytes as it is made: the older
     entries it displaces must go before it, not after (else the store holds its limit
     plus the copy for a moment: bytes neither a permit nor the limit covers)."""
-    from app.engine.device import CpuDevice
-    from app.models import step_batch
-    from app.models.causal_lm import CausalLMHandler
+    from app.devices.base import CpuDevice
+    from app.engines.torch.generation import step_batch
+    from app.engines.torch.generation.causal_lm import CausalLMHandler
     from app.models.decoding import SamplingParams, TokenStream
 
     folder = save_random_llama(tmp_path / "llama", context=1024)
@@ -282,8 +282,8 @@ def test_torch_engine_a_hit_is_counted_only_where_the_kept_prefix_is_copied(tmp_
     import threading
     import time
 
-    from app.engine.device import CpuDevice
-    from app.models.causal_lm import CausalLMHandler
+    from app.devices.base import CpuDevice
+    from app.engines.torch.generation.causal_lm import CausalLMHandler
     from app.models.decoding import DecodeResult, SamplingParams, TokenStream
 
     folder = save_random_llama(tmp_path / "llama", context=1024)

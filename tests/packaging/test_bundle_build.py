@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.random_models import (
+from tests.support.random_models import (
     save_random_llama,
     save_random_llama_gguf,
     save_random_llava,
     save_random_sd15,
 )
-from tests.random_whisper import save_random_whisper, tone, write_encoded
+from tests.support.random_whisper import save_random_whisper, tone, write_encoded
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "windows-bundle.yml"

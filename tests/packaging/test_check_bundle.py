@@ -104,7 +104,7 @@ def test_a_bundle_without_its_console_executable_fails(tmp_path):
 def test_the_module_check_names_a_family_the_bundle_lacks():
     """The families `pull` accepts, as the build environment has their modules: a bundle
     without MPNet's modeling module (all-mpnet-base-v2) fails the check, naming it."""
-    from app.model_families import transformers_packages
+    from app.engines.torch.families import transformers_packages
 
     expected = family_modules(transformers_packages())
     assert "transformers.models.mpnet.modeling_mpnet" in expected

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.live import clean_env
+from tests.support.live import clean_env
 
 
 def test_a_bad_config_is_shown_and_logged_and_ends_the_tray_with_2(tmp_path):

@@ -9,8 +9,8 @@ import threading
 
 import httpx
 
-from app.settings import ModelSpec, SimulatedImages
-from tests.live import wait_until
+from app.config.settings import ModelSpec, SimulatedImages
+from tests.support.live import wait_until
 from tray.monitor import StatusConnection
 from tray.view import view_of
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from app.settings import ModelSpec, SimulatedBucket
-from tests.live import wait_until
+from app.config.settings import ModelSpec, SimulatedBucket
+from tests.support.live import wait_until
 from tray.autostart import Autostart
 from tray.menu import Item, TrayActions, build_menu
 from tray.monitor import fetch_status

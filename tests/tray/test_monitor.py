@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from app.settings import ModelSpec, SimulatedBucket
-from tests.live import free_port
+from app.config.settings import ModelSpec, SimulatedBucket
+from tests.support.live import free_port
 from tray.monitor import Monitor
 from tray.supervisor import Supervisor
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
-from tests.live import free_port, wait_until
+from tests.support.live import free_port, wait_until
 from tray.supervisor import OUTPUT_LOG, RestartPolicy, Supervisor, server_command
 
 # (exit code, uptime) sequence -> (restart?, delay) of the last decision

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.live import free_port
+from tests.support.live import free_port
 from tests.tray import test_tray_xvfb
 from tests.tray.test_tray_xvfb import CONFIG, Desktop, desktop  # noqa: F401 (a fixture)
 from tray.icon import BACKGROUND

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.live import clean_env, free_port, wait_until
+from tests.support.live import clean_env, free_port, wait_until
 from tray.icon import COLOURS
 
 TOOLS = ("Xvfb", "trayer", "xdotool", "import")

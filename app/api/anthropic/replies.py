@@ -1,0 +1,325 @@
+"""A generation's answer in Anthropic's Messages shapes: one message, or the events of
+its stream (message_start, content_block_start / ping / content_block_delta /
+content_block_stop per block, message_delta, message_stop; a failure after the stream
+began as an `error` event).
+
+The answer's text is read as app.api.openai.replies reads it for OpenAI (`read_calls` where
+tools are offered), then put into blocks: a reasoning model's `<think>…</think>` as a
+thinking block (where the request asks for thinking), the text, its tool calls as
+`tool_use` blocks. With tools offered the whole answer is held and its blocks sent at the
+end (a call is only known whole); otherwise text streams as it is decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from fastapi.responses import Response, StreamingResponse
+
+from app.api.errors import anthropic_body
+from app.core.requests import ValidGenerationRequest
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, Cost
+from app.errors import ShuttingDown, VramgateError
+from app.models.decoding import DecodeResult
+from app.models.tools import ToolCall, read_calls
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+PING_EVERY_S = 10.0  # a held answer (tools offered) sends nothing else until its end
+Kind = Literal["thinking", "text"]
+
+
+def reasons(chat_template: str | None) -> bool:
+    """Whether a model reasons in `<think>` tags (its chat template names them)."""
+    return bool(chat_template) and THINK_OPEN in str(chat_template)
+
+
+class ThinkSplitter:
+    """An answer's text as it streams, split into (kind, text) pieces: a `<think>…
+    </think>` at its start (after white space) is thinking, the rest text. A piece that
+    may be the start of a tag waits for the next text."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.state: Literal["start", "thinking", "text"] = "start" if enabled else "text"
+        self.held = ""
+        self.after_thinking = False  # white space between </think> and the text is dropped
+
+    def push(self, text: str) -> list[tuple[Kind, str]]:
+        if self.state == "text":
+            if self.after_thinking:
+                text = text.lstrip()
+                self.after_thinking = not text
+            return [("text", text)] if text else []
+        self.held += text
+        if self.state == "start":
+            opening = self.held.lstrip()
+            if THINK_OPEN.startswith(opening):
+                return []  # "", "<", "<thi": not known yet
+            if not opening.startswith(THINK_OPEN):
+                self.state = "text"
+                return self._flush("text")
+            self.state, self.held = "thinking", opening[len(THINK_OPEN) :]
+        at = self.held.find(THINK_CLOSE)
+        if at == -1:
+            cut = len(self.held) - _partial_tail(self.held, THINK_CLOSE)
+            piece, self.held = self.held[:cut], self.held[cut:]
+            return [("thinking", piece)] if piece else []
+        thought, rest = self.held[:at], self.held[at + len(THINK_CLOSE) :]
+        self.state, self.held, self.after_thinking = "text", "", True
+        pieces: list[tuple[Kind, str]] = [("thinking", thought)] if thought else []
+        return pieces + self.push(rest)
+
+    def end(self) -> list[tuple[Kind, str]]:
+        return self._flush("thinking" if self.state == "thinking" else "text")
+
+    def _flush(self, kind: Kind) -> list[tuple[Kind, str]]:
+        held, self.held = self.held, ""
+        return [(kind, held)] if held else []
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    """How many of `text`'s last characters may begin `tag`."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0
+
+
+def usage(outcome: DecodeResult) -> dict[str, int]:
+    """Anthropic's usage: `input_tokens` are the prompt's tokens not read from the cache."""
+    cached = outcome.cached_tokens
+    return {
+        "input_tokens": outcome.prompt_tokens - cached,
+        "output_tokens": outcome.completion_tokens,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How an answer ended: its blocks (held answers), stop reason and stop string."""
+
+    stop_reason: str
+    stop_sequence: str | None
+
+
+class MessageReply:
+    """One request's answer, as Anthropic's message or its stream of events."""
+
+    def __init__(self, valid: ValidGenerationRequest, asked: str, thinking: bool) -> None:
+        self.valid = valid
+        self.asked = asked  # the model name the client asked for (an alias, maybe)
+        self.thinking = thinking  # split `<think>` text out as thinking blocks
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+
+    @property
+    def tools(self) -> bool:
+        return self.valid.tool_mode != "none"
+
+    # -- one message ------------------------------------------------------------------
+    async def respond(self, generation: AdmittedGeneration, watch: ClientWatch) -> Response:
+        watch.on_leave(generation.close)  # a client that leaves stops it before its next step
+        try:
+            text = "".join([delta async for delta in generation.deltas()])
+            outcome, cost = await _outcome(generation)
+        finally:
+            generation.close()
+        content, ending = self.blocks(text, outcome)
+        message = self._message(content, ending.stop_reason, ending.stop_sequence)
+        message["usage"] = usage(outcome)
+        return Response(
+            orjson.dumps(message), media_type="application/json", headers=cost.headers()
+        )
+
+    def blocks(self, text: str, outcome: DecodeResult) -> tuple[list[dict[str, Any]], Ending]:
+        """The answer's content blocks, and how it ended."""
+        splitter = ThinkSplitter(self.thinking)
+        pieces = splitter.push(text) + splitter.end()
+        thought = "".join(piece for kind, piece in pieces if kind == "thinking")
+        rest = "".join(piece for kind, piece in pieces if kind == "text")
+        content: list[dict[str, Any]] = []
+        if thought:
+            content.append({"type": "thinking", "thinking": thought, "signature": ""})
+        calls: list[ToolCall] = []
+        if self.tools:
+            left, calls = read_calls(rest, set(self.valid.tool_names))
+            calls = calls if self.valid.parallel_tool_calls else calls[:1]
+            rest = (left or "") if calls else rest
+        if rest or not (content or calls):
+            content.append({"type": "text", "text": rest})
+        for call in calls:
+            arguments = orjson.loads(call.arguments)
+            tool_id = "toolu_" + call.id.removeprefix("call_")
+            content.append(
+                {"type": "tool_use", "id": tool_id, "name": call.name, "input": arguments}
+            )
+        return content, _ending(outcome, bool(calls))
+
+    def _message(
+        self, content: list[dict[str, Any]], stop_reason: str | None, stop_sequence: str | None
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.asked,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+        }
+
+    # -- a stream of events -----------------------------------------------------------
+    def stream(self, generation: AdmittedGeneration) -> Response:
+        headers = AdmittedGeneration.admission_headers([generation])
+        return StreamingResponse(
+            self._events(generation),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def _events(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
+        blocks = BlockWriter()
+        try:
+            start = self._message([], None, None)
+            start["usage"] = {
+                "input_tokens": generation.job.prepared.tokens,  # the cached part: at the end
+                "output_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            }
+            yield _event("message_start", {"type": "message_start", "message": start})
+            splitter = ThinkSplitter(self.thinking and not self.tools)
+            held: list[str] = []
+            async for delta in _with_pings(generation.deltas(), PING_EVERY_S):
+                if delta is None:
+                    yield _event("ping", {"type": "ping"})
+                elif self.tools:
+                    held.append(delta)
+                else:
+                    for kind, piece in splitter.push(delta):
+                        for event in blocks.piece(kind, piece):
+                            yield event
+            outcome, _ = await _outcome(generation)
+            if self.tools:
+                content, ending = self.blocks("".join(held), outcome)
+                events = [event for block in content for event in blocks.whole(block)]
+            else:
+                ending = _ending(outcome, False)
+                events = [e for kind, piece in splitter.end() for e in blocks.piece(kind, piece)]
+            for event in [*events, *blocks.close()]:
+                yield event
+            stop = {"stop_reason": ending.stop_reason, "stop_sequence": ending.stop_sequence}
+            tail = {"type": "message_delta", "delta": stop, "usage": usage(outcome)}
+            yield _event("message_delta", tail)
+            yield _event("message_stop", {"type": "message_stop"})
+        except VramgateError as exc:
+            yield _event("error", anthropic_body(exc))
+        finally:
+            generation.close()
+
+
+class BlockWriter:
+    """Content blocks as events: each opened (and the first followed by a ping, as
+    Anthropic's streams are), its deltas, and closed before the next opens."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # the kind of the block being written
+        self.pinged = False
+
+    def piece(self, kind: Kind, text: str) -> Iterator[bytes]:
+        """Text of `kind`, into the open block if it is of that kind, else a new one."""
+        if self.open != kind:
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            yield from self._start(start if kind == "thinking" else {"type": "text", "text": ""})
+        if text:
+            yield self._delta({"type": f"{kind}_delta", kind: text})
+
+    def whole(self, block: dict[str, Any]) -> Iterator[bytes]:
+        """A block known whole: a tool_use's input as one input_json_delta."""
+        if block["type"] != "tool_use":
+            yield from self.piece(block["type"], block.get("text") or block.get("thinking", ""))
+            return
+        yield from self._start({**block, "input": {}})
+        partial = orjson.dumps(block["input"]).decode()
+        yield self._delta({"type": "input_json_delta", "partial_json": partial})
+
+    def close(self) -> Iterator[bytes]:
+        """The open block's end; an answer that had no block gets an empty text block."""
+        if self.index == -1:
+            yield from self._start({"type": "text", "text": ""})
+        if self.open is not None:
+            if self.open == "thinking":
+                yield self._delta({"type": "signature_delta", "signature": ""})
+            yield _event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+            self.open = None
+
+    def _start(self, block: dict[str, Any]) -> Iterator[bytes]:
+        yield from self.close() if self.index >= 0 else ()
+        self.index += 1
+        self.open = block["type"]
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        yield _event("content_block_start", start)
+        if not self.pinged:
+            self.pinged = True
+            yield _event("ping", {"type": "ping"})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        body = {"type": "content_block_delta", "index": self.index, "delta": delta}
+        return _event("content_block_delta", body)
+
+
+async def _outcome(generation: AdmittedGeneration) -> tuple[DecodeResult, Cost]:
+    """After its text ran out: the outcome, or the error that ended it (a server that
+    stopped it: the reason it gave)."""
+    outcome, cost = await generation.outcome()
+    if outcome.finish_reason == "cancelled":
+        raise generation.stream.cancel_reason or ShuttingDown(
+            "the server is shutting down; the answer is incomplete"
+        )
+    return outcome, cost
+
+
+def _ending(outcome: DecodeResult, called: bool) -> Ending:
+    if called:
+        return Ending("tool_use", None)
+    if outcome.finish_reason == "length":
+        return Ending("max_tokens", None)
+    if outcome.stop_sequence is not None:
+        return Ending("stop_sequence", outcome.stop_sequence)
+    return Ending("end_turn", None)
+
+
+async def _with_pings(deltas: AsyncIterator[str], every_s: float) -> AsyncIterator[str | None]:
+    """`deltas`, and None each time `every_s` pass without one (a ping is due)."""
+    iterator = aiter(deltas)
+    pending: asyncio.Future[str] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield None
+                continue
+            finished, pending = pending, None
+            try:
+                yield finished.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"

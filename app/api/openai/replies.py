@@ -1,0 +1,315 @@
+"""A generation's answer in OpenAI's shapes: one JSON body, or server-sent event chunks.
+
+A request for `n` choices runs as n streams, each admitted and priced as any stream is (so
+they step in one batch where memory allows); its choices carry their `index`, its usage
+counts the prompt once and every choice's tokens, and its cost headers add up the n
+prices. Seeded requests give choice i the seed + i, so the choices differ and each can
+be reproduced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from fastapi.responses import Response, StreamingResponse
+
+from app.core.fleet.fleet import Fleet
+from app.core.requests import ValidGenerationRequest
+from app.core.watch import ClientWatch
+from app.core.work import AdmittedGeneration, Cost
+from app.errors import ShuttingDown, VramgateError
+from app.models.decoding import DecodeResult
+from app.models.tools import read_calls
+
+DONE = b"data: [DONE]\n\n"
+
+
+def choice_requests(valid: ValidGenerationRequest) -> list[ValidGenerationRequest]:
+    """One request per choice: choice i of a seeded request samples with seed + i."""
+    if valid.n == 1:
+        return [valid]
+    seed = valid.params.seed
+    return [
+        replace(valid, params=replace(valid.params, seed=None if seed is None else seed + i))
+        for i in range(valid.n)
+    ]
+
+
+async def admit_choices(
+    fleet: Fleet, valid: ValidGenerationRequest, watch: ClientWatch
+) -> list[AdmittedGeneration]:
+    """Every choice admitted, or none: a choice that is refused closes the others."""
+    if valid.n == 1:
+        return [await fleet.generate(valid, watch)]
+    tasks = [asyncio.ensure_future(fleet.generate(one, watch)) for one in choice_requests(valid)]
+    failed: list[BaseException] = []
+    try:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:  # also when this request is cancelled meanwhile: nothing admitted is left running
+        ended = [t for t in tasks if t.done() and not t.cancelled()]
+        admitted = [t.result() for t in ended if t.exception() is None]
+        failed = [error for t in ended if (error := t.exception()) is not None]
+        if failed or len(ended) < len(tasks):
+            for task in tasks:
+                task.cancel()
+            for generation in admitted:
+                generation.close()
+    if failed:
+        raise failed[0]
+    return admitted
+
+
+class Reply:
+    """One request's answer: its `n` choices' generations, as JSON or as chunks."""
+
+    def __init__(self, body: ValidGenerationRequest, kind: str, prefix: str) -> None:
+        self.body = body
+        self.chat = kind == "chat.completion"
+        self.kind = kind
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    async def respond(self, generations: list[AdmittedGeneration], watch: ClientWatch) -> Response:
+        """The whole answer as one JSON body. A client that leaves stops every choice
+        before its next step, as a stream's does; nobody reads the answer then."""
+
+        def close_all() -> None:
+            for generation in generations:
+                generation.close()
+
+        watch.on_leave(close_all)  # one callback: the watch keeps the last one given
+        try:
+            answers = await asyncio.gather(*(_collect(g) for g in generations))
+        finally:
+            close_all()
+        choices = [
+            self._choice(index, text, outcome) for index, (text, outcome, _) in enumerate(answers)
+        ]
+        payload = self._envelope(self.kind, choices)
+        outcomes, cost = [a[1] for a in answers], Cost.combined([a[2] for a in answers])
+        payload["usage"] = usage(outcomes, cost)
+        return Response(
+            orjson.dumps(payload), media_type="application/json", headers=cost.headers()
+        )
+
+    def stream(self, generations: list[AdmittedGeneration]) -> Response:
+        """Server-sent events as the text is decoded."""
+        headers = AdmittedGeneration.admission_headers(generations)
+        return StreamingResponse(
+            self._events(generations),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def _events(self, generations: list[AdmittedGeneration]) -> AsyncIterator[bytes]:
+        """Chunks as text is decoded, each naming its choice; a choice's last names its
+        finish reason; with `include_usage`, a choice-less chunk with the usage follows;
+        then `[DONE]`. A failure after the stream started arrives as an error event."""
+        chunk = f"{self.kind}.chunk" if self.chat else self.kind
+        try:
+            if self.chat:
+                first = {"role": "assistant", "content": ""}
+                roles = [self._delta(i, first) for i in range(len(generations))]
+                yield _sse(self._envelope(chunk, roles))
+            elif self.body.echo:
+                echoes = [self._delta(i, {"text": self.prompt}) for i in range(len(generations))]
+                yield _sse(self._envelope(chunk, echoes))
+            ended: list[tuple[DecodeResult, Cost]] = []
+            held = dict.fromkeys(range(len(generations)), "")  # tool mode: the whole answer
+            async for index, text in _merged(generations):
+                if text is not None and self.tools:
+                    held[index] += text
+                    continue
+                if text is not None:
+                    yield _sse(self._envelope(chunk, [self._delta(index, self._content(text))]))
+                    continue
+                try:
+                    outcome, cost = await generations[index].outcome()
+                    if outcome.finish_reason == "cancelled":  # stopped by the server
+                        raise generations[index].stream.cancel_reason or ShuttingDown(
+                            "the server is shutting down; the answer is incomplete"
+                        )
+                except VramgateError as exc:
+                    yield _sse(exc.body())
+                    yield DONE
+                    return
+                ended.append((outcome, cost))
+                finish = outcome.finish_reason
+                if self.tools:
+                    message, finish = self._message(held[index], finish)
+                    message.pop("role")
+                    yield _sse(self._envelope(chunk, [self._delta(index, message)]))
+                last = self._delta(index, {}, finish)
+                if outcome.logprobs is not None:
+                    last["logprobs"] = self._logprobs(outcome, len(self.prompt))
+                yield _sse(self._envelope(chunk, [last]))
+            if self.body.include_usage:  # OpenAI's shape: only the last, choice-less chunk
+                tail = self._envelope(chunk, [])
+                tail["usage"] = usage([o for o, _ in ended], Cost.combined([c for _, c in ended]))
+                yield _sse(tail)
+            yield DONE
+        finally:
+            for generation in generations:
+                generation.close()
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        envelope = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+        }
+        if self.body.stream and self.body.include_usage:
+            envelope["usage"] = None  # every chunk but the last, as OpenAI sends them
+        return envelope
+
+    @property
+    def tools(self) -> bool:
+        """Whether answers are read for tool calls (and streamed whole, at their end)."""
+        return self.chat and self.body.tool_mode != "none"
+
+    def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        """The assistant message for `text`: its tool calls where it makes some."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tools:
+            rest, calls = read_calls(text, set(self.body.tool_names))
+            calls = calls if self.body.parallel_tool_calls else calls[:1]
+            if calls:
+                message["content"] = rest
+                message["tool_calls"] = [
+                    {"index": i, **call.as_openai()} for i, call in enumerate(calls)
+                ]
+                return message, "tool_calls"
+        return message, finish
+
+    @property
+    def prompt(self) -> str:
+        """A completion's prompt where the answer echoes it, else nothing."""
+        prompt = self.body.prompt
+        return prompt if self.body.echo and isinstance(prompt, str) else ""
+
+    def _choice(self, index: int, text: str, outcome: DecodeResult) -> dict[str, Any]:
+        logprobs = self._logprobs(outcome, len(self.prompt))
+        if self.chat:
+            message, finish = self._message(text, outcome.finish_reason)
+            for call in message.get("tool_calls", []):
+                call.pop("index")  # only stream deltas number their calls
+            return {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": _finish(finish),
+            }
+        return {
+            "index": index,
+            "text": self.prompt + text,
+            "logprobs": logprobs,
+            "finish_reason": _finish(outcome.finish_reason),
+        }
+
+    def _logprobs(self, outcome: DecodeResult, offset: int) -> dict[str, Any] | None:
+        """OpenAI's logprobs: chat's `content` entries, or completions' four lists."""
+        if outcome.logprobs is None:
+            return None
+        if self.chat:
+            content = [
+                {
+                    **_entry(entry.token, entry.logprob),
+                    "top_logprobs": [_entry(token, value) for token, value in entry.top],
+                }
+                for entry in outcome.logprobs
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for entry in outcome.logprobs:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return {
+            "tokens": [entry.token for entry in outcome.logprobs],
+            "token_logprobs": [entry.logprob for entry in outcome.logprobs],
+            "top_logprobs": [dict(entry.top) for entry in outcome.logprobs],
+            "text_offset": offsets,
+        }
+
+    def _content(self, text: str) -> dict[str, Any]:
+        return {"content": text} if self.chat else {"text": text}
+
+    def _delta(
+        self, index: int, content: dict[str, Any], finish: str | None = None
+    ) -> dict[str, Any]:
+        reason = _finish(finish) if finish else None
+        if self.chat:
+            return {"index": index, "delta": content, "finish_reason": reason}
+        return {
+            "index": index,
+            "text": content.get("text", ""),
+            "logprobs": None,
+            "finish_reason": reason,
+        }
+
+
+async def _collect(generation: AdmittedGeneration) -> tuple[str, DecodeResult, Cost]:
+    text = "".join([delta async for delta in generation.deltas()])
+    outcome, cost = await generation.outcome()
+    return text, outcome, cost
+
+
+async def _merged(
+    generations: list[AdmittedGeneration],
+) -> AsyncIterator[tuple[int, str | None]]:
+    """(choice, text) as any choice decodes it, then (choice, None) when it has ended."""
+    if len(generations) == 1:  # the common case, without tasks
+        async for text in generations[0].deltas():
+            yield 0, text
+        yield 0, None
+        return
+    queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+
+    async def pump(index: int, generation: AdmittedGeneration) -> None:
+        async for text in generation.deltas():
+            queue.put_nowait((index, text))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        for _ in range(len(generations)):
+            while (item := await queue.get())[1] is not None:
+                yield item
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _finish(reason: str) -> str:
+    return reason if reason in ("length", "tool_calls") else "stop"
+
+
+def usage(outcomes: list[DecodeResult], cost: Cost) -> dict[str, Any]:
+    """OpenAI's usage (the prompt once, every choice's tokens) and vramgate's cost."""
+    prompt = outcomes[0].prompt_tokens if outcomes else 0
+    completion = sum(outcome.completion_tokens for outcome in outcomes)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": outcomes[0].cached_tokens if outcomes else 0},
+        "queue_ms": round(cost.queue_s * 1000, 3),
+        "run_ms": round(cost.run_s * 1000, 3),
+        "vram_bytes": cost.price_bytes,
+    }

@@ -1,0 +1,1 @@
+"""Reranking (`/v1/rerank`) in the shape Cohere and Jina define."""

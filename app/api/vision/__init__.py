@@ -1,0 +1,1 @@
+"""Image models' predictions (`/v1/models/{model}/predict`), vramgate's own route."""

@@ -1,0 +1,128 @@
+"""One model to serve, as the config file's `[[models]]` table (or `--model`) says it:
+what it is and where, which engine runs it, and the knobs of its kind and engine. The
+server's own settings are app.config.settings'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from app.config.durations import keep_alive_seconds
+from app.config.simulated_spec import (
+    DEFAULT_SIMULATED_BUCKETS,
+    FaultInjection,
+    SimulatedBucket,
+    SimulatedGeneration,
+    SimulatedImages,
+)
+
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(10)}
+
+
+def is_reserved_name(name: str) -> bool:
+    """Windows device names (CON, NUL, COM1...), with or without an extension."""
+    return name.split(".")[0].upper() in _RESERVED
+
+
+# a model's own device: one of the server's (cuda:1, simulated:0, cpu)
+DEVICE_ID_PATTERN = r"^(cpu|cuda:\d{1,2}|simulated:\d{1,2})$"
+
+
+class ModelSpec(BaseModel):
+    """One model to serve. `kind` picks the handler; `path` None means the embedded model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    kind: Literal[
+        "embedding", "generation", "vision", "rerank", "diffusion", "speech", "simulated"
+    ] = "embedding"
+    path: Path | None = None  # a folder; for generation also a .gguf file
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_batch: int = Field(default=32, ge=1, le=1024)
+    # generation: the context cap, `context_length` too (None: the model's own maximum on
+    # the torch engine; on llama.cpp, whose slots' cells are taken at load, 4096 at most)
+    max_context: int | None = Field(
+        default=None,
+        ge=16,
+        le=1_048_576,
+        validation_alias=AliasChoices("max_context", "context_length"),
+    )
+    # generation: which engine runs it (auto: llama.cpp for a .gguf file where xllamacpp
+    # is installed, else torch), and llama.cpp's own knobs
+    engine: Literal["auto", "torch", "llama.cpp"] = "auto"
+    parallel: int = Field(default=4, ge=1, le=64)  # llama.cpp: requests at once (slots)
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"  # llama.cpp: KV cells' type
+    flash_attention: Literal["auto", "on", "off"] = "auto"  # llama.cpp
+    gpu_layers: int | Literal["auto"] = Field(default="auto")  # llama.cpp: auto = the gate's
+    threads: int = Field(default=0, ge=0, le=512)  # llama.cpp: CPU threads (0: its default)
+    # generation: keep ended streams' KV for prompts that begin the same way (torch: the
+    # server's prefix cache; llama.cpp: its slots' prompt cache)
+    prefix_cache: bool = True
+    # llama.cpp: its host-RAM prompt cache, beside the slots' own (llama.cpp's default is
+    # 8 GiB; here 0, off: on the CPU it is the device's memory, admitted at load)
+    prompt_cache_ram: ByteSize = ByteSize(0)
+    # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
+    # (`matryoshka_dimensions` in config.json) does not say so
+    matryoshka_dimensions: tuple[int, ...] = ()
+    keep_alive: float | None = None  # how long it stays loaded idle (None: the setting's)
+    # when it loads: at start, or on its first request (None: the first model configured
+    # at start, the others on demand)
+    load: Literal["startup", "demand"] | None = None
+    # vision: what the model returns, and (for a weights file) its torchvision architecture
+    output: Literal["classes", "image"] = "classes"
+    arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    # diffusion, a single-file checkpoint: a diffusers folder holding its pipeline's
+    # configs (model_index.json and each component's), so nothing is fetched
+    pipeline_config: Path | None = None
+    # where it runs, of the server's devices (None: where it fits with the most room),
+    # and on how many devices a copy of it serves (requests go where they fit soonest)
+    device: str | None = Field(default=None, pattern=DEVICE_ID_PATTERN)
+    replicas: int = Field(default=1, ge=1, le=16)
+
+    buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
+    load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
+    weights: ByteSize = ByteSize(0)  # simulated only: bytes its weights hold while loaded
+    inject: FaultInjection = FaultInjection()  # simulated only
+    # simulated only: generation priced by its KV bytes (None: by the words buckets)
+    generation: SimulatedGeneration | None = None
+    # simulated only: an image generator instead (app.engines.simulated.images)
+    images: SimulatedImages | None = None
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _keep_alive(cls, value: object) -> float | None:
+        return None if value is None else keep_alive_seconds(value)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_device_name(cls, value: str) -> str:
+        if is_reserved_name(value):
+            raise ValueError(f"{value!r} is a reserved device name on Windows")
+        return value
+
+    @model_validator(mode="after")
+    def _generation_needs_a_path(self) -> ModelSpec:
+
+        if self.kind in ("generation", "diffusion", "speech") and self.path is None:
+            raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
+        return self
+
+    @classmethod
+    def parse_cli(cls, text: str) -> ModelSpec:
+        """`NAME=KIND` or `NAME=KIND:PATH`, e.g. `sim=simulated`, `bge=embedding:/models/bge`."""
+        name, sep, rest = text.partition("=")
+        if not sep:
+            raise ValueError(f"model spec {text!r} is not NAME=KIND[:PATH]")
+        kind, _, path = rest.partition(":")
+        return cls(name=name, kind=kind, path=Path(path) if path else None)  # type: ignore[arg-type]

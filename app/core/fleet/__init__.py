@@ -1,0 +1,1 @@
+"""The server's devices: one service per device, and where each request goes."""

@@ -1,0 +1,235 @@
+"""The model registry: handlers by name, loaded in the background at start."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from app.config.settings import ModelSpec
+from app.devices.base import Device
+from app.engines.llama_cpp.embedding import LlamaCppEmbedder
+from app.engines.llama_cpp.generation import LlamaCppHandler
+from app.engines.llama_cpp.runner_model import llama_cpp_available
+from app.engines.simulated.images import SimulatedImageHandler
+from app.engines.simulated.model import SimulatedHandler
+from app.engines.torch.diffusion.handler import DiffusionHandler
+from app.engines.torch.embedding import EmbeddingHandler
+from app.engines.torch.families import sees_images
+from app.engines.torch.generation.causal_lm import CausalLMHandler
+from app.engines.torch.generation.vision_language import VisionLanguageHandler
+from app.engines.torch.rerank import RerankHandler
+from app.engines.torch.speech import SpeechHandler
+from app.engines.torch.vision import VisionHandler
+from app.errors import ModelLoading, ModelNotFound, WrongModelKind
+from app.models.base import ModelHandler
+from app.models.kinds import CAPABILITIES, LACKING
+from app.models.prefix_cache import PrefixStore
+from app.sched.budget import LoadLedger
+
+log = logging.getLogger("vramgate.registry")
+
+State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded", "failed"]
+
+
+Bounds = tuple[int, int]  # the largest image side and pixel count accepted
+
+
+def _generation(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
+    """A causal LM, or a vision-language model where its folder is one (it sees images)."""
+    if spec.path is not None and sees_images(spec.path):
+        return VisionLanguageHandler(spec, *bounds)
+    return CausalLMHandler(spec)
+
+
+def _simulated(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
+    """The simulated model: an image generator with an `images` setting, else the one
+    that fakes every other capability."""
+    simulated: SimulatedHandler | SimulatedImageHandler
+    simulated = SimulatedImageHandler(spec) if spec.images is not None else SimulatedHandler(spec)
+    simulated.max_side, simulated.max_pixels = bounds
+    return simulated
+
+
+# Which handler serves a spec, by (engine, kind): a new kind or engine is a row here.
+HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
+    ("simulated", "simulated"): _simulated,
+    ("torch", "generation"): _generation,
+    ("torch", "vision"): lambda spec, bounds: VisionHandler(spec, *bounds),
+    ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
+    ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),
+    ("torch", "diffusion"): lambda spec, bounds: DiffusionHandler(spec, *bounds),
+    ("torch", "speech"): lambda spec, _: SpeechHandler(spec),
+    ("llama.cpp", "generation"): lambda spec, _: LlamaCppHandler(spec),
+    ("llama.cpp", "embedding"): lambda spec, _: LlamaCppEmbedder(spec),
+}
+
+
+def engine_for(spec: ModelSpec) -> str:
+    """The engine that runs `spec`: its own choice, else llama.cpp for a GGUF generation
+    model where xllamacpp is installed, else torch."""
+    if spec.kind == "simulated":
+        return "simulated"
+    if spec.engine != "auto":
+        return spec.engine
+    gguf = spec.path is not None and spec.path.suffix.lower() == ".gguf"
+    if gguf and ("llama.cpp", spec.kind) in HANDLERS and llama_cpp_available():
+        return "llama.cpp"
+    return "torch"
+
+
+def make_handler(spec: ModelSpec, image_bounds: Bounds = (4096, 2**24)) -> ModelHandler:
+    """`image_bounds`: the largest image side and pixel count accepted."""
+    engine = engine_for(spec)
+    build = HANDLERS.get((engine, spec.kind))
+    if build is None:
+        raise ValueError(f"model {spec.name!r}: engine {engine} does not serve {spec.kind} models")
+    handler = build(spec, image_bounds)
+    if not isinstance(handler, CAPABILITIES):
+        raise TypeError(f"{type(handler).__name__} fulfils no capability of app.models.kinds")
+    return handler
+
+
+H = TypeVar("H", bound=ModelHandler)
+
+
+@dataclass
+class ModelEntry:
+    handler: ModelHandler
+    state: State = "waiting"
+    weights_bytes: int = 0  # the handler's exact parameter and buffer bytes
+    loaded_bytes: int = 0  # what our memory grew by while loading (weights + one-time costs)
+    load_s: float = 0.0
+    error: str | None = None
+    retired: bool = False  # taken out of the config: serves nothing, goes once unloaded
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        specs: tuple[ModelSpec, ...],
+        device: Device,
+        image_bounds: tuple[int, int] = (4096, 2**24),
+        loads: LoadLedger | None = None,
+        store: PrefixStore | None = None,
+    ) -> None:
+        """`loads`: what loads measured, which handlers that size their loads read;
+        `store`: the device's prefix cache, which generation models may keep KV in."""
+        self.device = device
+        self._image_bounds = image_bounds
+        self._loads = loads
+        self.store = store or PrefixStore()
+        self.entries = {spec.name: ModelEntry(self._handler(spec)) for spec in specs}
+
+    def _handler(self, spec: ModelSpec) -> ModelHandler:
+        handler = make_handler(spec, self._image_bounds)
+        handler.loads = self._loads
+        handler.prefix_store = self.store if spec.prefix_cache else None
+        return handler
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve a model from now (not loaded yet), or replace an unloaded one's entry."""
+        current = self.entries.get(spec.name)
+        assert current is None or current.state in ("unloaded", "failed"), "replace unloaded"
+        self.entries[spec.name] = ModelEntry(self._handler(spec), state="unloaded")
+
+    def remove(self, name: str) -> None:
+        """Forget an unloaded model."""
+        assert self.entries[name].state in ("unloaded", "failed"), "remove unloaded models"
+        del self.entries[name]
+
+    def get(self, name: str) -> ModelHandler:
+        """The handler for `name` if it is ready to serve."""
+        entry = self.entries.get(name)
+        if entry is None or entry.retired:
+            known = ", ".join(sorted(n for n, e in self.entries.items() if not e.retired))
+            raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
+        if entry.state not in ("warming", "ready"):
+            if entry.state in ("unloading", "unloaded"):
+                raise ModelLoading(f"model {name!r} is not loaded yet; loading it", retry_after=2)
+            if entry.state == "failed":
+                raise ModelNotFound(f"model {name!r} failed to load: {entry.error}", param="model")
+            raise ModelLoading(f"model {name!r} is still loading", retry_after=2)
+        return entry.handler
+
+    def serving(self, name: str, capability: type[H]) -> H:
+        """The handler for `name` if it is ready and can do what `capability` is (an
+        app.models.kinds contract); a model of another kind is a 400 that says so."""
+        handler = self.get(name)
+        if not isinstance(handler, capability):
+            raise WrongModelKind(
+                f"model {name!r} is a {handler.kind} model: {LACKING[capability]}",
+                param="model",
+            )
+        return handler
+
+    def entry(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)
+        if entry is None or entry.retired:
+            raise ModelNotFound(f"model {name!r} does not exist", param="model")
+        return entry
+
+    def load(self, name: str) -> bool:
+        """Load one model (blocking). Its weights are what our allocations grew by."""
+        entry = self.entries[name]
+        entry.state, entry.error = "loading", None
+        before = self.device.allocated()
+        started = time.perf_counter()
+        try:
+            entry.handler.fingerprint = entry.handler.identify()
+            entry.handler.load(self.device)
+            entry.handler.prime()
+            self.device.settle()  # the weights are on the device before any job uses them
+        except Exception as exc:  # a broken model must not stop the others
+            entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.error("model %s failed to load: %s", name, entry.error)
+            return False
+        entry.load_s = time.perf_counter() - started
+        own = entry.handler.measured_load_bytes()
+        entry.loaded_bytes = own if own is not None else max(0, self.device.allocated() - before)
+        entry.weights_bytes = entry.handler.weights_bytes()
+        entry.state = "warming"
+        log.info(
+            "model %s loaded in %.1fs (%s, %.1f MiB)",
+            name,
+            entry.load_s,
+            entry.handler.dtype,
+            entry.weights_bytes / 2**20,
+        )
+        return True
+
+    def unload(self, name: str) -> int:
+        """Drop one model's weights (blocking; no job of it may be running). Returns the
+        bytes our allocations shrank by."""
+        entry = self.entries[name]
+        self.store.drop_model(name)  # not weights: out of what this unload measures
+        before = self.device.allocated()
+        own = entry.handler.measured_load_bytes()  # a runner's: ended with its process
+        entry.handler.unload()
+        self.device.empty_cache()
+        entry.state, entry.weights_bytes, entry.loaded_bytes = "unloaded", 0, 0
+        freed = own if own is not None else max(0, before - self.device.allocated())
+        log.info("model %s unloaded (%.1f MiB freed)", name, freed / 2**20)
+        return freed
+
+    @property
+    def all_ready(self) -> bool:
+        """Every model serves, or is unloaded by choice (it loads on demand)."""
+        return all(e.state in ("ready", "unloaded") or e.retired for e in self.entries.values())
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": name,
+                "state": e.state,
+                "loaded": e.state in ("warming", "ready"),
+                "weights_bytes": e.weights_bytes,
+                "load_s": round(e.load_s, 3),
+                "error": e.error,
+                "retired": e.retired,
+                **e.handler.describe(),
+            }
+            for name, e in self.entries.items()
+        ]

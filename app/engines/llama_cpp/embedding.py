@@ -1,0 +1,72 @@
+"""Embeddings on llama.cpp's engine: a GGUF embedding model (nomic-embed, bge, gte,
+e5 as GGUF files) in a runner process of its own (app.engines.llama_cpp.runner_model). Inputs
+are tokenised by the runner before they are queued (a text longer than the context is a
+400 at once), bucketed and merged across requests like the torch engine's embedders,
+and sent as token ids to the runner's `/v1/embeddings`, which pools them as the file says
+(mean where it says nothing) and normalises them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from app.config.settings import ModelSpec
+from app.engines.llama_cpp.runner_model import LlamaRunnerModel
+from app.errors import ContextLengthExceeded
+from app.models.base import Prepared, length_bucketed, merged_rows
+from app.models.kinds import Embedder, TextOrIds
+
+
+class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
+    kind = "embedding"
+    preprocess_on_loop = False  # tokenising is a round trip to the runner
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.dimensions = 0
+
+    def runner_settings(self) -> dict[str, Any]:
+        return {"embedding": True, "pooling": self.facts().pooling or "mean"}
+
+    def loaded(self, props: dict[str, Any]) -> None:
+        self.dimensions = self.facts().width
+
+    def preprocess(self, inputs: list[TextOrIds]) -> Prepared:
+        """Token ids for every input (texts through the runner's tokenizer)."""
+        ids = [self._ids(item) for item in inputs]
+        for row in ids:
+            if len(row) > self.context:
+                raise ContextLengthExceeded(
+                    f"an input has {len(row)} tokens; model {self.name!r} embeds at most "
+                    f"{self.context}",
+                    param="input",
+                )
+        return self._prepared(ids)
+
+    def _ids(self, item: TextOrIds) -> list[int]:
+        if not isinstance(item, str):
+            return list(item)
+        body = {"content": item, "add_special": True, "parse_special": False}
+        found = asyncio.run(self._call("/tokenize", body))  # on the CPU pool's thread
+        return [int(t) for t in found["tokens"]]
+
+    def _prepared(self, ids: list[list[int]]) -> Prepared:
+        return length_bucketed(ids, [len(row) for row in ids], self.spec.max_batch)
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        return merged_rows(parts, self.spec.max_batch, self._prepared)
+
+    def forward(self, prepared: Prepared) -> Any:
+        """One call for the whole batch; the runner spreads it over its slots."""
+        self.forward_calls += 1
+        rows: list[list[int]] = prepared.payload
+        found = asyncio.run(self._call("/v1/embeddings", {"input": rows}))
+        out = np.empty((len(rows), self.dimensions), dtype=np.float32)
+        for item in found["data"]:
+            out[int(item["index"])] = item["embedding"]
+        return out
+
+    def postprocess(self, raw: Any) -> np.ndarray:
+        return np.asarray(raw, dtype=np.float32)

@@ -1,0 +1,205 @@
+"""A model runner in a process of its own: started, supervised, measured and ended.
+
+The runner is a child (app.engines.llama_cpp.runner_main) that prints one JSON line when its model
+is loaded and lives until its stdin closes. This side starts it, reads its stderr (the
+engine's log, where llama.cpp states every buffer it allocated), reports its exit, and
+ends it: stdin closed, then a kill after a grace period. There is no respawn loop: a
+runner that dies is reported, and the next request reloads it (crash-only).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("vramgate.runner")
+
+MiB = 2**20
+LOG_LINES_KEPT = 200
+
+# llama.cpp's own log lines (llama-model.cpp, llama-context.cpp, llama-kv-cache.cpp):
+#   load_tensors:   CPU_Mapped model buffer size =    92.10 MiB
+#   llama_kv_cache:      CUDA0 KV buffer size =    45.00 MiB
+#   sched_reserve:       CUDA0 compute buffer size =    15.64 MiB
+#   llama_context:  CUDA_Host  output buffer size =     0.38 MiB
+#   load_tensors: offloaded 30/31 layers to GPU
+_BUFFER = re.compile(r"\b(\S+)\s+(model|KV|compute|output|RS) buffer size\s*=\s*([\d.]+) MiB")
+_LISTENING = "listening on"  # server.cpp's last load line: "srv init: listening on ..."
+LOG_CATCH_UP_S = 2.0
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+
+
+class RunnerFailed(RuntimeError):
+    """A runner that could not start, or ended; the message has the engine's last words."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a runner allocated, as its engine reported it: bytes on the accelerator and
+    in host memory by what they hold, and how many layers went to the accelerator."""
+
+    device: dict[str, int]  # "model" | "KV" | "compute" | "output" → bytes
+    host: dict[str, int]
+    layers_on_device: int = 0
+    layers: int = 0
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.device.values())
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host.values())
+
+
+def footprint_of(lines: list[str]) -> Footprint:
+    """The buffers a llama.cpp load logged (a reload logs them again: the last load wins,
+    which the caller ensures by reading one process's log)."""
+    device: dict[str, int] = {}
+    host: dict[str, int] = {}
+    on_device = layers = 0
+    for line in lines:
+        if (found := _BUFFER.search(line)) is not None:
+            name, what, mib = found.groups()
+            on_host = name.startswith("CPU") or name.endswith("_Host")
+            book = host if on_host else device
+            book[what] = book.get(what, 0) + int(float(mib) * MiB)
+        elif (offloaded := _OFFLOADED.search(line)) is not None:
+            on_device, layers = int(offloaded.group(1)), int(offloaded.group(2))
+    return Footprint(device, host, on_device, layers)
+
+
+def runner_argv(module: str, frozen_command: str) -> list[str]:
+    """How to start a runner: this interpreter on `module`, or the bundle's own
+    executable with `frozen_command` (app.cli dispatches it)."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, frozen_command]
+    return [sys.executable, "-m", module]
+
+
+class RunnerProcess:
+    """One runner: `start` blocks until its model is loaded (or it failed)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self._argv = argv
+        self._env = env
+        self._proc: subprocess.Popen[str] | None = None
+        self._lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        # the load's log, kept whole until the model serves (then its footprint is read)
+        self._load_lines: list[str] | None = []
+        self._listening = threading.Event()
+        self._footprint = Footprint({}, {})
+        self._lock = threading.Lock()  # guards both line lists (reader thread vs callers)
+        self._reader: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Start the runner and hand it `config`; returns its ready line."""
+        env = {**os.environ, **(self._env or {})}
+        self._proc = subprocess.Popen(
+            self._argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env=env,
+        )
+        self._reader = threading.Thread(
+            target=self._read_log, name=f"runner-log-{self.name}", daemon=True
+        )
+        self._reader.start()
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(config) + "\n")
+        self._proc.stdin.flush()
+        ready = self._ready_line(timeout_s)
+        if "address" not in ready:
+            self.stop(grace_s=1.0)
+            raise RunnerFailed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
+        # stderr is another pipe: its last load lines may come just after the ready line
+        self._listening.wait(LOG_CATCH_UP_S)
+        with self._lock:
+            self._footprint = footprint_of(self._load_lines or [])
+            self._load_lines = None
+        return ready
+
+    def _ready_line(self, timeout_s: float) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdout is not None
+        lines: queue.Queue[str] = queue.Queue()
+        stdout = self._proc.stdout
+        threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=timeout_s)
+        except queue.Empty:
+            self.stop(grace_s=1.0)
+            raise RunnerFailed(f"the runner did not load within {timeout_s:.0f} s") from None
+        if not line:
+            code = self._proc.wait()
+            raise RunnerFailed(f"the runner exited with {code}: {self.last_words()}")
+        found = json.loads(line)
+        return found if isinstance(found, dict) else {}
+
+    def _read_log(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        for raw in self._proc.stderr:
+            line = raw.rstrip()
+            with self._lock:
+                self._lines.append(line)
+                if self._load_lines is not None:
+                    self._load_lines.append(line)
+                    if _LISTENING in line:
+                        self._listening.set()
+            log.debug("%s: %s", self.name, line)
+
+    def footprint(self) -> Footprint:
+        """What the load allocated, as its log said by the time the model served."""
+        return self._footprint
+
+    def last_words(self, count: int = 8) -> str:
+        """The engine's last log lines, for an error message."""
+        with self._lock:
+            tail = [line for line in self._lines if line.strip()][-count:]
+        return " | ".join(tail) or "no output"
+
+    def exited(self) -> int | None:
+        """Its exit code once it ended, else None."""
+        return None if self._proc is None else self._proc.poll()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """End it: stdin closed (it unloads and exits), killed if it has not within
+        `grace_s`. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=2.0)
+        for pipe in (proc.stdout, proc.stderr, proc.stdin):
+            if pipe is not None and not pipe.closed:
+                with contextlib.suppress(OSError):
+                    pipe.close()

@@ -1,0 +1,77 @@
+"""The llama.cpp runner's own process (one per loaded GGUF model, as Ollama runs its
+runners): a native abort or a DLL clash ends this process, never the server.
+
+It reads its settings as one JSON line on stdin (the API key among them, so it is in no
+command line), loads the model with `xllamacpp.Server` (the constructor is the load),
+prints one JSON line on stdout, `{"address": ..., "pid": ...}` or `{"error": ...}`, and
+lives until its stdin closes: the server closes it to unload, and the OS closes it when
+the server dies, so a runner never outlives its server. llama.cpp's HTTP listener, bound
+to 127.0.0.1 on a free port and guarded by the key, is how the server talks to it.
+llama.cpp writes its log (with the buffer sizes it allocated) to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+RUNNER_COMMAND = "_llama-runner"  # the bundle's executable runs this module with it (app.cli)
+
+
+def params_of(config: dict[str, Any]) -> Any:
+    """xllamacpp's CommonParams from our runner settings (see app.engines.llama_cpp.generation)."""
+    import xllamacpp as xlc
+
+    p = xlc.CommonParams()
+    p.model.path = config["model"]
+    p.n_ctx = int(config["n_ctx"])
+    p.n_parallel = int(config["parallel"])
+    p.kv_unified = False  # each slot its own cells: a request never overruns another's
+    p.n_gpu_layers = int(config["gpu_layers"])
+    p.fit_params = False  # the gate chose the layers and the context; fit would resize them
+    p.cache_type_k = p.cache_type_v = getattr(xlc.ggml_type, f"GGML_TYPE_{config['kv_type']}")
+    attention = {"auto": "AUTO", "on": "ENABLED", "off": "DISABLED"}[config["flash_attention"]]
+    p.flash_attn_type = getattr(xlc.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{attention}")
+    if config["threads"] > 0:
+        p.cpuparams.n_threads = p.cpuparams_batch.n_threads = int(config["threads"])
+    p.cache_ram_mib = int(config["cache_ram_mib"])
+    p.n_cache_reuse = int(config.get("cache_reuse", 0))
+    if config.get("embedding"):  # vectors, not text: each input whole in one micro-batch
+        p.embedding = True
+        # one KV pool: with split per-slot KV, xllamacpp 2026.10 gave wrong vectors for all
+        # but one of several inputs decoded together (tests/engines/llama_cpp/test_embedding.py);
+        # at most `parallel` inputs of at most `context` tokens fit it
+        p.kv_unified = True
+        pooling = str(config.get("pooling") or "mean").upper()
+        p.pooling_type = getattr(xlc.llama_pooling_type, f"LLAMA_POOLING_TYPE_{pooling}")
+        p.n_batch = p.n_ubatch = int(config["n_ctx"]) // int(config["parallel"])
+    p.use_jinja = True
+    p.endpoint_slots = True
+    p.endpoint_props = True
+    p.endpoint_metrics = True  # requests_deferred: what waited inside llama.cpp
+    p.hostnames = ["127.0.0.1"]
+    p.port = 0
+    p.api_keys = [config["key"]]
+    p.verbosity = 4  # the buffer sizes it allocates are logged at 4 only
+    return p
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.readline())
+    try:
+        import xllamacpp as xlc
+
+        server = xlc.Server(params_of(config))
+    except Exception as exc:  # the cause is on stderr; the parent reads it from there
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    print(json.dumps({"address": server.listening_address, "pid": os.getpid()}), flush=True)
+    sys.stdin.read()  # until the server closes our stdin, or dies
+    del server  # stops the slots and the listener
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

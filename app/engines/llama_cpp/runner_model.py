@@ -1,0 +1,315 @@
+"""A GGUF model in a llama.cpp runner process of its own (app.engines.llama_cpp.runner_main through
+app.engines.llama_cpp.process), as Ollama runs its runners, whatever the model does: its load
+sized from the file's header and what earlier loads measured, split between GPU and CPU,
+the process started, measured, adopted by the device and ended. The server talks to it
+over loopback HTTP (llama.cpp's own listener on 127.0.0.1, guarded by a per-load random
+key; app.engines.llama_cpp.client).
+
+What the gate sees: a model whose weights are everything the runner reserved (weights on
+the device, KV cells for `context_length` x `parallel`, compute buffers), measured from
+the engine's own log, and whose requests each take one of its `parallel` slots (the
+runner's KV is split: each slot owns `context_length` cells, so no request can overrun
+another's). A request therefore costs no further device bytes; it waits in vramgate's
+queue for a free slot, never inside llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app.config.settings import ModelSpec
+from app.devices.base import Device
+from app.engines.gguf_facts import GgufFacts, read_gguf_facts
+from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
+from app.engines.llama_cpp.layer_split import LayerSplit, plan_split
+from app.engines.llama_cpp.process import Footprint, RunnerProcess, runner_argv
+from app.engines.llama_cpp.runner_main import RUNNER_COMMAND
+from app.errors import InvalidRequest, RunnerStopped
+from app.models.base import ModelHandler
+from app.models.card import ModelCard
+
+log = logging.getLogger("vramgate.llama_cpp")
+
+LOAD_TIMEOUT_S = 600.0
+MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not simulated)
+STOP_GRACE_S = 5.0
+SLOT_CONTEXT = 4096  # a slot's cells where the setting names none
+CACHE_REUSE = 256  # llama.cpp --cache-reuse: the least chunk reused by shifting its KV
+
+
+def llama_cpp_available() -> bool:
+    """Whether xllamacpp can be imported here (found without importing it: it is loaded
+    by the runner processes only)."""
+    import importlib.util
+
+    return importlib.util.find_spec("xllamacpp") is not None
+
+
+class LlamaRunnerModel(ModelHandler):
+    """A GGUF model in a llama.cpp runner process of its own, whatever it does: the load
+    sized from the file's header and what earlier loads measured, split between GPU and
+    CPU, the process started, measured, adopted by the device, and ended; each request
+    takes one of its slots. Each kind (generation, embeddings) adds its requests."""
+
+    engine = "llama.cpp"
+    requests_reserved = True  # its KV cells were reserved at load: slots admit requests
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        assert spec.path is not None, "ModelSpec checks that a GGUF model has a path"
+        self.path = Path(spec.path)
+        self.context = spec.max_context or SLOT_CONTEXT  # each slot's cells, once loaded
+        self.dtype = "gguf"
+        self._facts: GgufFacts | None = None
+        self._runner: RunnerProcess | None = None
+        self._client: RunnerClient | None = None  # its listener, while loaded
+        self._device: Device | None = None
+        self._footprint = Footprint({}, {})
+        self._measured: int | None = None  # on a GPU: the process's own use, as measured
+        self.split: LayerSplit | None = None
+        self._admitted: int | None = None  # the bytes the gate admitted the load for
+
+    # -- what it is and what it will take ----------------------------------------------
+    def facts(self) -> GgufFacts:
+        if self._facts is None:
+            self._facts = read_gguf_facts(self.path)
+        return self._facts
+
+    def _context_for(self, facts: GgufFacts) -> int:
+        """Each slot's cells: the setting, else the model's own maximum up to SLOT_CONTEXT
+        (cells are taken at load, for every slot, whether requests use them or not)."""
+        trained = facts.context_length or SLOT_CONTEXT
+        return min(trained, self.spec.max_context or SLOT_CONTEXT)
+
+    def planned_split(self, device: Device, free_bytes: int | None = None) -> LayerSplit:
+        """How many layers go to `device` for this spec (all of them on the CPU): from
+        the GGUF's own geometry, corrected by what a load of the same settings measured
+        once there is one (`loads`)."""
+        facts = self.facts()
+        cells = self._context_for(facts) * self.spec.parallel
+
+        def plan(scale: float) -> LayerSplit:
+            return plan_split(
+                facts,
+                kv_type=self.spec.kv_cache_type,
+                cells=cells,
+                accelerator=device.kind != "cpu",  # a simulated GPU is split like a real one
+                free_bytes=free_bytes,
+                gpu_layers=self.spec.gpu_layers,
+                scale=scale,
+            )
+
+        estimate = plan(1.0)
+        learned = self._learned(device, estimate.on_device)
+        if learned is None or estimate.device_bytes <= 0:
+            return estimate
+        return plan(learned / estimate.device_bytes)
+
+    def _load_config(self, layers: int) -> str:
+        """The settings that size a load, as the ledger keeps them."""
+        context = self._context_for(self.facts())
+        return f"c{context}p{self.spec.parallel}k{self.spec.kv_cache_type}l{layers}"
+
+    def _learned(self, device: Device, layers: int) -> int | None:
+        if self.loads is None or device.kind not in MEASURED_ON:
+            return None
+        fingerprint = self.fingerprint or self.identify()
+        return self.loads.learned(self.name, self.dtype, fingerprint, self._load_config(layers))
+
+    def expected_weights_bytes(self, device: Device) -> int:
+        return self.planned_split(device).device_bytes
+
+    def fitted_bytes(self, device: Device, room: int) -> int:
+        """The layers that fit in `room` (all, where they do): what the gate admits the
+        load for, and the most the load will take (on the CPU, its host prompt cache
+        too: the device's own memory)."""
+        ram = self.prompt_cache_ram() if device.kind == "cpu" else 0
+        self._admitted = self.planned_split(device, room - ram).device_bytes + ram
+        return self._admitted
+
+    def prompt_cache_ram(self) -> int:
+        """llama.cpp's host-RAM prompt cache (0: off; its own default is 8 GiB)."""
+        return int(self.spec.prompt_cache_ram) if self.spec.prefix_cache else 0
+
+    def runner_settings(self) -> dict[str, Any]:
+        """What this kind adds to the runner's settings
+        (app.engines.llama_cpp.runner_main.params_of)."""
+        return {}
+
+    def loaded(self, props: dict[str, Any]) -> None:
+        """The runner's /props, once it serves."""
+        return None
+
+    @property
+    def cell_capacity(self) -> int:
+        """Requests that may run at once: the runner's slots."""
+        return self.spec.parallel
+
+    # -- load and unload ---------------------------------------------------------------
+    def load(self, device: Device) -> None:
+        facts = self.facts()
+        self.context = self._context_for(facts)
+        free = None
+        if device.kind != "cpu":  # what the device has now, within what the gate admitted
+            free = device.snapshot().free_for_us
+            free = free if self._admitted is None else min(free, self._admitted)
+        self.split = self.planned_split(device, free)
+        key = secrets.token_urlsafe(24)
+        config = {
+            "model": str(self.path),
+            "n_ctx": self.context * self.spec.parallel,
+            "parallel": self.spec.parallel,
+            "gpu_layers": self.split.gpu_layers_arg,
+            "kv_type": self.spec.kv_cache_type.upper(),
+            "flash_attention": self.spec.flash_attention,
+            "threads": self.spec.threads,
+            "cache_ram_mib": self.prompt_cache_ram() // 2**20,
+            "cache_reuse": CACHE_REUSE if self.spec.prefix_cache else 0,
+            "key": key,
+            **self.runner_settings(),
+        }
+        # this device alone (a CUDA build on a CPU or simulated device stays off the GPU)
+        env = {"CUDA_VISIBLE_DEVICES": device.child_visible()}
+        argv = runner_argv("app.engines.llama_cpp.runner_main", RUNNER_COMMAND)
+        runner = RunnerProcess(self.name, argv, env)
+        started = time.perf_counter()
+        free_before = device.snapshot().free
+        ready = runner.start(config, LOAD_TIMEOUT_S)
+        self._runner, self._device = runner, device
+        try:  # a load that fails past here ends its runner: nothing is left running
+            self._serving(device, ready, key, free_before)
+        except BaseException:
+            self.unload()
+            raise
+        if self.loads is not None and device.kind in MEASURED_ON:
+            fingerprint = self.fingerprint or self.identify()
+            where = self._load_config(self.split.on_device)
+            load_s = time.perf_counter() - started
+            self.loads.record(
+                self.name, self.dtype, fingerprint, where, self.weights_bytes(), load_s
+            )
+        log.info(
+            "model %s: runner pid %s, %s, %d cells x %d slots, %.1f MiB on %s",
+            self.name,
+            ready["pid"],
+            self.split.describe(),
+            self.context,
+            self.spec.parallel,
+            self.weights_bytes() / 2**20,
+            device.id,
+        )
+
+    def _serving(self, device: Device, ready: dict[str, Any], key: str, free_before: int) -> None:
+        """The started runner measured, adopted by the device, and asked what it serves."""
+        assert self._runner is not None
+        self._footprint = self._runner.footprint()
+        self._measured = self._process_bytes(device, int(ready["pid"]), free_before)
+        device.adopt(int(ready["pid"]), self.weights_bytes())
+        host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
+        self._client = RunnerClient(host, int(port), key)
+        self.loaded(asyncio.run(self._client.call("GET", "/props")))  # the loader's thread
+
+    def _process_bytes(self, device: Device, pid: int, free_before: int) -> int | None:
+        """On a GPU, what the runner's process holds there beyond the buffers its log
+        names (its CUDA context, the runtime's own): the driver's figure for the pid,
+        else how far the device's free memory fell during the load. None elsewhere."""
+        if device.kind != "cuda":
+            return None
+        reported = device.process_bytes(pid)
+        if reported is not None:
+            return reported
+        return max(0, free_before - device.snapshot().free)
+
+    def weights_bytes(self) -> int:
+        """What the runner reserved on our device (on the CPU: all it allocated)."""
+        if self._runner is None or self._device is None:
+            return 0
+        if self._device.kind == "cuda":  # the log's buffers, or the process's whole use
+            return max(self._footprint.device_bytes, self._measured or 0)
+        if self._device.kind == "cpu":  # and the prompt cache's RAM, which it may fill
+            footprint = self._footprint
+            return footprint.device_bytes + footprint.host_bytes + self.prompt_cache_ram()
+        # a simulated GPU: a CPU build logs no GPU buffers; the split's own bytes stand in
+        return self.split.device_bytes if self.split is not None else 0
+
+    def footprint(self) -> Footprint:
+        return self._footprint
+
+    def measured_load_bytes(self) -> int | None:
+        return self.weights_bytes()
+
+    @property
+    def runner_pid(self) -> int | None:
+        return self._runner.pid if self._runner is not None else None
+
+    def exited(self) -> int | None:
+        """The runner's exit code if it ended on its own while loaded, else None."""
+        return self._runner.exited() if self._runner is not None else None
+
+    def unload(self) -> None:
+        runner, self._runner = self._runner, None
+        self._client = None
+        if runner is not None:
+            runner.stop(STOP_GRACE_S)
+            if self._device is not None and runner.pid is not None:
+                self._device.release(runner.pid)
+        self._footprint, self._measured = Footprint({}, {}), None
+
+    # -- requests ----------------------------------------------------------------------
+    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        client = self._client
+        if client is None:
+            raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
+        try:
+            found = await client.call("POST", path, body)
+        except RunnerAnswer as answer:
+            raise InvalidRequest(f"model {self.name!r}: {answer}", param="messages") from None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise self._stopped(exc) from exc
+        return found if isinstance(found, dict) else {}
+
+    def _stopped(self, exc: Exception) -> RunnerStopped:
+        code = self.exited()
+        said = self._runner.last_words() if self._runner is not None else ""
+        why = f"exited with {code}" if code is not None else f"did not answer ({exc})"
+        log.error("model %s: the runner %s: %s", self.name, why, said)
+        return RunnerStopped(
+            f"model {self.name!r}'s runner {why}; it is reloaded on the next request",
+            retry_after=1,
+        )
+
+    def card(self) -> ModelCard:
+        facts = self.facts()
+        return replace(
+            super().card(),
+            architecture=facts.architecture,
+            format="gguf",
+            quantization=facts.quantization,
+            context_length=self._context_for(facts),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        footprint = self._footprint
+        return {
+            **super().describe(),
+            "path": str(self.path),
+            "context": self.context,
+            "parallel": self.spec.parallel,
+            "kv_cache_type": self.spec.kv_cache_type,
+            "prefix_cache": self.spec.prefix_cache,  # its slots' prompt cache
+            "prompt_cache_ram_bytes": self.prompt_cache_ram(),  # host RAM it may fill
+            "runner_pid": self.runner_pid,
+            "split": self.split.describe() if self.split is not None else None,
+            "measured": {
+                "device_bytes": footprint.device_bytes,
+                "host_bytes": footprint.host_bytes,
+                "device": footprint.device,
+                "host": footprint.host,
+            },
+        }

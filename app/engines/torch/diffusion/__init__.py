@@ -1,0 +1,2 @@
+"""The torch engine's image generation: diffusers pipelines, their first quotes by size,
+and previews of a running batch."""

@@ -1,0 +1,152 @@
+"""Answers in Anthropic's shapes: `<think>` text split out however the stream cuts it,
+an answer's blocks (thinking, text, tool_use) and stop reason, and a stream's events —
+a failure after it began as an `error` event, the generation closed either way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from app.api.anthropic.replies import Ending, MessageReply, ThinkSplitter, reasons
+from app.core.requests import ValidGenerationRequest
+from app.errors import RunTimeout
+from app.models.decoding import DecodeResult, SamplingParams
+
+ANSWER = "  <think>Oslo is wet.\nSo: rain.</think>\n\nIt rains in Oslo."
+
+
+def split(pieces: list[str], enabled: bool = True) -> list[tuple[str, str]]:
+    """The (kind, text) pieces, consecutive ones of a kind joined."""
+    splitter = ThinkSplitter(enabled)
+    found = [p for piece in pieces for p in splitter.push(piece)] + splitter.end()
+    joined: list[tuple[str, str]] = []
+    for kind, text in found:
+        if joined and joined[-1][0] == kind:
+            joined[-1] = (kind, joined[-1][1] + text)
+        else:
+            joined.append((kind, text))
+    return joined
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, len(ANSWER)])
+def test_thinking_is_split_out_wherever_the_stream_cuts_the_tags(size):
+    pieces = [ANSWER[i : i + size] for i in range(0, len(ANSWER), size)]
+    assert split(pieces) == [("thinking", "Oslo is wet.\nSo: rain."), ("text", "It rains in Oslo.")]
+
+
+@pytest.mark.parametrize(
+    ("pieces", "enabled", "expected"),
+    [
+        (["<thi", "nk>unfinished"], True, [("thinking", "unfinished")]),  # cut off by max_tokens
+        (["<b>bold</b>"], True, [("text", "<b>bold</b>")]),
+        (
+            ["Hello <think>x</think>"],
+            True,
+            [("text", "Hello <think>x</think>")],
+        ),  # not at the start
+        (["<", "think>x</think>y"], False, [("text", "<think>x</think>y")]),  # not asked for
+        (["<"], True, [("text", "<")]),
+    ],
+)
+def test_only_a_leading_think_tag_is_thinking(pieces, enabled, expected):
+    assert split(pieces, enabled) == expected
+
+
+def test_a_model_reasons_when_its_template_names_think():
+    assert reasons("{{ '<think>\\n' }}") and not reasons("<|im_start|>") and not reasons(None)
+
+
+def valid(**fields: Any) -> ValidGenerationRequest:
+    return ValidGenerationRequest("sim", "prompt", SamplingParams(), **fields)
+
+
+def outcome(finish: str = "stop", stop: str | None = None, cached: int = 0) -> DecodeResult:
+    return DecodeResult("", 30, 7, finish, 8, cached_tokens=cached, stop_sequence=stop)
+
+
+def test_an_answers_blocks_are_thinking_text_and_tool_uses_and_its_stop_reason_says_why():
+    reply = MessageReply(valid(tool_mode="auto", tool_names=frozenset({"w"})), "claude-x", True)
+    text = '<think>Call it.</think>{"name": "w", "arguments": {"city": "Oslo"}}'
+    content, ending = reply.blocks(text, outcome())
+    assert [block["type"] for block in content] == ["thinking", "tool_use"]
+    assert content[1]["input"] == {"city": "Oslo"} and content[1]["id"].startswith("toolu_")
+    assert ending.stop_reason == "tool_use"
+    plain = MessageReply(valid(), "claude-x", False)
+    assert plain.blocks("", outcome("length"))[0] == [{"type": "text", "text": ""}]
+    assert plain.blocks("a", outcome("length"))[1].stop_reason == "max_tokens"
+    assert plain.blocks("a", outcome("stop", "\n\n"))[1] == Ending("stop_sequence", "\n\n")
+    assert plain.blocks("a", outcome("stop"))[1] == Ending("end_turn", None)
+
+
+class FakeGeneration:
+    """What a reply reads of an admitted generation; its outcome is given."""
+
+    def __init__(self, deltas: list[str], result: DecodeResult | Exception) -> None:
+        self._deltas, self._result, self.closed = deltas, result, False
+        self.job = type("Job", (), {"prepared": type("Prepared", (), {"tokens": 30})()})()
+        self.stream = type("Stream", (), {"cancel_reason": None})()
+
+    async def deltas(self) -> AsyncIterator[str]:
+        for delta in self._deltas:
+            yield delta
+
+    async def outcome(self) -> tuple[DecodeResult, Any]:
+        if isinstance(self._result, Exception):
+            raise self._result
+        return self._result, None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def events(reply: MessageReply, generation: FakeGeneration) -> list[tuple[str, dict[str, Any]]]:
+    async def read() -> list[bytes]:
+        return [chunk async for chunk in reply._events(generation)]  # type: ignore[arg-type]
+
+    found = []
+    for chunk in asyncio.run(read()):
+        name, data = chunk.decode().strip().split("\n")
+        found.append((name.removeprefix("event: "), orjson.loads(data.removeprefix("data: "))))
+    return found
+
+
+def test_a_stream_sends_thinking_then_text_blocks_and_the_usage_without_cached_tokens():
+    generation = FakeGeneration(["<think>hm", "m</think>", "Yes."], outcome(cached=20))
+    sent = events(MessageReply(valid(stream=True), "claude-x", True), generation)
+    names = [name for name, _ in sent]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_delta",  # the thinking block's (empty) signature
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert sent[1][1]["content_block"]["type"] == "thinking" and sent[7][1]["index"] == 1
+    assert [data["delta"].get("thinking") for _, data in sent[3:5]] == ["hm", "m"]
+    assert sent[5][1]["delta"]["type"] == "signature_delta"
+    assert sent[8][1]["delta"] == {"type": "text_delta", "text": "Yes."}
+    usage = sent[-2][1]["usage"]
+    assert usage["input_tokens"] == 10 and usage["cache_read_input_tokens"] == 20
+    assert generation.closed
+
+
+def test_a_failure_after_the_stream_began_is_an_error_event_and_the_generation_closes():
+    failed = RunTimeout("no progress for 60 s", retry_after=5)
+    generation = FakeGeneration(["Partial"], failed)
+    sent = events(MessageReply(valid(stream=True), "claude-x", False), generation)
+    assert [name for name, _ in sent][:2] == ["message_start", "content_block_start"]
+    name, error = sent[-1]
+    assert name == "error" and error["type"] == "error"
+    assert error["error"]["type"] == "timeout_error" and error["error"]["code"] == "run_timeout"
+    assert generation.closed

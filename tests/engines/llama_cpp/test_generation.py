@@ -1,0 +1,444 @@
+"""GGUF generation on llama.cpp's engine, end to end: the real SmolLM2 GGUF served by a
+real runner process through real HTTP, asked by the official clients; the runner killed
+mid-stream; a flood that never waits inside llama.cpp; the runner's memory as measured;
+the layer split on a simulated GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import ollama
+import psutil
+import pytest
+from openai import OpenAI
+
+from app.config.settings import ModelSpec
+from app.engines.gguf_facts import read_gguf_facts
+from app.engines.llama_cpp.generation import LlamaCppHandler
+from tests.support.live import wait_until
+
+pytestmark = pytest.mark.slow
+
+CONTEXT, PARALLEL = 2048, 4
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf, tmp_path_factory):
+    from tests.support.live import live_server, make_settings
+
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=smollm2_gguf,
+        context_length=CONTEXT,
+        parallel=PARALLEL,
+        load="startup",
+    )
+    tmp = tmp_path_factory.mktemp("llama-cpp")
+    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=300)
+    with live_server(settings) as live:
+        yield live
+
+
+def handler(live) -> LlamaCppHandler:
+    found = live.service.registry.entries["smol"].handler
+    assert isinstance(found, LlamaCppHandler)
+    return found
+
+
+def model_row(live) -> dict:
+    return next(m for m in live.status()["models"] if m["name"] == "smol")
+
+
+def runner_alone(gguf, messages, max_tokens: int) -> str:
+    """The same file on llama.cpp's own server (xllamacpp standalone), greedy."""
+    import xllamacpp as xlc
+
+    params = xlc.CommonParams()
+    params.model.path = str(gguf)
+    params.n_ctx = CONTEXT
+    params.n_parallel = 1
+    params.n_gpu_layers = 0
+    params.fit_params = False
+    server = xlc.Server(params)
+    try:
+        request = {"messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        answer = server.handle_chat_completions(request)
+        return str(answer["choices"][0]["message"]["content"])
+    finally:
+        del server
+
+
+def test_the_openai_client_gets_what_llama_cpp_alone_answers(smol, smollm2_gguf):
+    assert model_row(smol)["engine"] == "llama.cpp"
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    whole = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=24
+    )
+    streamed = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=24, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    alone = runner_alone(smollm2_gguf, QUESTION, 24)
+    assert whole.choices[0].message.content == text == alone
+    assert "Paris" in alone
+    assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 10
+
+
+def test_schema_answers_forced_tool_calls_logprobs_n_and_completions_reach_the_runner(smol):
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    shaped = client.chat.completions.create(
+        model="smol",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    assert set(json.loads(shaped.choices[0].message.content)) == {"city"}
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": schema},
+    }
+    called = client.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "The weather in Paris?"}],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=60,
+    )
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    assert called.choices[0].finish_reason == "tool_calls"
+    scored = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2
+    )
+    tokens = scored.choices[0].logprobs.content
+    assert len(tokens) == scored.usage.completion_tokens
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+    assert "".join(t.token for t in tokens) == scored.choices[0].message.content
+    two = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=1.0, max_tokens=6, n=2, seed=7
+    )
+    assert [c.index for c in two.choices] == [0, 1]
+    completed = client.completions.create(
+        model="smol", prompt="The capital of France is", temperature=0, max_tokens=4
+    )
+    assert "Paris" in completed.choices[0].text
+
+
+def test_the_ollama_client_chats_through_the_runner(smol):
+    client = ollama.Client(host=smol.url)
+    answer = client.chat(
+        model="smol", messages=QUESTION, options={"temperature": 0, "num_predict": 24}
+    )
+    assert "Paris" in answer.message.content
+    parts = client.chat(
+        model="smol",
+        messages=QUESTION,
+        options={"temperature": 0, "num_predict": 24},
+        stream=True,
+    )
+    assert "".join(p.message.content for p in parts) == answer.message.content
+
+
+def test_the_runners_kv_and_weights_are_measured_as_the_gguf_says(smol, smollm2_gguf):
+    facts = read_gguf_facts(smollm2_gguf)
+    row = model_row(smol)
+    kv = facts.kv_bytes_per_token("f16") * CONTEXT * PARALLEL
+    # llama.cpp's own log agrees with the geometry we price loads by, to the MiB it prints
+    assert abs(row["measured"]["host"]["KV"] - kv) < 2**20
+    assert abs(row["measured"]["host"]["model"] - facts.file_bytes) < 0.1 * facts.file_bytes
+    assert row["weights_bytes"] == row["measured"]["host_bytes"] > facts.file_bytes + kv
+    # the runner's memory is counted as ours on the device, not as another program's
+    resident = psutil.Process(row["runner_pid"]).memory_info().rss
+    assert smol.status()["device"]["used_by_us_bytes"] >= resident
+
+
+def test_at_the_default_context_the_runner_holds_the_file_and_its_kv_and_gives_all_back(
+    smollm2_gguf,
+):
+    """The default spec (4,096 cells a slot, 4 slots): resident memory within 1.2x of
+    the file and its KV cells; unloading ends the process and un-counts it."""
+    from app.devices.base import CpuDevice
+
+    device = CpuDevice()
+    spec = ModelSpec(name="defaults", kind="generation", path=smollm2_gguf)
+    model = LlamaCppHandler(spec)
+    model.load(device)
+    pid = model.runner_pid
+    try:
+        facts = read_gguf_facts(smollm2_gguf)
+        assert model.context == 4096  # the model's own 8,192, capped per slot by default
+        kv = facts.kv_bytes_per_token("f16") * model.context * spec.parallel
+        resident = psutil.Process(pid).memory_info().rss
+        ratio = resident / (facts.file_bytes + kv)
+        print(f"runner RSS {resident / 2**20:.1f} MiB = {ratio:.3f} x (file + KV)")
+        assert ratio <= 1.2
+        assert device.runners == {pid: model.weights_bytes()}
+    finally:
+        model.unload()
+    assert device.runners == {}
+    assert not psutil.pid_exists(pid)
+
+
+def sse_events(response: httpx.Response):
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def test_a_runner_killed_mid_stream_ends_the_stream_with_an_error_and_reloads(smol):
+    pid = model_row(smol)["runner_pid"]
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
+    events = []
+    with httpx.stream("POST", smol.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for event in sse_events(r):
+            events.append(event)
+            if len(events) == 3:
+                os.kill(pid, signal.SIGKILL)
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors and errors[-1]["code"] == "model_runner_stopped", events[-2:]
+    assert httpx.get(smol.url + "/health", timeout=10).status_code == 200
+    wait_until(lambda: model_row(smol)["runner_pid"] != pid, 30, "the dead runner reaped")
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    again = client.chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=8
+    )
+    assert again.choices[0].message.content
+    row = model_row(smol)
+    assert row["state"] == "ready" and row["runner_pid"] not in (None, pid)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def runner_gauge(live, name: str) -> float:
+    client = handler(live)._client
+    assert client is not None
+    text = asyncio.run(client.text("/metrics"))  # the runner's own figures
+    found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.MULTILINE)
+    assert found is not None, text[:400]
+    return float(found.group(1))
+
+
+def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(smol):
+    answered: list[int] = []
+    finish: list[str] = []
+    deferred: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            deferred.append(runner_gauge(smol, "requests_deferred"))
+            time.sleep(0.05)
+
+    def client(index: int) -> None:
+        with httpx.Client(base_url=smol.url, timeout=300) as http:
+            for turn in range(2):
+                wanted = (4, 16, 48, 96)[(index + turn) % 4]
+                body = {
+                    "model": "smol",
+                    "messages": [{"role": "user", "content": f"Count to {index + turn}."}],
+                    "max_tokens": wanted,
+                    "temperature": 0,
+                }
+                r = http.post("/v1/chat/completions", json=body)
+                answered.append(r.status_code)
+                if r.status_code == 200:
+                    finish.append(r.json()["choices"][0]["finish_reason"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    done.set()
+    watcher.join()
+    assert answered == [200] * 64
+    assert set(finish) <= {"stop", "length"}
+    assert deferred and max(deferred) == 0  # every wait was in vramgate's queue
+    assert runner_gauge(smol, "requests_processing") == 0
+
+
+def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers_that_fit(
+    server_factory, smollm2_gguf
+):
+    """The same server path as on a GPU, on a simulated 1 GiB card: SmolLM2 with 8 slots
+    of 8,192 cells needs 1.5 GiB there with every layer; the load takes the layers that
+    fit, says the split, and the simulated card holds what the split takes."""
+    from app.engines.llama_cpp.layer_split import bytes_on_device
+
+    facts = read_gguf_facts(smollm2_gguf)
+    cells = 8192 * 8
+    whole = bytes_on_device(facts, facts.layers, "f16", cells)
+    assert 1.4 * 2**30 < whole < 1.6 * 2**30
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=smollm2_gguf,
+        context_length=8192,
+        parallel=8,
+        load="startup",
+    )
+    live = server_factory(device="simulated:1GiB", reserve=0, headroom="64MiB", models=(spec,))
+    row = model_row(live)
+    assert row["state"] == "ready", row["error"]
+    layers = facts.layers
+    fits = [n for n in range(layers + 1) if bytes_on_device(facts, n, "f16", cells) <= 2**30]
+    on_device = max(fits)
+    assert 0 < on_device < layers
+    gpu = round(100 * on_device / layers)
+    assert row["split"] == f"{100 - gpu}%/{gpu}% CPU/GPU"
+    held = bytes_on_device(facts, on_device, "f16", cells)
+    assert row["weights_bytes"] == held
+    device = live.status()["device"]
+    assert device["used_by_us_bytes"] == held <= 2**30
+    answer = OpenAI(base_url=live.url + "/v1", api_key="unused").chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=12
+    )
+    assert "Paris" in answer.choices[0].message.content
+
+
+def test_a_second_load_is_admitted_for_what_the_first_measured_kept_with_the_prices(
+    smollm2_gguf, tmp_path
+):
+    """The estimate (the GGUF's geometry and a compute-buffer prior) admits the first
+    load; what llama.cpp's log then measured admits the next one, also after a restart
+    (the ledger lives in the price book's file)."""
+    from app.devices.base import CpuDevice
+    from app.sched.budget import BudgetBook, LoadLedger
+
+    device = CpuDevice()
+    spec = ModelSpec(name="smol", kind="generation", path=smollm2_gguf, context_length=1024)
+    book = BudgetBook(tmp_path / "prices.json")
+    first = LlamaCppHandler(spec)
+    first.loads = LoadLedger(book, device.key)
+    estimate = first.fitted_bytes(device, 2**40)
+    first.load(device)
+    try:
+        measured = first.weights_bytes()
+    finally:
+        first.unload()
+    assert measured != estimate  # the compute buffer's prior is not what llama.cpp took
+    book.save()
+    again = LlamaCppHandler(spec)
+    again.loads = LoadLedger(BudgetBook(tmp_path / "prices.json"), device.key)
+    assert again.fitted_bytes(device, 2**40) == measured
+
+
+def test_keep_alive_ends_an_idle_runner_and_its_memory_is_ours_no_more(
+    server_factory, smollm2_gguf
+):
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=smollm2_gguf,
+        context_length=512,
+        parallel=1,
+        load="startup",
+        keep_alive="1s",
+    )
+    live = server_factory(models=(spec,), device="cpu")
+    answer = OpenAI(base_url=live.url + "/v1", api_key="unused").chat.completions.create(
+        model="smol", messages=QUESTION, temperature=0, max_tokens=4
+    )
+    assert answer.choices[0].message.content
+    pid = model_row(live)["runner_pid"]
+    assert pid and live.service.device.runners.keys() == {pid}
+    wait_until(lambda: model_row(live)["state"] == "unloaded", 30, "keep-alive unload")
+    assert live.service.device.runners == {}
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert model_row(live)["runner_pid"] is None
+
+
+def test_a_reader_who_leaves_frees_the_runners_slot_and_the_gates(smol):
+    """A streamed chat whose caller goes away after a few tokens: its slot in the gate
+    comes back and the runner stops generating for it (the connection is closed, which
+    cancels llama.cpp's task), long before its 400 tokens would have been done."""
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
+    predicted = runner_gauge(smol, "tokens_predicted_total")
+    with httpx.stream("POST", smol.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for index, _ in enumerate(sse_events(r)):
+            if index == 3:
+                break  # the caller leaves
+    wait_until(lambda: smol.service.scheduler.running_for("smol") == 0, 20, "slot back")
+    wait_until(lambda: runner_gauge(smol, "requests_processing") == 0, 20, "runner idle")
+    produced = runner_gauge(smol, "tokens_predicted_total") - predicted
+    print(f"the runner produced {produced:.0f} tokens for the stream its reader left")
+    assert produced < 200  # not its 400
+
+
+def test_a_load_that_fails_after_its_runner_started_leaves_nothing_running(smollm2_gguf):
+    """Past the runner's start (its answer to /props read wrong, here), the load fails
+    whole: the process is ended and the device counts nothing of it."""
+    from app.devices.base import CpuDevice
+
+    class Refusing(LlamaCppHandler):
+        def loaded(self, props: dict) -> None:
+            self.pid_seen = self.runner_pid
+            raise ValueError("the runner's /props said nothing usable")
+
+    device = CpuDevice()
+    model = Refusing(ModelSpec(name="smol", kind="generation", path=smollm2_gguf))
+    with pytest.raises(ValueError, match="nothing usable"):
+        model.load(device)
+    assert device.runners == {} and model.runner_pid is None
+    assert not psutil.pid_exists(model.pid_seen)
+
+
+def test_llama_cpp_slots_keep_a_resent_conversations_prompt(smol):
+    """An agent resends its conversation: llama.cpp's slot cache (cache_prompt, on)
+    serves the shared prefix, reported as cached tokens where clients read them and
+    counted in /status's prefix_cache."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0)
+    system = " ".join(f"Rule {i}: be brief and exact." for i in range(40))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]
+    before = smol.status()["prefix_cache"]
+    usages = []
+    for turn in range(2):
+        reply = client.chat.completions.create(
+            model="smol", messages=messages, max_tokens=8, temperature=0
+        )
+        usages.append(reply.usage)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": f"And turn {turn}?"},
+        ]
+    second = usages[1]
+    assert second.prompt_tokens_details.cached_tokens >= usages[0].prompt_tokens - 8, usages
+    after = smol.status()["prefix_cache"]
+    assert after["hits"] >= before["hits"] + 1
+    assert after["tokens_reused"] - before["tokens_reused"] >= usages[0].prompt_tokens - 8
+    row = model_row(smol)
+    assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] == 0

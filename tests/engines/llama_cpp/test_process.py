@@ -1,0 +1,81 @@
+"""The runner process: its engine's log read into a footprint, and a runner that cannot
+load reported with the engine's own last words (a real child process)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from app.engines.llama_cpp.process import MiB, RunnerFailed, RunnerProcess, footprint_of
+
+# Lines as llama.cpp wrote them loading SmolLM2-135M Q4_1 through xllamacpp 2026.10.11549 at
+# verbosity 4 (load_tensors in llama-model.cpp, llama_kv_cache in llama-kv-cache.cpp,
+# sched_reserve and llama_context in llama-context.cpp), CPU and a CUDA load's shapes.
+CPU_LOAD = """\
+0.00.089.575 I print_info: file size   = 92.10 MiB (5.74 BPW)
+0.00.235.148 I load_tensors:   CPU_Mapped model buffer size =    92.10 MiB
+0.00.238.199 I llama_context:        CPU  output buffer size =     0.38 MiB
+0.00.238.324 I llama_kv_cache:        CPU KV buffer size =    45.00 MiB
+0.00.268.534 I llama_kv_cache: size =   45.00 MiB (  1024 cells,  30 layers,  2/2 seqs), K ...
+0.00.271.589 I sched_reserve:        CPU compute buffer size =    15.64 MiB
+0.00.299.458 I srv          init: listening on http://127.0.0.1:34655
+""".splitlines()
+
+SPLIT_LOAD = """\
+load_tensors: offloading 20 repeating layers to GPU
+load_tensors: offloaded 20/31 layers to GPU
+load_tensors:        CUDA0 model buffer size =    61.40 MiB
+load_tensors:   CPU_Mapped model buffer size =    30.70 MiB
+llama_context:  CUDA_Host  output buffer size =     0.38 MiB
+llama_kv_cache:      CUDA0 KV buffer size =    30.00 MiB
+llama_kv_cache:        CPU KV buffer size =    15.00 MiB
+sched_reserve:      CUDA0 compute buffer size =    15.64 MiB
+sched_reserve:  CUDA_Host compute buffer size =     2.02 MiB
+""".splitlines()
+
+
+def test_a_cpu_load_is_all_host_memory_by_what_it_holds():
+    found = footprint_of(CPU_LOAD)
+    assert found.device == {}
+    assert found.host == {
+        "model": int(92.10 * MiB),
+        "output": int(0.38 * MiB),
+        "KV": 45 * MiB,
+        "compute": int(15.64 * MiB),
+    }
+    # the KV size line ("size = 45.00 MiB (1024 cells ...)") is not counted a second time
+    assert found.host_bytes == int(92.10 * MiB) + int(0.38 * MiB) + 45 * MiB + int(15.64 * MiB)
+
+
+def test_a_split_load_counts_cuda_buffers_on_the_device_and_pinned_host_ones_in_ram():
+    found = footprint_of(SPLIT_LOAD)
+    assert found.device == {
+        "model": int(61.40 * MiB),
+        "KV": 30 * MiB,
+        "compute": int(15.64 * MiB),
+    }
+    assert found.host["compute"] == int(2.02 * MiB)  # CUDA_Host is pinned RAM, not VRAM
+    assert found.host["output"] == int(0.38 * MiB)
+    assert (found.layers_on_device, found.layers) == (20, 31)
+
+
+def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
+    missing = tmp_path / "nothing-here.gguf"
+    runner = RunnerProcess("broken", [sys.executable, "-m", "app.engines.llama_cpp.runner_main"])
+    config = {
+        "model": str(missing),
+        "n_ctx": 512,
+        "parallel": 1,
+        "gpu_layers": 0,
+        "kv_type": "F16",
+        "flash_attention": "auto",
+        "threads": 1,
+        "cache_ram_mib": 0,
+        "key": "k",
+    }
+    with pytest.raises(RunnerFailed) as failed:
+        runner.start(config, timeout_s=60)
+    assert "RuntimeError" in str(failed.value)
+    assert str(missing) in str(failed.value) or "failed to load" in str(failed.value)
+    assert runner.exited() is not None  # nothing left running

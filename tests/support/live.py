@@ -1,0 +1,179 @@
+"""A real server on loopback for tests: uvicorn in a thread, real HTTP, the real app."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from app.api.app import create_app
+from app.config.settings import Settings, load_settings
+from app.core.fleet.fleet import Fleet
+from app.core.service import InferenceService
+from app.devices.base import Device
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Settings isolated in `tmp_path` (no user config file, own data and log dirs)."""
+    # models stay loaded however long a test module idles (keep-alive has tests of its own)
+    base = {"data_dir": tmp_path / "data", "log_dir": tmp_path / "log", "port": 0, "keep_alive": -1}
+    return load_settings({**base, **overrides}, tmp_path / "no-config.toml")
+
+
+@dataclass
+class Live:
+    url: str
+    app: FastAPI
+    server: uvicorn.Server
+    fatal_calls: list[float] = field(default_factory=list)
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.app.state.fleet
+
+    @property
+    def service(self) -> InferenceService:
+        """The first device's service (the only one, unless the test asks for several)."""
+        return self.fleet.lanes[0]
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/status", timeout=30).json()
+
+
+def wait_until(predicate: Any, timeout: float = 120.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not reached within {timeout}s")
+
+
+@contextlib.contextmanager
+def live_server(
+    settings: Settings,
+    *,
+    device: Device | None = None,
+    ready: bool = True,
+    hot_routes: bool = True,
+    models_source: Any = None,
+) -> Iterator[Live]:
+
+    fatal_calls: list[float] = []
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        settings,
+        device=device,
+        on_fatal=lambda: fatal_calls.append(time.time()),
+        on_shutdown_request=stop,
+        hot_routes=hot_routes,
+        models_source=models_source,
+    )
+
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="live-server", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 60, "server start")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        live = Live(f"http://127.0.0.1:{port}", app, server, fatal_calls)
+        if ready:
+            wait_until(lambda: live.fleet.ready, 180, "readiness")
+        yield live
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without VRAMGATE_* settings, so tests set everything themselves."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VRAMGATE_")}
+
+
+class ServerProcess:
+    """`vramgate serve` as a real child process on a free loopback port."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [*argv, "--port", str(self.port)],
+            env=env or clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.process.stdout.read()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError("server not ready")
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(30)
+
+
+def npm_binary(where: Path, package: str, command: str) -> Path:
+    """`package` installed with npm into `where` (a coding agent's CLI), and the path of
+    its `command`; the test skips where npm or the package cannot be had."""
+    import shutil
+
+    import pytest
+
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    done = subprocess.run(
+        [npm, "install", "--prefix", str(where), package],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    binary = where / "node_modules" / ".bin" / command
+    if done.returncode != 0 or not binary.exists():
+        pytest.skip(f"{package} could not be installed: {done.stderr[-500:]}")
+    return binary
