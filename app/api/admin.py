@@ -76,19 +76,19 @@ async def unload(
     error event, waiting requests 503), then free its weights."""
     fleet = _fleet(request)
     freed = await fleet.unload(name, wait_s)
-    return {"model": name, "state": fleet.model_row(name)["state"], "freed_bytes": freed}
+    return {"model": name, "state": fleet.model(name).state, "freed_bytes": freed}
 
 
 @router.post("/models/{name}/load")
 async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
     fleet = _fleet(request)
     await fleet.load(name)
-    row = fleet.model_row(name)
+    status = fleet.model(name)
     return {
         "model": name,
-        "state": row["state"],
-        "weights_bytes": row["weights_bytes"],
-        "error": row["error"],
+        "state": status.state,
+        "weights_bytes": status.weights_bytes,
+        "error": status.error,
     }
 
 
@@ -104,7 +104,7 @@ async def reread(request: Request) -> dict[str, Any]:
         raise InvalidRequest(f"the config does not read: {exc}") from exc
     fleet = _fleet(request)
     changes = fleet.apply(settings.models)
-    served = [row["name"] for row in fleet.models() if not row["retired"]]
+    served = [status.name for status in fleet.models() if not status.retired]
     return {**changes, "models": served}
 
 

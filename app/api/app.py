@@ -37,7 +37,6 @@ from app.api.vision import routes as vision_routes
 from app.config.settings import ConfigSource, Settings
 from app.core.fleet.fleet import Fleet, build_fleet
 from app.devices.base import Device
-from app.devices.choose import make_devices
 from app.process.logconfig import set_snapshot_provider
 
 log = logging.getLogger("vramgate.app")
@@ -50,6 +49,8 @@ def build_core(
     clock: Callable[[], float] = time.monotonic,
 ) -> Fleet:
     """The server's core: one service per device (`device`: that one alone, for tests)."""
+    from app.devices.choose import make_devices  # torch's: imported once a server starts
+
     devices = [device] if device is not None else make_devices(settings)
     return build_fleet(settings, devices, on_fatal, clock)
 

@@ -21,7 +21,7 @@ from app.core.work import AdmittedGeneration, InferenceResult
 from app.errors import ExceedsDevice, OutOfMemory, VramgateError
 from app.models.base import ModelHandler
 from app.models.decoding import SamplingParams
-from app.models.kinds import CAPABILITIES, Generator, OneShotModel
+from app.models.kinds import OneShotModel
 
 PROBE_TOKENS = 8  # a warm-up or probe generation's length
 
@@ -56,23 +56,14 @@ class Door(Protocol):
 
 async def exercise(service: Door, model: str, handler: ModelHandler, *, probe_only: bool) -> None:
     """A model's warm-up requests (each too big for this device skipped), or its
-    probe: one tiny request."""
-    if isinstance(handler, OneShotModel):
-        capability: type[OneShotModel[Any]] = next(
-            kind
-            for kind in CAPABILITIES
-            if issubclass(kind, OneShotModel) and isinstance(handler, kind)
-        )
-        inputs = [handler.probe_input()] if probe_only else handler.warmup_inputs()
-        for batch in inputs:
-            with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
-                served = await service.serving(model, capability, probe=True)
-                await service.one_shot(model, served, batch, None, probe=True)
-        return
-    assert isinstance(handler, Generator)
-    prompts = [handler.probe_prompt()] if probe_only else handler.warmup_prompts()
+    probe: one tiny request. What they are is the model's (`exercises`)."""
+    planned = handler.exercises(probe_only)
+    for batch in planned.batches:
+        with contextlib.suppress(OutOfMemory, ExceedsDevice):  # too big here
+            served = await service.serving(model, planned.capability, probe=True)
+            await service.one_shot(model, served, batch, None, probe=True)
     params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0, prefix_cache=False)
-    for prompt in prompts:
+    for prompt in planned.prompts:
         with contextlib.suppress(OutOfMemory, ExceedsDevice):
             request = ValidGenerationRequest(model, prompt, params)
             generation = await service.generate(request, None, probe=True)

@@ -5,16 +5,12 @@ capacity; it never calls the scheduler."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from app.core.work import Job
 from app.devices.executor import Measurement
-from app.models.base import Prepared
+from app.models.base import ModelHandler, Prepared
 from app.models.decoding import DecodeResult
-from app.models.kinds import Generator, OneShotModel
 from app.sched.budget import BudgetBook, GenerationSample, PriceKey, Quote
-
-Handler = OneShotModel[Any] | Generator
 
 
 def price_size(prepared: Prepared) -> int:
@@ -28,21 +24,22 @@ class Pricer:
         self._device_key = device_key  # in every price key: read once
         self._capacity = capacity
 
-    def key(self, model: str, handler: Handler, prepared: Prepared) -> PriceKey:
+    def key(self, model: str, handler: ModelHandler, prepared: Prepared) -> PriceKey:
         """Where the book keeps the price: the bucket, or a generation's prompt bucket
         (its line's tokens are the request's own), on these weights on this device."""
         bucket = f"p{prepared.kv_bound[0]}" if prepared.kv_bound else prepared.bucket.label
         bucket += prepared.price_tag
         return PriceKey(model, bucket, self._device_key, handler.dtype, handler.fingerprint)
 
-    def quote(self, handler: Handler, key: PriceKey, prepared: Prepared) -> Quote:
+    def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
         if handler.requests_reserved:  # held within its model's reservation
             return self.book.quote_reserved(key)
-        if prepared.kv_bound is not None and isinstance(handler, Generator):
+        if prepared.kv_bound is not None:  # a generation, by its KV
             prompt, tokens = prepared.kv_bound
-            return self.book.quote_generation(key, prompt, tokens, handler.geometry(prompt))
-        prior = handler.prior_bytes(prepared.bucket) if isinstance(handler, OneShotModel) else 0
-        return self.book.quote(key, prepared.bucket.size, prior)
+            geometry = handler.kv_geometry(prompt)
+            assert geometry is not None, "a generation's model prices its KV"
+            return self.book.quote_generation(key, prompt, tokens, geometry)
+        return self.book.quote(key, prepared.bucket.size, handler.prior_bytes(prepared.bucket))
 
     def capacity(self) -> int:
         """The most bytes the device's pool can ever give one job."""
@@ -66,8 +63,6 @@ class Pricer:
         handler = leader.handler
         if len(jobs) == 1:
             return leader.prepared, leader.key
-        if not isinstance(handler, OneShotModel):
-            return None
         merged = handler.merge([job.prepared for job in jobs])
         if merged is None:
             return None

@@ -129,6 +129,21 @@ class ValidImageGeneration(OneShotRequest):
     def items(self) -> list[Any]:
         return [replace(self.first, seed=self.first.seed + i) for i in range(self.n)]
 
+    def finish(self, handler: ImageGenerator, result: InferenceResult) -> InferenceResult:
+        """Its images, and what the answer tells of its prompts: the end of one its
+        model's text encoder did not see (a CLIP encoder sees 77 tokens; diffusers cuts
+        the rest and logs it only)."""
+        first, warnings = self.first, []
+        for field, text in (("prompt", first.prompt), ("negative_prompt", first.negative_prompt)):
+            unseen = handler.prompt_unseen(text or "")
+            if unseen is not None:
+                shown = unseen if len(unseen) <= 80 else unseen[:77] + "..."
+                warnings.append(
+                    f"{field} is longer than model {self.model!r}'s text encoder reads; "
+                    f"this end of it was cut: {shown!r}"
+                )
+        return replace(result, warnings=(*result.warnings, *warnings))
+
     def refusal(self, handler: ImageGenerator) -> VramgateError | None:
         if self.n > handler.spec.max_batch:
             return InvalidRequest(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +17,6 @@ from app.core.pricing import Pricer
 from app.core.work import Job, JobResult
 from app.devices.executor import Executor, Measurement
 from app.models.base import Prepared
-from app.models.decoding import DecodeResult, TokenStream
-from app.models.kinds import Generator, OneShotModel
 from app.sched.budget import PriceKey
 from app.sched.tickets import Permit
 
@@ -77,32 +74,14 @@ class GroupRunner:
     def launch(self, permit: Permit, jobs: list[Job]) -> Running:
         """Start an admitted group's device work now; `settle` hands out its results."""
         leader = jobs[0]
-        handler = leader.handler
-        if leader.stream is not None:
-            assert isinstance(handler, Generator)
-            streamed: asyncio.Future[tuple[DecodeResult, Measurement]]
-            if handler.streams_on_loop:
-                on_loop = self._on_loop(handler, leader.prepared, leader.stream)
-                streamed = asyncio.ensure_future(on_loop)
-            else:
-                streamed = self._executor.submit_device(
-                    handler.generate, leader.prepared, leader.stream, stream=True
-                )
-            return Running(permit, jobs, self._clock(), streamed, leader.prepared, leader.key)
-        assert isinstance(handler, OneShotModel)
-        merged, key = self._pricer.group(jobs) or (leader.prepared, leader.key)
-        work = self._executor.submit_device(handler.forward, merged)
+        if leader.stream is not None:  # a stream runs alone
+            merged, key = leader.prepared, leader.key
+        else:
+            merged, key = self._pricer.group(jobs) or (leader.prepared, leader.key)
+        # where the work runs (our device threads, or awaited from a runner process) is
+        # the model's engine's (app.models.stages)
+        work = leader.handler.start(merged, leader.stream, self._executor)
         return Running(permit, jobs, self._clock(), work, merged, key)
-
-    @staticmethod
-    async def _on_loop(
-        handler: Generator, prepared: Prepared, stream: TokenStream
-    ) -> tuple[DecodeResult, Measurement]:
-        """A generation that another process runs, streamed on the loop: it holds none of
-        our device memory (its KV was reserved with the model), so nothing is measured."""
-        started = time.perf_counter()
-        result = await handler.generate_on_loop(prepared, stream)
-        return result, Measurement(0, time.perf_counter() - started, alone=False)
 
     async def settle(self, run: Running) -> None:
         """Wait for the run's device work, record what it measured, and give every member
@@ -110,7 +89,9 @@ class GroupRunner:
         leader = run.jobs[0]
         try:
             raw, measurement = await asyncio.shield(run.work)
-            output = raw if leader.stream is not None else await self._postprocess(leader, raw)
+            if leader.stream is None:  # a stream's output is its outcome
+                raw = await leader.handler.finish(raw, self._executor)
+            output = raw
         except Exception as exc:
             error = self._failures(exc, run.key, run.merged, run.permit, self._wait_s())
             for job in run.jobs:
@@ -131,13 +112,6 @@ class GroupRunner:
             if not job.result.done():
                 job.result.set_result(JobResult(row, measurement, bucket, price, size))
         self._close_stream(leader)
-
-    async def _postprocess(self, leader: Job, raw: Any) -> Any:
-        handler = leader.handler
-        assert isinstance(handler, OneShotModel)
-        if handler.postprocess_on_loop:
-            return handler.postprocess(raw)
-        return await self._executor.run_cpu(handler.postprocess, raw)
 
     @staticmethod
     def _close_stream(job: Job) -> None:

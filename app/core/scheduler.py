@@ -29,7 +29,6 @@ from app.core.watch import ClientWatch
 from app.core.work import Job
 from app.devices.executor import Executor
 from app.errors import ClientGone, RunTimeout, VramgateError
-from app.models.kinds import OneShotModel
 from app.models.prefix_cache import PrefixStore
 from app.sched.gate import MemoryGate
 from app.sched.tickets import Permit, Reject, Ticket, Wait
@@ -396,8 +395,6 @@ def batch_key(job: Job) -> str | None:
     runs on its own (a stream, or a model that takes one request at a time)."""
     handler = job.handler
     if job.stream is not None or handler.spec.max_batch <= 1:
-        return None
-    if not isinstance(handler, OneShotModel):
         return None
     group = handler.batch_group(job.prepared)
     return f"{job.model}/{group}" if group else job.model

@@ -24,7 +24,7 @@ from app.core.lifecycle.keep_alive import InFlight
 from app.core.lifecycle.lifecycle import ModelLifecycle
 from app.core.lifecycle.registry import ModelRegistry
 from app.core.memory import MemoryView
-from app.core.pricing import Handler, Pricer
+from app.core.pricing import Pricer
 from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.scheduler import Limits, Scheduler
 from app.core.snapshot import CoreSnapshot
@@ -54,7 +54,6 @@ log = logging.getLogger("vramgate.service")
 
 HOUSEKEEPING_S = 0.05  # deadlines and the live pool are checked this often
 SAVE_EVERY_S = 5.0
-INLINE_PREPROCESS_CHARS = 4096
 DRAIN_S = 10.0  # running jobs' time to finish after a stop was asked for
 H = TypeVar("H", bound=ModelHandler)
 
@@ -238,12 +237,7 @@ class InferenceService:
         self.in_flight[model] += 1  # from here (no await between): no unload takes it away
         try:
             cap, prompt, params = self.settings.default_max_tokens, request.prompt, request.params
-            if handler.streams_on_loop:
-                prepared = await handler.prepare_on_loop(prompt, params, cap)
-            else:
-                prepared = await self.executor.run_cpu(
-                    handler.prepare_generation, prompt, params, cap
-                )
+            prepared = await handler.prepare_prompt(prompt, params, cap, self.executor)
         except BaseException:
             self.in_flight[model] -= 1
             raise
@@ -296,14 +290,7 @@ class InferenceService:
         probe: bool,
         model_wait_s: float,
     ) -> InferenceResult:
-        if (
-            handler.preprocess_on_loop
-            and sum(len(item) for item in inputs) <= INLINE_PREPROCESS_CHARS
-            and all(isinstance(item, str) for item in inputs)
-        ):  # tokenised on the loop: a thread hop costs more than the work
-            prepared = handler.preprocess(inputs)
-        else:  # large inputs and every image on the CPU pool, so the loop stays responsive
-            prepared = await self.executor.run_cpu(handler.preprocess, inputs)
+        prepared = await handler.prepare_inputs(inputs, self.executor)
         started = self.clock()
         job = await self._queued(model, handler, prepared, None, watch, probe, model_wait_s)
         result = job.result.result()
@@ -313,7 +300,7 @@ class InferenceService:
     async def _queued(
         self,
         model: str,
-        handler: Handler,
+        handler: ModelHandler,
         prepared: Any,
         stream: TokenStream | None,
         watch: ClientWatch | None,
@@ -351,14 +338,16 @@ class InferenceService:
                 log_request(job, None, exc.code)
             raise
 
-    def _job(self, model: str, handler: Handler, prepared: Any, stream: TokenStream | None) -> Job:
+    def _job(
+        self, model: str, handler: ModelHandler, prepared: Any, stream: TokenStream | None
+    ) -> Job:
         """The request priced: its own way, or a leaner one where the scheduler prefers
         that (an image that fits now only with its VAE decoded in tiles)."""
         key = self.pricer.key(model, handler, prepared)
         quote = self.pricer.quote(handler, key, prepared)
         done = asyncio.get_running_loop().create_future()
         job = Job(model, handler, prepared, key, quote, done, stream=stream, device=self.device.id)
-        lean = handler.leaner(prepared) if isinstance(handler, OneShotModel) else None
+        lean = handler.leaner(prepared)
         if lean is not None and stream is None:
             job = self.scheduler.prefer(job, self._job(model, handler, lean, None))
         return job

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.devices.executor import Measurement
-from app.models.base import Prepared
+from app.models.base import ModelHandler, Prepared
 from app.models.decoding import DecodeResult, TokenStream
-from app.models.kinds import Generator, OneShotModel
 from app.sched.budget import PriceKey, Quote
 
 log = logging.getLogger("vramgate.service")
@@ -32,7 +31,7 @@ class Job:
     """A priced request: a one-shot model's input, or a generation with its `stream`."""
 
     model: str
-    handler: OneShotModel[Any] | Generator
+    handler: ModelHandler
     prepared: Prepared
     key: PriceKey
     quote: Quote
@@ -112,6 +111,7 @@ class InferenceResult:
     output: Any
     tokens: int
     cost: Cost
+    warnings: tuple[str, ...] = ()  # what the answer tells of its request (a prompt cut)
 
 
 class AdmittedGeneration:

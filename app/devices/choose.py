@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from app.config.settings import Settings
-from app.devices.base import CpuDevice, Device
+from app.devices.base import Device
+from app.devices.cpu import CpuDevice
 from app.devices.cuda import CudaDevice
 from app.devices.nvml import _safe_pynvml, nvidia_gpus
 from app.devices.simulated import SimulatedDevice

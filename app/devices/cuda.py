@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from app.devices.base import Device, MemorySnapshot, MiB
+from app.devices.base import MemorySnapshot, MiB
 from app.devices.nvml import _pynvml, nvml_handle_for
+from app.devices.torch_backed import TorchBacked
 from app.errors import DeviceUnavailable
 
 
-class CudaDevice(Device):
+class CudaDevice(TorchBacked):
     """An NVIDIA GPU: totals from the driver (NVML), our own use from torch.cuda.
 
     `nvml` and `cuda` are the pynvml module and torch.cuda; they are parameters so the

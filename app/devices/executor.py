@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 import traceback
@@ -17,8 +16,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import torch
 
 from app.devices.base import Device
 
@@ -67,16 +64,8 @@ class Executor:
         self._lock = threading.Lock()  # guards _active and _starts
         self._active = 0
         self._starts = 0
-        self.torch_threads = self._size_torch_threads(cpu_threads)
-
-    def _size_torch_threads(self, cpu_threads: int) -> int:
-        """On the CPU, concurrent jobs × intra-op threads must not exceed the cores."""
-        if cpu_threads <= 0:
-            if self.device.torch_device.type != "cpu":
-                return torch.get_num_threads()
-            cpu_threads = max(1, (os.cpu_count() or 1) // self.slots)
-        torch.set_num_threads(cpu_threads)
-        return cpu_threads
+        # on the CPU, concurrent jobs × intra-op threads must not exceed the cores
+        self.torch_threads = device.size_threads(cpu_threads, slots)
 
     async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

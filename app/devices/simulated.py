@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from app.devices.base import Device, GiB, MemorySnapshot
+from app.devices.base import GiB, MemorySnapshot
+from app.devices.torch_backed import TorchBacked
 
 
-class SimulatedDevice(Device):
+class SimulatedDevice(TorchBacked):
     """A fixed capacity with exact accounting; for tests and demos without a GPU."""
 
     kind = "simulated"

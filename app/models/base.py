@@ -1,5 +1,6 @@
 """What every model handler shares: its prepared work (a bucket and a payload), what
-identifies its weights, and loading. Capabilities live in app.models.kinds."""
+identifies its weights, loading, and the stages its requests pass (how they run is its
+engine's: app.models.stages). Capabilities live in app.models.kinds."""
 
 from __future__ import annotations
 
@@ -9,13 +10,27 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config.settings import ModelSpec
+
+if TYPE_CHECKING:
+    from app.models.decoding import TokenStream
+    from app.models.stages import Launched, Pools
 from app.devices.base import Device
 from app.models.card import ModelCard
 from app.models.prefix_cache import PrefixStore
-from app.sched.budget import LoadLedger
+from app.sched.budget import Geometry, LoadLedger
+
+
+@dataclass(frozen=True)
+class Exercises:
+    """Requests a model's warm-up or probe sends through the normal path: one-shot
+    batches asked of `capability` (an app.models.kinds contract), and prompts."""
+
+    capability: type[ModelHandler] | None = None
+    batches: tuple[list[Any], ...] = ()
+    prompts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,7 +181,7 @@ class ModelHandler(ABC):
     capability by its type, never by a flag or a name."""
 
     kind: str
-    engine = "torch"  # what runs it (app.core.lifecycle.registry.HANDLERS)
+    engine = "torch"  # what runs it (app.engines.table.HANDLERS)
     capability_names: tuple[str, ...] = ()  # each contract of app.models.kinds adds its own
     dimensions = 0  # an embedding's width, or an image model's class count
 
@@ -205,17 +220,55 @@ class ModelHandler(ABC):
     def load(self, device: Device) -> None:
         """Load weights onto `device`. Runs once, in a background thread."""
 
-    def torch_module(self) -> Any:
-        """The loaded torch module (None when unloaded, or for a simulated model)."""
+    def weights_bytes(self) -> int:
+        """Bytes of the loaded weights as its engine counts them; 0 when unloaded."""
+        return 0
+
+    # -- its requests' stages (app.models.stages): its engine says where each runs ------
+    @abstractmethod
+    def start(self, prepared: Prepared, stream: TokenStream | None, pools: Pools) -> Launched:
+        """Begin an admitted request's device work: a one-shot group's merged rows, or a
+        generation streaming its text to `stream`. The future resolves when the device
+        is done, with the output and what the run measured."""
+
+    async def finish(self, raw: Any, pools: Pools) -> Any:
+        """A one-shot group's output as its rows (one per input, in order); by default
+        the output itself."""
+        return raw
+
+    def merge(self, parts: list[Prepared]) -> Prepared | None:
+        """Several requests as one forward (continuous batching), or None if they cannot
+        share one (too many inputs together, or a model whose requests never do). The
+        rows of the result follow `parts`."""
+        return parts[0] if len(parts) == 1 else None
+
+    def batch_group(self, prepared: Prepared) -> str:
+        """What requests must share to run in one forward, beyond their model ("": any
+        may, as far as `merge` allows). Waiting requests are grouped by it, so that one
+        of another shape between them does not keep them apart."""
+        return ""
+
+    def prior_bytes(self, bucket: Bucket) -> int:
+        """A declared or estimated cost before anything was measured (0: unknown)."""
+        return 0
+
+    def kv_geometry(self, prompt_tokens: int) -> Geometry | None:
+        """What a generation of a `prompt_tokens` prompt costs from the model's config,
+        before any measurement (app.models.kinds.Generator.geometry); None for a model
+        whose requests hold no KV cache."""
         return None
 
-    def weights_bytes(self) -> int:
-        """Bytes of the loaded weights (parameters and buffers); 0 when unloaded."""
-        module = self.torch_module()
-        if module is None:
-            return 0
-        tensors = [*module.parameters(), *module.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def leaner(self, prepared: Prepared) -> Prepared | None:
+        """The same work run in fewer bytes and more slowly (an image's VAE decoded in
+        tiles), or None: there is no such way. The server runs it so when its full price
+        cannot start now but this one can, or can never fit the device
+        (app.core.scheduler.Scheduler.prefer)."""
+        return None
+
+    @abstractmethod
+    def exercises(self, probe_only: bool) -> Exercises:
+        """What its warm-up sends after loading (so the common buckets have learned
+        prices), or with `probe_only` the readiness probe's one tiny request."""
 
     # What loads measured (set by the registry): a handler whose load is sized by its
     # settings (a GGUF's layers and context) plans from it once it has been measured

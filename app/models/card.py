@@ -21,8 +21,11 @@ class ModelCard:
     quantization: str  # Q4_1, float16, ...: how its weights are stored
     context_length: int | None = None  # a generation model's tokens per request
     chat_template: str | None = None
+    image_size: tuple[int, int] | None = None  # an image generator's (width, height) by default
+    labels: tuple[str, ...] = ()  # an image classifier's class names, in its scores' order
 
     def as_dict(self) -> dict[str, Any]:
         found = asdict(self)
         found["capabilities"] = list(self.capabilities)
+        found["labels"] = list(self.labels)
         return found

@@ -10,6 +10,7 @@ fixed + per-token bytes × that bound).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.models.base import Bucket, Prepared, next_pow2
 
+ANY_OBJECT = json.dumps({"type": "object"})  # OpenAI's `json_object` mode: any JSON object
 MIN_TOKEN_BUCKET = 16
 
 

@@ -10,6 +10,20 @@ from typing import Literal
 
 import numpy as np
 
+# The schedulers a request may name (diffusers' classes behind them: the torch engine's
+# app.engines.torch.diffusion.pipeline.SCHEDULER_CLASSES)
+SCHEDULERS = (
+    "euler",
+    "euler_a",
+    "ddim",
+    "pndm",
+    "lms",
+    "heun",
+    "dpm++_2m",
+    "dpm++_2m_karras",
+    "unipc",
+)
+
 OutputFormat = Literal["png", "jpeg", "webp"]
 Task = Literal["text2image", "image2image", "inpainting"]
 

@@ -8,11 +8,12 @@
 - `ImageGenerator`: prompts → encoded images (`/v1/images/generations`).
 - `Transcriber`: audio files → timed text (`/v1/audio/transcriptions`, `/translations`).
 
-A one-shot model (embedder or image model) is split at the resource boundary:
-`preprocess` runs on the CPU pool (tokenise or decode, bucket), `forward` on the
-inference pool and is the only stage that holds device memory, `postprocess` on the CPU
-pool again (or on the loop, when it is cheap). A handler inherits every contract it
-fulfils (the simulated model fulfils all three); the registry checks at load that each
+A request to any model passes the stages of app.models.stages: prepared (tokenised or
+decoded, bucketed), started (the only stage that holds device memory), finished. Where
+each runs is the engine's: an in-process engine's handlers mix in `InThreads` and write
+`preprocess` / `forward` / `postprocess` (one-shot) or `prepare_generation` / `generate`;
+a runner's handlers await their process on the loop. A handler inherits every contract
+it fulfils (the simulated model fulfils several); the registry checks at load that each
 handler fulfils at least one, and the service asks for the one a route needs.
 """
 
@@ -28,12 +29,14 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from app.config.settings import ModelSpec
-from app.errors import InvalidImageSize, InvalidRequest
+from app.errors import InvalidImageSize, InvalidRequest, WrongModelKind
 from app.models.audio import AudioClip
-from app.models.base import Bucket, ModelHandler, Prepared
-from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
+from app.models.base import Exercises, ModelHandler, Prepared
+from app.models.card import ModelCard
+from app.models.decoding import Prompt, SamplingParams
 from app.models.image_buckets import group_of, is_tiled, merged, row_shape, rows_prepared
 from app.models.image_prompt import ImageProgress, ImagePrompt
+from app.models.stages import Pools
 from app.sched.budget import Geometry
 
 In = TypeVar("In")
@@ -42,44 +45,13 @@ In = TypeVar("In")
 class OneShotModel(ModelHandler, Generic[In]):
     """Inputs of type `In` in, one output row per input out, in one forward."""
 
-    postprocess_on_loop = True  # False: postprocess runs on the CPU pool (heavy encoding)
-    preprocess_on_loop = True  # False: never on the loop, however short (a runner's round trip)
-
     @abstractmethod
-    def preprocess(self, inputs: list[In]) -> Prepared: ...
-
-    @abstractmethod
-    def forward(self, prepared: Prepared) -> Any: ...
-
-    @abstractmethod
-    def postprocess(self, raw: Any) -> Any:
-        """One row per input, in the caller's order (an array, or a list)."""
-
-    def merge(self, parts: list[Prepared]) -> Prepared | None:
-        """Several requests as one forward (continuous batching), or None if they cannot
-        share one (too many inputs together). The rows of the result follow `parts`."""
-        return parts[0] if len(parts) == 1 else None
-
-    def batch_group(self, prepared: Prepared) -> str:
-        """What requests must share to run in one forward, beyond their model ("": any
-        may, as far as `merge` allows). Waiting requests are grouped by it, so that one
-        of another shape between them does not keep them apart."""
-        return ""
+    async def prepare_inputs(self, inputs: list[In], pools: Pools) -> Prepared:
+        """A request's inputs tokenised or decoded, and bucketed."""
 
     @property
     def batchable(self) -> bool:
         return self.spec.max_batch > 1
-
-    def prior_bytes(self, bucket: Bucket) -> int:
-        """A declared or estimated cost before anything was measured (0: unknown)."""
-        return 0
-
-    def leaner(self, prepared: Prepared) -> Prepared | None:
-        """The same work run in fewer bytes and more slowly (an image's VAE decoded in
-        tiles), or None: there is no such way. The server runs it so when its full price
-        cannot start now but this one can, or can never fit the device
-        (app.core.scheduler.Scheduler.prefer)."""
-        return None
 
     @abstractmethod
     def warmup_inputs(self) -> list[list[In]]:
@@ -88,6 +60,11 @@ class OneShotModel(ModelHandler, Generic[In]):
     @abstractmethod
     def probe_input(self) -> list[In]:
         """The tiny real inference of the readiness check."""
+
+    def exercises(self, probe_only: bool) -> Exercises:
+        capability = next(c for c in type(self).__mro__ if c in ONE_SHOT)
+        batches = [self.probe_input()] if probe_only else self.warmup_inputs()
+        return Exercises(capability, tuple(batches))
 
 
 TextOrIds = str | list[int]  # a text, or token ids of the model's own tokenizer
@@ -134,6 +111,9 @@ class ImageModel(OneShotModel[bytes]):
 
     labels: Sequence[str] = ()  # the class names of a classifier's scores, in order
     capability_names = ("image",)
+
+    def card(self) -> ModelCard:
+        return replace(super().card(), labels=tuple(self.labels))
 
     @abstractmethod
     def warmup_image(self) -> bytes:
@@ -206,6 +186,13 @@ class ImageGenerator(OneShotModel[ImagePrompt]):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "running": self.running()}
 
+    def card(self) -> ModelCard:
+        return replace(super().card(), image_size=self.default_size)
+
+    def preview(self) -> np.ndarray | None:
+        """The running batch's latest preview (RGB, height × width × 3), or None."""
+        return None
+
     def size_refused(self, width: int, height: int) -> InvalidImageSize | None:
         """Why this model cannot make a `width`×`height` image (None: it can)."""
         if width % self.grid or height % self.grid:
@@ -272,8 +259,6 @@ class Transcriber(OneShotModel[AudioClip]):
     `WindowText` (app.models.transcript), in order."""
 
     capability_names = ("transcription",)
-    preprocess_on_loop = False  # decoding audio is never short enough for the loop
-    postprocess_on_loop = False  # each window's tokens decoded to timed text
 
     def language_refused(self, language: str | None, task: str) -> InvalidRequest | None:
         """Why this model cannot take `language` or `task` (None: it can)."""
@@ -291,46 +276,35 @@ class Transcriber(OneShotModel[AudioClip]):
 
 
 class Generator(ModelHandler):
-    """A prompt or a chat to text, decoded step by step into a TokenStream."""
+    """A prompt or a chat to text, decoded step by step into a TokenStream: started with
+    a stream (`start`), whose text flows as it is decoded and which stops before the
+    next step once `stream.cancelled` is set."""
 
     capability_names = ("completion", "tools")
 
     @abstractmethod
-    def prepare_generation(
-        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    async def prepare_prompt(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int, pools: Pools
     ) -> Prepared:
-        """Tokenise a prompt or chat and bucket it (see app.models.decoding). CPU pool."""
+        """Tokenise a prompt or chat and bucket it (see app.models.decoding)."""
 
     @abstractmethod
     def geometry(self, prompt_tokens: int) -> Geometry:
         """A generation's cost from the model's config, before any measurement: KV bytes
         per token and the prefill's activations for a prompt of `prompt_tokens`."""
 
-    @abstractmethod
-    def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        """Generate on the inference pool, emitting text to `stream` as it is decoded and
-        stopping before the next step once `stream.cancelled` is set."""
-
-    # A generator whose work runs elsewhere (a runner process) streams on the event loop
-    # instead (`generate_on_loop`): no thread hop per token, whose CPU a runner sharing
-    # a small machine's cores would lose.
-    streams_on_loop = False
-
-    async def generate_on_loop(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        raise NotImplementedError("only where streams_on_loop is set")
-
-    async def prepare_on_loop(
-        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
-    ) -> Prepared:
-        """`prepare_generation` on the loop (where streams_on_loop is set): a runner
-        tokenises, so preparing is waiting, not work for the CPU pool."""
-        raise NotImplementedError("only where streams_on_loop is set")
+    def kv_geometry(self, prompt_tokens: int) -> Geometry | None:
+        return self.geometry(prompt_tokens)
 
     def warmup_prompts(self) -> list[str]:
         return ["Say hello."]
 
     def probe_prompt(self) -> str:
         return "ok"
+
+    def exercises(self, probe_only: bool) -> Exercises:
+        prompts = [self.probe_prompt()] if probe_only else self.warmup_prompts()
+        return Exercises(prompts=tuple(prompts))
 
 
 # What a model lacks, said when a route asks it for a capability it does not have.
@@ -343,3 +317,15 @@ LACKING: dict[type[ModelHandler], str] = {
     Transcriber: "it does not transcribe audio",
 }
 CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)
+ONE_SHOT = frozenset(c for c in CAPABILITIES if issubclass(c, OneShotModel))
+H = TypeVar("H", bound=ModelHandler)
+
+
+def required(handler: ModelHandler, capability: type[H], name: str) -> H:
+    """`handler` as the contract a route needs (`capability`); a model of another kind
+    is a 400 that says what it lacks."""
+    if not isinstance(handler, capability):
+        raise WrongModelKind(
+            f"model {name!r} is a {handler.kind} model: {LACKING[capability]}", param="model"
+        )
+    return handler

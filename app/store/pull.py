@@ -11,7 +11,7 @@ A GGUF is kept as it is, in a folder of its own with the `mmproj` file beside it
 came with one, and served by llama.cpp's engine (app.engines.llama_cpp.generation). Where
 that engine is not installed, or `convert=True` (`pull --convert`) asks for the torch engine, it is
 converted once, here, to a safetensors folder in 16-bit, tensor by tensor
-(app.store.gguf_conversion).
+(app.engines.torch.gguf_conversion).
 """
 
 from __future__ import annotations
@@ -319,7 +319,10 @@ def _pull_into(
     """The model staged in `scratch`, moved into the models folder, then entered in the
     config; the move is undone when the entry cannot be written."""
     from app.engines.llama_cpp.runner_model import llama_cpp_available
-    from app.store.gguf_conversion import convert_gguf  # imports torch: only when pulling
+    from app.engines.torch.gguf_conversion import (  # imports torch: only when pulling
+        NotConvertible,
+        convert_gguf,
+    )
 
     models_dir = settings.resolved_models_dir
     model = locate(fetch(source, scratch, progress))
@@ -337,7 +340,10 @@ def _pull_into(
     staging = scratch / "model"
     path = target
     if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):
-        convert_gguf(model, staging, progress.step)
+        try:
+            convert_gguf(model, staging, progress.step)
+        except NotConvertible as exc:
+            raise PullError(str(exc)) from exc
     elif model.suffix.lower() in SINGLE_FILES:
         path = target / keep_gguf(model, staging, progress).name
     else:

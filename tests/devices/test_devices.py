@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from app.config.settings import load_settings
-from app.devices.base import CpuDevice
 from app.devices.choose import make_device
+from app.devices.cpu import CpuDevice
 from app.devices.simulated import SimulatedDevice
 from app.errors import DeviceUnavailable
 
@@ -64,7 +64,7 @@ def test_cpu_device_reads_real_memory_and_measures_a_real_peak():
     import sys
 
     code = (
-        "from app.devices.base import CpuDevice\n"
+        "from app.devices.cpu import CpuDevice\n"
         "MiB = 2**20\n"
         "device = CpuDevice()\n"
         "snap = device.snapshot()\n"

@@ -9,7 +9,7 @@ import sys
 
 import psutil
 
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.devices.simulated import SimulatedDevice
 
 MiB = 2**20

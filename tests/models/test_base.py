@@ -8,7 +8,7 @@ import os
 import pytest
 
 from app.config.settings import ModelSpec
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.engines.torch.generation.causal_lm import CausalLMHandler
 from app.models.base import weights_fingerprint
 from tests.support.random_models import save_random_llama

@@ -237,7 +237,7 @@ def test_torch_engine_an_ended_rows_copy_is_made_only_once_the_store_has_room_fo
     """The copy of an ended row's KV takes device bytes as it is made: the older
     entries it displaces must go before it, not after (else the store holds its limit
     plus the copy for a moment: bytes neither a permit nor the limit covers)."""
-    from app.devices.base import CpuDevice
+    from app.devices.cpu import CpuDevice
     from app.engines.torch.generation import step_batch
     from app.engines.torch.generation.causal_lm import CausalLMHandler
     from app.models.decoding import SamplingParams, TokenStream
@@ -282,7 +282,7 @@ def test_torch_engine_a_hit_is_counted_only_where_the_kept_prefix_is_copied(tmp_
     import threading
     import time
 
-    from app.devices.base import CpuDevice
+    from app.devices.cpu import CpuDevice
     from app.engines.torch.generation.causal_lm import CausalLMHandler
     from app.models.decoding import DecodeResult, SamplingParams, TokenStream
 

@@ -258,7 +258,7 @@ def test_a_weight_beyond_float16s_range_is_converted_in_bfloat16(tmp_path, llama
 def test_a_converted_folder_missing_a_tensor_or_holding_a_stranger_is_refused(llama):
     from transformers import AutoConfig
 
-    from app.store.gguf_conversion import check_complete, meta_model
+    from app.engines.torch.gguf_conversion import NotConvertible, check_complete, meta_model
 
     config = AutoConfig.from_pretrained(llama)
     shapes = {name: tuple(t.shape) for name, t in meta_model(config).state_dict().items()}
@@ -268,14 +268,14 @@ def test_a_converted_folder_missing_a_tensor_or_holding_a_stranger_is_refused(ll
         shapes | {"model.layers.9.mlp.up_proj.weight": (4, 4)},
         shapes | {"model.norm.weight": (3,)},
     ):
-        with pytest.raises(PullError, match="does not match its architecture"):
+        with pytest.raises(NotConvertible, match="does not match its architecture"):
             check_complete(config, broken)
 
 
 def test_a_local_gguf_is_kept_as_it_is_with_its_projector_for_llama_cpp(tmp_path, llama):
     """Pulled, a GGUF is copied byte for byte into a folder of its own, with the mmproj
     file that came beside it (and nothing else), and configured for llama.cpp's engine."""
-    from app.core.lifecycle.registry import engine_for
+    from app.engines.table import engine_for
 
     source = tmp_path / "src"
     source.mkdir()

@@ -31,7 +31,7 @@ from app.api.a1111.schemas import (
     validate_txt2img,
 )
 from app.api.errors import from_validation_errors
-from app.api.images.routes import prompt_warnings, run_images
+from app.api.images.routes import run_images
 from app.api.images.uploads import decode_init, decode_mask, from_base64
 from app.api.openai.routes import read_body
 from app.core.fleet.fleet import Fleet
@@ -155,9 +155,8 @@ def _answer(
         "restore_faces": False,
         "version": "vramgate",
     }
-    warnings = prompt_warnings(fleet, valid)
-    if warnings:
-        info["warnings"] = warnings
+    if result.warnings:
+        info["warnings"] = list(result.warnings)
     payload = {"images": images, "parameters": parameters, "info": orjson.dumps(info).decode()}
     return _json(payload, result.cost.headers())
 

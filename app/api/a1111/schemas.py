@@ -31,7 +31,7 @@ from app.core.requests import ValidImageGeneration
 from app.errors import InvalidRequest
 from app.models.image_prompt import ImageProgress, ImagePrompt
 
-# A1111's sampler name → our scheduler (app.engines.torch.diffusion.pipeline.SCHEDULERS)
+# A1111's sampler name → our scheduler (app.models.image_prompt.SCHEDULERS)
 SAMPLERS: dict[str, str] = {
     "Euler a": "euler_a",
     "Euler": "euler",

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import numpy as np
 import orjson
 from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
@@ -43,7 +42,6 @@ from app.core.requests import ValidImageGeneration
 from app.core.work import InferenceResult
 from app.errors import InvalidRequest
 from app.models.images import encode_png
-from app.models.kinds import ImageGenerator
 
 router = APIRouter(prefix="/v1", tags=["images"])
 
@@ -124,7 +122,9 @@ async def answer(
     fleet: Fleet = request.app.state.fleet
     width, height = valid.first.width, valid.first.height
     if width is None or height is None:
-        width, height = fleet.handler(valid.model, ImageGenerator).default_size
+        size = fleet.card(valid.model).image_size
+        assert size is not None, "an image generator's card says its default size"
+        width, height = size
     if body.stream:
         return stream_images(fleet, valid, (width, height), kind, body.quality)
     result = await run_images(request, fleet, valid)
@@ -145,29 +145,11 @@ async def answer(
         "size": f"{width}x{height}",
         "usage": usage(result),
     }
-    warnings = prompt_warnings(fleet, valid)
-    if warnings:
-        payload["warnings"] = warnings
+    if result.warnings:
+        payload["warnings"] = list(result.warnings)
     return Response(
         orjson.dumps(payload), media_type="application/json", headers=result.cost.headers()
     )
-
-
-def prompt_warnings(fleet: Fleet, valid: ValidImageGeneration) -> list[str]:
-    """What the answer tells of its prompts: the end of one its model's text encoder did
-    not see (a CLIP encoder sees 77 tokens; diffusers cuts the rest and logs it only)."""
-    handler = fleet.handler(valid.model, ImageGenerator)
-    first = valid.first
-    warnings = []
-    for field, text in (("prompt", first.prompt), ("negative_prompt", first.negative_prompt)):
-        unseen = handler.prompt_unseen(text or "")
-        if unseen is not None:
-            shown = unseen if len(unseen) <= 80 else unseen[:77] + "..."
-            warnings.append(
-                f"{field} is longer than model {valid.model!r}'s text encoder reads; "
-                f"this end of it was cut: {shown!r}"
-            )
-    return warnings
 
 
 async def run_images(
@@ -182,18 +164,12 @@ async def run_images(
             raise
 
 
-@runtime_checkable
-class Previewing(Protocol):
-    def preview(self) -> np.ndarray | None: ...
-
-
 @router.get("/images/preview/{model}", summary="The running image's latent preview (PNG)")
 async def running_preview(
     request: Request, model: str = PathParam(max_length=64, pattern=MODEL_NAME_PATTERN)
 ) -> Response:
     fleet: Fleet = request.app.state.fleet
-    handler = fleet.handler(model, ImageGenerator)
-    pixels = handler.preview() if isinstance(handler, Previewing) else None
+    pixels = fleet.preview(model)
     if pixels is None:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}

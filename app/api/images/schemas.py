@@ -18,9 +18,8 @@ from app.api.openai.fields import FieldSupport, screen_fields
 from app.api.openai.schemas import KeepAlive
 from app.config.settings import MODEL_NAME_PATTERN, Settings
 from app.core.requests import ValidImageGeneration
-from app.engines.torch.diffusion.pipeline import SCHEDULERS
 from app.errors import InvalidImageSize, InvalidRequest
-from app.models.image_prompt import ImageProgress, ImagePrompt
+from app.models.image_prompt import SCHEDULERS, ImageProgress, ImagePrompt
 
 MAX_PROMPT_CHARS = 32_000  # gpt-image-1's bound (the text encoder reads 77 tokens of it)
 MAX_IMAGES = 10  # OpenAI's bound on n

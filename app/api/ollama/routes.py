@@ -47,6 +47,7 @@ from app.api.openai.schemas import (
     validate_generation_request,
 )
 from app.core.fleet.fleet import Fleet
+from app.core.fleet.status import ModelStatus
 from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
@@ -92,10 +93,6 @@ async def version() -> dict[str, str]:
     return {"version": OLLAMA_VERSION, "vramgate": __version__}
 
 
-def _entry(fleet: Fleet, name: str) -> dict[str, Any]:
-    return fleet.model_row(name)  # 404 for a model it does not serve
-
-
 def _details(card: ModelCard) -> dict[str, Any]:
     return {
         "format": card.format,
@@ -106,8 +103,8 @@ def _details(card: ModelCard) -> dict[str, Any]:
     }
 
 
-def _digest(row: dict[str, Any]) -> str:
-    return hashlib.sha256(f"{row['name']}:{row.get('path', '')}".encode()).hexdigest()
+def _digest(status: ModelStatus) -> str:
+    return hashlib.sha256(f"{status.name}:{status.path}".encode()).hexdigest()
 
 
 def _folder(fleet: Fleet, name: str) -> Path | None:
@@ -119,19 +116,19 @@ async def tags(request: Request) -> dict[str, Any]:
     """The served models: size on disk, when the folder changed."""
     fleet = _fleet(request)
     models = []
-    for row in fleet.models():
-        if row["retired"]:
+    for status in fleet.models():
+        if status.retired:
             continue
-        folder = _folder(fleet, row["name"])
+        folder = _folder(fleet, status.name)
         changed = folder.stat().st_mtime if folder is not None and folder.exists() else 0
         models.append(
             {
-                "name": row["name"],
-                "model": row["name"],
+                "name": status.name,
+                "model": status.name,
                 "modified_at": datetime.fromtimestamp(changed, UTC).isoformat(),
                 "size": folder_bytes(folder) if folder is not None else 0,
-                "digest": _digest(row),
-                "details": _details(card := fleet.card(row["name"])),
+                "digest": _digest(status),
+                "details": _details(card := fleet.card(status.name)),
                 "capabilities": _capabilities(card),
             }
         )
@@ -147,13 +144,13 @@ async def show(request: Request) -> dict[str, Any]:
     """What the model is, from its card (never from its files: app.models.card)."""
     fleet = _fleet(request)
     name = (await _body(request, NamedBody)).target
-    row = _entry(fleet, name)
+    status = fleet.model(name)  # 404 for a model it does not serve
     card = fleet.card(name)
     info: dict[str, Any] = {
         "general.architecture": card.architecture,
         "vramgate.kind": card.kind,
         "vramgate.engine": card.engine,
-        "vramgate.state": row["state"],
+        "vramgate.state": status.state,
     }
     if card.context_length:
         info[f"{card.architecture}.context_length"] = card.context_length
@@ -174,29 +171,29 @@ async def ps(request: Request) -> dict[str, Any]:
     fleet = _fleet(request)
     on_gpu = fleet.lanes[0].device.kind == "cuda"
     models = []
-    for row in fleet.models():
-        if not row["loaded"]:
+    for status in fleet.models():
+        if not status.loaded:
             continue
-        left = row["unloads_in_s"]
+        left = status.unloads_in_s
         if left is None:  # busy: its keep-alive starts when it is idle again
-            left = row["keep_alive_s"]
+            left = status.keep_alive_s
         expires = FOREVER
         if left is not None and left < LONGEST_S:  # a keep-alive of 1e300 s is for good too
             expires = datetime.now(UTC) + timedelta(seconds=left)
-        size = vram = row["weights_bytes"]
-        if "measured" in row:  # a runner: what it holds in RAM too (layers on the CPU)
-            vram = row["measured"]["device_bytes"]
-            size = vram + row["measured"]["host_bytes"]
+        size = vram = status.weights_bytes
+        if status.measured is not None:  # a runner: what it holds in RAM too (CPU layers)
+            vram, host = status.measured
+            size = vram + host
         models.append(
             {
-                "name": row["name"],
-                "model": row["name"],
+                "name": status.name,
+                "model": status.name,
                 "size": size,
                 "size_vram": vram if on_gpu else 0,
-                "digest": _digest(row),
-                "details": _details(fleet.card(row["name"])),
+                "digest": _digest(status),
+                "details": _details(fleet.card(status.name)),
                 "expires_at": expires.isoformat(),
-                "context_length": row.get("context") or 0,
+                "context_length": status.context or 0,
             }
         )
     return {"models": models}

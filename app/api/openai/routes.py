@@ -101,13 +101,13 @@ def request_schemas(models: tuple[type[BaseModel], ...] = REQUEST_MODELS) -> dic
 async def list_models(request: Request) -> dict[str, Any]:
     fleet = _fleet(request)
     data = []
-    for entry in fleet.models():
-        if entry["retired"]:
+    for status in fleet.models():
+        if status.retired:
             continue
-        card = fleet.card(entry["name"])
+        card = fleet.card(status.name)
         data.append(
             {
-                "id": entry["name"],
+                "id": status.name,
                 "object": "model",
                 "created": _STARTED,
                 "owned_by": "vramgate",
@@ -115,8 +115,8 @@ async def list_models(request: Request) -> dict[str, Any]:
                 "engine": card.engine,
                 "capabilities": list(card.capabilities),
                 "context_length": card.context_length,
-                "state": entry["state"],
-                "aliases": fleet.aliases_of(entry["name"]),  # names that also reach it
+                "state": status.state,
+                "aliases": fleet.aliases_of(status.name),  # names that also reach it
             }
         )
     return {"object": "list", "data": data}

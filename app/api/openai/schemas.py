@@ -15,9 +15,8 @@ from app.api.openai.fields import screen
 from app.config.durations import parse_keep_alive
 from app.config.settings import MODEL_NAME_PATTERN, Settings
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
-from app.engines.torch.generation.constrained import ANY_OBJECT
 from app.errors import InvalidRequest
-from app.models.decoding import Chat, Prompt, SamplingParams
+from app.models.decoding import ANY_OBJECT, Chat, Prompt, SamplingParams
 from app.models.tools import call_schema
 
 # Outer bounds; the configured limits (Settings.max_inputs, max_input_chars) are tighter.

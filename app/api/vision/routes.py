@@ -26,7 +26,6 @@ from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidImageRequest
 from app.core.work import InferenceResult
 from app.errors import InvalidRequest
-from app.models.kinds import ImageModel
 
 router = APIRouter(prefix="/v1", tags=["vision"])
 
@@ -66,7 +65,7 @@ async def predict(
         result = await fleet.run(valid, watch)
     headers = {**result.cost.headers(), "X-Content-Type-Options": "nosniff"}
     if isinstance(result.output, np.ndarray):
-        labels = fleet.handler(model, ImageModel).labels
+        labels = fleet.card(model).labels
         body = scores_body(model, result, labels, valid.top_k)
         return Response(orjson.dumps(body), media_type="application/json", headers=headers)
     if len(result.output) == 1:

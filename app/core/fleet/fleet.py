@@ -17,9 +17,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import numpy as np
+
 from app.config.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
 from app.core.fleet.placement import Load, Placement, Room, Wanted, place, soonest
-from app.core.lifecycle.registry import ModelRegistry, make_handler
+from app.core.fleet.status import ModelStatus
+from app.core.lifecycle.registry import ModelRegistry
 from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.service import DRAIN_S, InferenceService
 from app.core.snapshot import (
@@ -34,11 +37,12 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult
 from app.devices.base import Device
 from app.devices.executor import Executor
+from app.engines.table import make_handler
 from app.errors import ModelNotFound
 from app.models.base import ModelHandler
 from app.models.card import ModelCard
 from app.models.decoding import SamplingParams
-from app.models.kinds import Generator
+from app.models.kinds import Generator, ImageGenerator
 from app.observe.history import History
 from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook, LoadLedger
@@ -115,11 +119,7 @@ class Fleet:
         params = SamplingParams(max_tokens=1)  # the prompt only; no grammar compiled
         lane.in_flight[served] += 1  # from here (no await between): no unload takes it away
         try:
-            if handler.streams_on_loop:
-                prepared = await handler.prepare_on_loop(request.prompt, params, 1)
-            else:
-                prepare = handler.prepare_generation
-                prepared = await lane.executor.run_cpu(prepare, request.prompt, params, 1)
+            prepared = await handler.prepare_prompt(request.prompt, params, 1, lane.executor)
         finally:
             lane.in_flight[served] -= 1
         return prepared.tokens
@@ -129,10 +129,10 @@ class Fleet:
         model = self.resolve(model)
         return self.lane_for(model).registry.entry(model).handler.card()
 
-    def handler(self, model: str, capability: type[H]) -> H:
-        """A serving copy's handler (what describes the model: labels, dimensions)."""
+    def preview(self, model: str) -> np.ndarray | None:
+        """The latest preview of an image model's running batch (RGB), or None."""
         model = self.resolve(model)
-        return self.lane_for(model).registry.serving(model, capability)
+        return self.lane_for(model).registry.serving(model, ImageGenerator).preview()
 
     # -- start and stop -----------------------------------------------------------------
     async def start(self) -> None:
@@ -196,7 +196,7 @@ class Fleet:
         document = status_document(
             CoreSnapshot.combined(views),
             self._describe_devices(),
-            self.models(),
+            [status.row for status in self.models()],
             self.book.snapshot(),
             self.metrics,
             self.gave_back_view(),
@@ -240,20 +240,21 @@ class Fleet:
     def _devices(self) -> list[Device]:
         return [lane.device for lane in self.lanes]
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[ModelStatus]:
         """Each model once, in config order: its best state over its copies, the bytes
-        they hold together, and each copy's own figures under `replicas`."""
+        they hold together, and (in its /status row) each copy's own figures under
+        `replicas`."""
         rows: dict[str, list[dict[str, Any]]] = {name: [] for name in self.placement}
         for lane in self.lanes:
             for row in lane.lifecycle.describe():
                 rows.setdefault(row["name"], []).append({**row, "device": lane.device.id})
-        return [_merged(copies) for copies in rows.values() if copies]
+        return [ModelStatus.of(_merged(copies)) for copies in rows.values() if copies]
 
-    def model_row(self, name: str) -> dict[str, Any]:
-        """One served model's row, by its name or an alias (404 for a model not served)."""
+    def model(self, name: str) -> ModelStatus:
+        """One served model, by its name or an alias (404 for a model not served)."""
         name = self.resolve(name)
         self.lane_for(name).registry.entry(name)  # raises ModelNotFound
-        return next(row for row in self.models() if row["name"] == name)
+        return next(status for status in self.models() if status.name == name)
 
     def spec(self, name: str) -> ModelSpec:
         name = self.resolve(name)

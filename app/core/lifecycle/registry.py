@@ -4,92 +4,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
-from app.engines.llama_cpp.embedding import LlamaCppEmbedder
-from app.engines.llama_cpp.generation import LlamaCppHandler
-from app.engines.llama_cpp.runner_model import llama_cpp_available
-from app.engines.simulated.images import SimulatedImageHandler
-from app.engines.simulated.model import SimulatedHandler
-from app.engines.torch.diffusion.handler import DiffusionHandler
-from app.engines.torch.embedding import EmbeddingHandler
-from app.engines.torch.families import sees_images
-from app.engines.torch.generation.causal_lm import CausalLMHandler
-from app.engines.torch.generation.vision_language import VisionLanguageHandler
-from app.engines.torch.rerank import RerankHandler
-from app.engines.torch.speech import SpeechHandler
-from app.engines.torch.vision import VisionHandler
-from app.errors import ModelLoading, ModelNotFound, WrongModelKind
+from app.engines.table import make_handler
+from app.errors import ModelLoading, ModelNotFound
 from app.models.base import ModelHandler
-from app.models.kinds import CAPABILITIES, LACKING
+from app.models.kinds import required
 from app.models.prefix_cache import PrefixStore
 from app.sched.budget import LoadLedger
 
 log = logging.getLogger("vramgate.registry")
 
 State = Literal["waiting", "loading", "warming", "ready", "unloading", "unloaded", "failed"]
-
-
-Bounds = tuple[int, int]  # the largest image side and pixel count accepted
-
-
-def _generation(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
-    """A causal LM, or a vision-language model where its folder is one (it sees images)."""
-    if spec.path is not None and sees_images(spec.path):
-        return VisionLanguageHandler(spec, *bounds)
-    return CausalLMHandler(spec)
-
-
-def _simulated(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
-    """The simulated model: an image generator with an `images` setting, else the one
-    that fakes every other capability."""
-    simulated: SimulatedHandler | SimulatedImageHandler
-    simulated = SimulatedImageHandler(spec) if spec.images is not None else SimulatedHandler(spec)
-    simulated.max_side, simulated.max_pixels = bounds
-    return simulated
-
-
-# Which handler serves a spec, by (engine, kind): a new kind or engine is a row here.
-HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
-    ("simulated", "simulated"): _simulated,
-    ("torch", "generation"): _generation,
-    ("torch", "vision"): lambda spec, bounds: VisionHandler(spec, *bounds),
-    ("torch", "rerank"): lambda spec, _: RerankHandler(spec),
-    ("torch", "embedding"): lambda spec, _: EmbeddingHandler(spec),
-    ("torch", "diffusion"): lambda spec, bounds: DiffusionHandler(spec, *bounds),
-    ("torch", "speech"): lambda spec, _: SpeechHandler(spec),
-    ("llama.cpp", "generation"): lambda spec, _: LlamaCppHandler(spec),
-    ("llama.cpp", "embedding"): lambda spec, _: LlamaCppEmbedder(spec),
-}
-
-
-def engine_for(spec: ModelSpec) -> str:
-    """The engine that runs `spec`: its own choice, else llama.cpp for a GGUF generation
-    model where xllamacpp is installed, else torch."""
-    if spec.kind == "simulated":
-        return "simulated"
-    if spec.engine != "auto":
-        return spec.engine
-    gguf = spec.path is not None and spec.path.suffix.lower() == ".gguf"
-    if gguf and ("llama.cpp", spec.kind) in HANDLERS and llama_cpp_available():
-        return "llama.cpp"
-    return "torch"
-
-
-def make_handler(spec: ModelSpec, image_bounds: Bounds = (4096, 2**24)) -> ModelHandler:
-    """`image_bounds`: the largest image side and pixel count accepted."""
-    engine = engine_for(spec)
-    build = HANDLERS.get((engine, spec.kind))
-    if build is None:
-        raise ValueError(f"model {spec.name!r}: engine {engine} does not serve {spec.kind} models")
-    handler = build(spec, image_bounds)
-    if not isinstance(handler, CAPABILITIES):
-        raise TypeError(f"{type(handler).__name__} fulfils no capability of app.models.kinds")
-    return handler
 
 
 H = TypeVar("H", bound=ModelHandler)
@@ -157,13 +86,7 @@ class ModelRegistry:
     def serving(self, name: str, capability: type[H]) -> H:
         """The handler for `name` if it is ready and can do what `capability` is (an
         app.models.kinds contract); a model of another kind is a 400 that says so."""
-        handler = self.get(name)
-        if not isinstance(handler, capability):
-            raise WrongModelKind(
-                f"model {name!r} is a {handler.kind} model: {LACKING[capability]}",
-                param="model",
-            )
-        return handler
+        return required(self.get(name), capability, name)
 
     def entry(self, name: str) -> ModelEntry:
         entry = self.entries.get(name)

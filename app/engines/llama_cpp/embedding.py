@@ -16,12 +16,16 @@ from app.config.settings import ModelSpec
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.errors import ContextLengthExceeded
 from app.models.base import Prepared, length_bucketed, merged_rows
+from app.models.decoding import TokenStream
 from app.models.kinds import Embedder, TextOrIds
+from app.models.stages import Launched, Pools, elsewhere
 
 
 class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
+    """Tokenised by the runner and embedded by it, both awaited on the event loop: the
+    work is the runner's, so none of it waits for our CPU pool or device threads."""
+
     kind = "embedding"
-    preprocess_on_loop = False  # tokenising is a round trip to the runner
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
@@ -33,9 +37,9 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
     def loaded(self, props: dict[str, Any]) -> None:
         self.dimensions = self.facts().width
 
-    def preprocess(self, inputs: list[TextOrIds]) -> Prepared:
-        """Token ids for every input (texts through the runner's tokenizer)."""
-        ids = [self._ids(item) for item in inputs]
+    async def prepare_inputs(self, inputs: list[TextOrIds], pools: Pools) -> Prepared:
+        """Token ids for every input (texts through the runner's tokenizer), bucketed."""
+        ids = [await self._ids(item) for item in inputs]
         for row in ids:
             if len(row) > self.context:
                 raise ContextLengthExceeded(
@@ -45,11 +49,11 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
                 )
         return self._prepared(ids)
 
-    def _ids(self, item: TextOrIds) -> list[int]:
+    async def _ids(self, item: TextOrIds) -> list[int]:
         if not isinstance(item, str):
             return list(item)
         body = {"content": item, "add_special": True, "parse_special": False}
-        found = asyncio.run(self._call("/tokenize", body))  # on the CPU pool's thread
+        found = await self._call("/tokenize", body)
         return [int(t) for t in found["tokens"]]
 
     def _prepared(self, ids: list[list[int]]) -> Prepared:
@@ -58,15 +62,15 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
     def merge(self, parts: list[Prepared]) -> Prepared | None:
         return merged_rows(parts, self.spec.max_batch, self._prepared)
 
-    def forward(self, prepared: Prepared) -> Any:
+    def start(self, prepared: Prepared, stream: TokenStream | None, pools: Pools) -> Launched:
+        return asyncio.ensure_future(elsewhere(self._embed(prepared)))
+
+    async def _embed(self, prepared: Prepared) -> np.ndarray:
         """One call for the whole batch; the runner spreads it over its slots."""
         self.forward_calls += 1
         rows: list[list[int]] = prepared.payload
-        found = asyncio.run(self._call("/v1/embeddings", {"input": rows}))
+        found = await self._call("/v1/embeddings", {"input": rows})
         out = np.empty((len(rows), self.dimensions), dtype=np.float32)
         for item in found["data"]:
             out[int(item["index"])] = item["embedding"]
         return out
-
-    def postprocess(self, raw: Any) -> np.ndarray:
-        return np.asarray(raw, dtype=np.float32)

@@ -1,13 +1,13 @@
 """Text generation on llama.cpp's engine (a GGUF model in a runner process: see
 app.engines.llama_cpp.runner_model): `/apply-template` and `/tokenize` on the runner before a
 request is queued (so its token count is exact), `/completion` with those token ids to
-generate, streamed on the event loop."""
+generate, streamed on the event loop: the runner does the work, so nothing of it waits
+for our CPU pool or device threads (app.models.stages)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from app.models.decoding import (
     generation_prepared,
 )
 from app.models.kinds import Generator
+from app.models.stages import Launched, Pools, elsewhere
 from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry
 
@@ -61,15 +62,11 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         found = await self._call("/tokenize", {"content": text, **special})
         return [int(t) for t in found["tokens"]]
 
-    def prepare_generation(
-        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
+    async def prepare_prompt(
+        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int, pools: Pools
     ) -> Prepared:
-        """The same as `prepare_on_loop`, on a thread of its own."""
-        return asyncio.run(self.prepare_on_loop(prompt, params, default_max_tokens))
-
-    async def prepare_on_loop(
-        self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
-    ) -> Prepared:
+        """Tokenised by the runner, on the loop: preparing is waiting, not work for the
+        CPU pool."""
         if isinstance(prompt, Chat) and not self.chat_template:
             raise InvalidRequest(
                 f"model {self.name!r} has no chat template; use /v1/completions", param="model"
@@ -79,19 +76,14 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             self.name, ids, params, self.context, default_max_tokens, params.json_schema
         )
 
-    streams_on_loop = True  # its tokens are read on the event loop (app.core.runs)
+    def start(self, prepared: Prepared, stream: TokenStream | None, pools: Pools) -> Launched:
+        """Its tokens are read on the event loop: no thread hop per token, whose CPU a
+        runner sharing a small machine's cores would lose."""
+        assert stream is not None, "a generation streams"
+        return asyncio.ensure_future(elsewhere(self._generate(prepared, stream)))
 
-    def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        """The same stream on a thread of its own (where no event loop runs it)."""
-        return asyncio.run(self._generate(prepared, stream, stream.emit))
-
-    async def generate_on_loop(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        return await self._generate(prepared, stream, stream.push)
-
-    async def _generate(
-        self, prepared: Prepared, stream: TokenStream, emit: Callable[[str], None]
-    ) -> DecodeResult:
-        """Stream one completion from the runner, each piece of text to `emit`."""
+    async def _generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
+        """Stream one completion from the runner, each piece of text to the stream."""
         task: GenerationInput = prepared.payload
         client = self._client
         if client is None:
@@ -110,7 +102,7 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
                 piece = str(chunk.get("content", ""))
                 text.append(piece)
                 logprobs.extend(logprobs_of(chunk))
-                emit(piece)
+                stream.push(piece)
                 if chunk.get("stop"):
                     final = chunk
                     break

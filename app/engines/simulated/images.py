@@ -27,9 +27,10 @@ from app.models.image_buckets import ImageBucket
 from app.models.image_prompt import ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
+from app.models.stages import InThreads
 
 
-class SimulatedImageHandler(SimulatedWeights, ImageGenerator):
+class SimulatedImageHandler(InThreads, SimulatedWeights, ImageGenerator):
     kind = "simulated"
     engine = "simulated"
     postprocess_on_loop = False  # encoding images stays off the event loop

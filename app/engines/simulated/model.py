@@ -39,6 +39,7 @@ from app.models.decoding import (
 from app.models.images import encode_png, image_size
 from app.models.kinds import Embedder, Generator, ImageModel
 from app.models.prefix_cache import MIN_CACHED, Entry
+from app.models.stages import InThreads
 from app.sched.budget import Geometry
 
 DIMENSIONS = 64
@@ -93,7 +94,7 @@ class SimulatedWeights:
         return int(self.spec.weights) if self._device is not None else 0
 
 
-class SimulatedHandler(SimulatedWeights, Embedder, ImageModel, Generator):  # type: ignore[misc]
+class SimulatedHandler(InThreads, SimulatedWeights, Embedder, ImageModel, Generator):  # type: ignore[misc]
     """Fakes every capability: texts, images (bytes) and prompts all come in."""
 
     kind = "simulated"

@@ -23,9 +23,12 @@ from transformers import AutoModel, AutoTokenizer
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.devices.torch_backed import torch_device_of
+from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
 from app.models.base import Prepared, dtype_on, length_bucketed, merged_rows, weight_file_bytes
 from app.models.kinds import Embedder, TextOrIds
+from app.models.stages import InThreads
 
 
 def embedded_model_path() -> Path:
@@ -38,7 +41,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-class EmbeddingHandler(Embedder):
+class EmbeddingHandler(InThreads, TorchModule, Embedder):
     kind = "embedding"
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -66,8 +69,8 @@ class EmbeddingHandler(Embedder):
             self.path, local_files_only=True, dtype=getattr(torch, dtype), use_safetensors=True
         )
 
-        self._model = model.to(device.torch_device).eval()
-        self._device = device.torch_device
+        self._model = model.to(torch_device_of(device)).eval()
+        self._device = torch_device_of(device)
         self.dimensions = int(self._model.config.hidden_size)
         declared = getattr(self._model.config, "matryoshka_dimensions", None) or ()
         self.truncations = tuple(

@@ -22,6 +22,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.devices.torch_backed import torch_device_of
+from app.engines.torch.module import TorchModule
 from app.models.base import (
     Prepared,
     dtype_on,
@@ -31,6 +33,7 @@ from app.models.base import (
     weight_file_bytes,
 )
 from app.models.kinds import Pair, Reranker
+from app.models.stages import InThreads
 
 ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": torch.sigmoid,
@@ -38,7 +41,7 @@ ACTIVATIONS = {
 }
 
 
-class RerankHandler(Reranker):
+class RerankHandler(InThreads, TorchModule, Reranker):
     kind = "rerank"
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -65,8 +68,8 @@ class RerankHandler(Reranker):
         model = AutoModelForSequenceClassification.from_pretrained(
             self.path, local_files_only=True, dtype=getattr(torch, self.dtype), use_safetensors=True
         )
-        self._model = model.to(device.torch_device).eval()
-        self._device = device.torch_device
+        self._model = model.to(torch_device_of(device)).eval()
+        self._device = torch_device_of(device)
         self._activation = self._activation_of(int(model.config.num_labels))
         self._max_seq = min(512, int(self._tokenizer.model_max_length or 512))
         self._segments = "token_type_ids" in self._tokenizer.model_input_names

@@ -43,6 +43,8 @@ import torch
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.devices.torch_backed import torch_device_of
+from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
 from app.models.audio import (
     SAMPLE_RATE,
@@ -55,6 +57,7 @@ from app.models.audio import (
 )
 from app.models.base import Bucket, Prepared, dtype_on, next_pow2, weight_file_bytes
 from app.models.kinds import Transcriber
+from app.models.stages import InThreads
 from app.models.transcript import Segment, WindowText, placed
 
 WORDS = "words"  # the bucket variant of windows timed word by word
@@ -94,8 +97,10 @@ def speech_bytes(config: Any, batch: int, element: int, words: bool = False) -> 
     return batch * per_window * 5 // 4
 
 
-class SpeechHandler(Transcriber):
+class SpeechHandler(InThreads, TorchModule, Transcriber):
     kind = "speech"
+    preprocess_on_loop = False  # decoding audio is never short enough for the loop
+    postprocess_on_loop = False  # each window's tokens decoded to timed text
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
@@ -121,8 +126,8 @@ class SpeechHandler(Transcriber):
         model = AutoModelForSpeechSeq2Seq.from_pretrained(  # safetensors only: no pickles
             self.path, local_files_only=True, dtype=self._torch_dtype, use_safetensors=True
         )
-        self._model = model.to(device.torch_device).eval()
-        self._device = device.torch_device
+        self._model = model.to(torch_device_of(device)).eval()
+        self._device = torch_device_of(device)
 
     def torch_module(self) -> Any:
         return self._model

@@ -22,10 +22,13 @@ import torch
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.devices.torch_backed import torch_device_of
+from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
 from app.models.base import Bucket, Prepared, next_pow2
 from app.models.images import decode_rgb, encode_png
 from app.models.kinds import ImageModel
+from app.models.stages import InThreads
 
 MIN_SIDE_BUCKET = 64
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
@@ -58,7 +61,7 @@ def load_module(path: Path, arch: str | None, classes: int, device: torch.device
     return module.to(device)
 
 
-class VisionHandler(ImageModel):
+class VisionHandler(InThreads, TorchModule, ImageModel):
     kind = "vision"
     postprocess_on_loop = False  # PNG encoding and score lists stay off the event loop
 
@@ -87,9 +90,9 @@ class VisionHandler(ImageModel):
 
     def load(self, device: Device) -> None:
         self.dtype = "float32"
-        module = load_module(self.path, self.spec.arch, len(self.labels), device.torch_device)
+        module = load_module(self.path, self.spec.arch, len(self.labels), torch_device_of(device))
         self._module = module.eval()
-        self._device = device.torch_device
+        self._device = torch_device_of(device)
 
     def torch_module(self) -> Any:
         return self._module

@@ -12,8 +12,8 @@ from PIL import Image
 
 from app.api.a1111.routes import infotext, with_text
 from app.api.a1111.schemas import SAMPLERS, Txt2ImgRequest, sampler_of
-from app.engines.torch.diffusion.pipeline import SCHEDULERS
 from app.errors import InvalidRequest
+from app.models.image_prompt import SCHEDULERS
 from app.models.images import encode_png
 
 

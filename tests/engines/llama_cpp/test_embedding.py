@@ -5,6 +5,8 @@ normalised), through the official openai client."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -43,7 +45,8 @@ def test_the_openai_client_gets_transformers_mean_pooled_vectors(server_factory,
     live = server_factory(models=(spec,))
     handler = live.service.registry.entries["emb"].handler
     assert isinstance(handler, LlamaCppEmbedder)
-    ids = handler.preprocess(TEXTS).payload  # the runner's own tokenizer
+    # the runner's own tokenizer, asked on a loop of this thread (it needs no pools)
+    ids = asyncio.run(handler.prepare_inputs(TEXTS, None)).payload
     client = OpenAI(base_url=live.url + "/v1", api_key="unused")
     answer = client.embeddings.create(model="emb", input=TEXTS)
     got = np.array([d.embedding for d in answer.data], dtype=np.float32)

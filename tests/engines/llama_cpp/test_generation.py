@@ -175,7 +175,7 @@ def test_at_the_default_context_the_runner_holds_the_file_and_its_kv_and_gives_a
 ):
     """The default spec (4,096 cells a slot, 4 slots): resident memory within 1.2x of
     the file and its KV cells; unloading ends the process and un-counts it."""
-    from app.devices.base import CpuDevice
+    from app.devices.cpu import CpuDevice
 
     device = CpuDevice()
     spec = ModelSpec(name="defaults", kind="generation", path=smollm2_gguf)
@@ -328,7 +328,7 @@ def test_a_second_load_is_admitted_for_what_the_first_measured_kept_with_the_pri
     """The estimate (the GGUF's geometry and a compute-buffer prior) admits the first
     load; what llama.cpp's log then measured admits the next one, also after a restart
     (the ledger lives in the price book's file)."""
-    from app.devices.base import CpuDevice
+    from app.devices.cpu import CpuDevice
     from app.sched.budget import BudgetBook, LoadLedger
 
     device = CpuDevice()
@@ -400,7 +400,7 @@ def test_a_reader_who_leaves_frees_the_runners_slot_and_the_gates(smol):
 def test_a_load_that_fails_after_its_runner_started_leaves_nothing_running(smollm2_gguf):
     """Past the runner's start (its answer to /props read wrong, here), the load fails
     whole: the process is ended and the device counts nothing of it."""
-    from app.devices.base import CpuDevice
+    from app.devices.cpu import CpuDevice
 
     class Refusing(LlamaCppHandler):
         def loaded(self, props: dict) -> None:

@@ -8,7 +8,7 @@ import torch
 from transformers import BertModel
 
 from app.config.settings import ModelSpec
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.engines.torch.embedding import EmbeddingHandler, embedded_model_path
 from tests.support.random_models import save_random_bert
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from app.config.settings import ModelSpec
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.engines.torch.speech import SpeechHandler, speech_bytes, word_bytes
 from app.errors import AudioTooLong, InvalidAudio
 from app.models.audio import SAMPLE_RATE, AudioClip, SpeechOptions, decode_audio

@@ -38,6 +38,7 @@ from PIL import Image
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.devices.torch_backed import torch_device_of
 from app.engines.torch.diffusion.cost import DiffusionGeometry, image_bytes
 from app.engines.torch.diffusion.pipeline import for_run, load_pipeline, weights_bytes_on
 from app.engines.torch.diffusion.preview import latent_previews, table_for
@@ -46,13 +47,14 @@ from app.models.image_buckets import ImageBucket, is_tiled
 from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
+from app.models.stages import InThreads
 
 # How often a run maps its latents to RGB for the dashboard when no request asked for
 # previews: a copy of the latents off the device each time, so not every step.
 PREVIEW_EVERY_S = 0.5
 
 
-class DiffusionHandler(ImageGenerator):
+class DiffusionHandler(InThreads, ImageGenerator):
     kind = "diffusion"
     postprocess_on_loop = False  # encoding images stays off the event loop
     preprocess_on_loop = False  # its rows are no texts the loop's shortcut could measure
@@ -81,11 +83,11 @@ class DiffusionHandler(ImageGenerator):
         self.dtype = dtype_on(device, self.spec.dtype)
         dtype = getattr(torch, self.dtype)
         pipeline = load_pipeline(self.path, dtype, self.spec.pipeline_config)
-        self._pipeline = pipeline.to(device.torch_device)
+        self._pipeline = pipeline.to(torch_device_of(device))
         # the event loop's own copy (prompt_unseen): a fast tokenizer's truncation and
         # padding are state of its Rust backend, which a call from another thread resets
         self._tokenizer = copy.deepcopy(getattr(pipeline, "tokenizer", None))
-        self._device = device.torch_device
+        self._device = torch_device_of(device)
         scale = int(getattr(pipeline, "vae_scale_factor", 8))
         self.grid = max(8, scale)
         unet = getattr(pipeline, "unet", None)

@@ -25,9 +25,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from app.models.image_prompt import SCHEDULERS
+
 # Scheduler names a request may give: A1111's familiar samplers, as diffusers' classes
 # and the config they are built with over the pipeline's own scheduler config.
-SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {
+SCHEDULER_CLASSES: dict[str, tuple[str, dict[str, Any]]] = {
     "euler": ("EulerDiscreteScheduler", {}),
     "euler_a": ("EulerAncestralDiscreteScheduler", {}),
     "ddim": ("DDIMScheduler", {}),
@@ -38,6 +40,7 @@ SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {
     "dpm++_2m_karras": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
     "unipc": ("UniPCMultistepScheduler", {}),
 }
+assert tuple(SCHEDULER_CLASSES) == SCHEDULERS, "every scheduler a request may name, and only those"
 
 
 def load_pipeline(path: Path, dtype: Any, pipeline_config: Path | None = None) -> Any:
@@ -99,7 +102,7 @@ def for_run(
     if scheduler is None:
         fresh = type(pipeline.scheduler).from_config(config)
     else:
-        name, overrides = SCHEDULERS[scheduler]
+        name, overrides = SCHEDULER_CLASSES[scheduler]
         fresh = getattr(diffusers, name).from_config(config, **overrides)
     if task != "text2image":
         auto = {

@@ -25,12 +25,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.devices.torch_backed import torch_device_of
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.torch.generation.constrained import Grammars
 from app.engines.torch.generation.cpu_dtype import fastest_on_cpu
 from app.engines.torch.generation.kv_cache import plain_dynamic
 from app.engines.torch.generation.packing import packing_works
 from app.engines.torch.generation.step_batch import StepBatcher
+from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
 from app.models.base import (
     IMAGES_TAG,
@@ -48,6 +50,7 @@ from app.models.decoding import (
     generation_prepared,
 )
 from app.models.kinds import Generator
+from app.models.stages import InThreads
 from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry
 
@@ -113,7 +116,7 @@ def refuse_non_finite(model: Any, device: torch.device, ids: list[int], dtype: s
         )
 
 
-class CausalLMHandler(Generator):
+class CausalLMHandler(InThreads, TorchModule, Generator):
     kind = "generation"
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -147,16 +150,16 @@ class CausalLMHandler(Generator):
     def load(self, device: Device) -> None:
         self.dtype = auto_dtype(device, self.spec.dtype, trained_dtype(self.path))
         tokenizer, model = self._load_files(getattr(torch, self.dtype))
-        model = model.to(device.torch_device).eval()
+        model = model.to(torch_device_of(device)).eval()
         probe = list(tokenizer("Hello, how are you?")["input_ids"])
         if device.kind == "cpu" and self.spec.dtype == "auto":  # the faster, measured
             params = inspect.signature(model.forward).parameters
             cache_arg = "cache" if "cache" in params else "past_key_values"
             model, self.dtype = fastest_on_cpu(model, probe, cache_arg)
-        refuse_non_finite(model, device.torch_device, probe, self.dtype)  # before it is kept
+        refuse_non_finite(model, torch_device_of(device), probe, self.dtype)  # before it is kept
         self._tokenizer = tokenizer
         self._model = model
-        self._device = device.torch_device
+        self._device = torch_device_of(device)
         config = model.config.get_text_config()  # a vision-language model's text half
         own = int(getattr(config, "max_position_embeddings", 0) or 0) or FALLBACK_CONTEXT
         self.context = min(own, self.spec.max_context or own)  # the model's own by default

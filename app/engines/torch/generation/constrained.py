@@ -12,7 +12,6 @@ model left to choose it can emit newlines until `max_tokens`.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -21,7 +20,6 @@ import torch
 from app.errors import InvalidRequest
 
 JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions
-ANY_OBJECT = json.dumps({"type": "object"})  # OpenAI's `json_object` mode
 
 
 class Grammars:

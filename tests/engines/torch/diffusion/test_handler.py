@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from app.config.settings import ModelSpec
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.engines.torch.diffusion.handler import DiffusionHandler
 from app.errors import InvalidImageSize
 from app.models.image_prompt import ImageProgress, ImagePrompt

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from app.config.settings import ModelSpec
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.engines.torch.generation.causal_lm import CausalLMHandler
 from tests.devices.test_devices import fake_cuda_device
 from tests.support.random_models import save_random_llama

@@ -24,7 +24,7 @@ def test_bfloat16_only_by_a_clear_margin(seconds, chosen):
 
 def test_a_loaded_model_is_in_the_dtype_it_says(tmp_path):
     from app.config.settings import ModelSpec
-    from app.devices.base import CpuDevice
+    from app.devices.cpu import CpuDevice
     from app.engines.torch.generation.causal_lm import CausalLMHandler
     from tests.support.random_models import save_random_llama
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from app.config.settings import ModelSpec
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
 from app.engines.torch.generation.causal_lm import CausalLMHandler
 from app.engines.torch.generation.sampling import adjusted, sample
 from app.models.decoding import SamplingParams

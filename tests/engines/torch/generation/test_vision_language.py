@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from app.config.settings import ModelSpec
-from app.core.lifecycle.registry import make_handler
-from app.devices.base import CpuDevice
+from app.devices.cpu import CpuDevice
+from app.engines.table import make_handler
 from app.engines.torch.families import sees_images
 from app.engines.torch.generation.causal_lm import CausalLMHandler
 from app.engines.torch.generation.vision_language import VisionLanguageHandler, processor_messages

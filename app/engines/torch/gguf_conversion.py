@@ -25,12 +25,15 @@ import numpy as np
 import torch
 
 from app.engines.torch.families import refusal
-from app.store.sources import PullError
 
 WEIGHTS_FILE = "model.safetensors"
 HEADER_ROOM_PER_TENSOR = 512  # bytes of header per GGUF tensor: a name, a shape, offsets
 SAFETENSORS_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
 BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+class NotConvertible(Exception):
+    """A GGUF the torch engine cannot take as it is (`pull` says why, as a PullError)."""
 
 
 class Overflow(Exception):
@@ -65,7 +68,9 @@ class SafetensorsWriter:
         header = json.dumps({"__metadata__": {"format": "pt"}, **self._entries}).encode()
         if len(header) > self._room:
             self._file.close()
-            raise PullError(f"the safetensors header needs {len(header)} bytes, over {self._room}")
+            raise NotConvertible(
+                f"the safetensors header needs {len(header)} bytes, over {self._room}"
+            )
         self._file.seek(0)
         self._file.write(self._room.to_bytes(8, "little") + header.ljust(self._room, b" "))
         self._file.close()
@@ -83,7 +88,7 @@ def convert_gguf(gguf: Path, target: Path, say: Any) -> torch.dtype:
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     why = refusal(config.model_type)
     if why is not None:
-        raise PullError(f"{gguf.name} cannot be converted for the torch engine: {why}")
+        raise NotConvertible(f"{gguf.name} cannot be converted for the torch engine: {why}")
     target.mkdir(parents=True, exist_ok=True)
     try:
         shapes = write_weights(gguf, config, target / WEIGHTS_FILE, torch.float16)
@@ -193,7 +198,7 @@ def check_complete(config: Any, shapes: dict[str, tuple[int, ...]]) -> None:
     extra = sorted(set(shapes) - set(expected))
     wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])
     if missing or extra or wrong:
-        raise PullError(
+        raise NotConvertible(
             "the converted model does not match its architecture: "
             f"missing {missing[:5]}, unexpected {extra[:5]}, other shapes {wrong[:5]}"
         )
