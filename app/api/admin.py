@@ -14,8 +14,10 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.intake import (
+    fleet_of,
+)
 from app.config.settings import MODEL_NAME_PATTERN, ConfigSource
-from app.core.fleet.fleet import Fleet
 from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound, UnsafeSource
 from app.store.folders import remove_model
 from app.store.manage import model_folder
@@ -41,20 +43,16 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(loopba
 ModelName = Path(max_length=64, pattern=MODEL_NAME_PATTERN)
 
 
-def _fleet(request: Request) -> Fleet:
-    return request.app.state.fleet
-
-
 @router.post("/pause")
 async def pause(request: Request) -> dict[str, Any]:
     """New inference requests get 503 `paused` until resumed; running ones finish."""
-    _fleet(request).set_paused(True)
+    fleet_of(request).set_paused(True)
     return {"paused": True}
 
 
 @router.post("/resume")
 async def resume(request: Request) -> dict[str, Any]:
-    _fleet(request).set_paused(False)
+    fleet_of(request).set_paused(False)
     return {"paused": False}
 
 
@@ -74,14 +72,14 @@ async def unload(
 ) -> dict[str, Any]:
     """Let the model's running jobs finish for `wait_s`, end the rest (streams get an
     error event, waiting requests 503), then free its weights."""
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     freed = await fleet.unload(name, wait_s)
     return {"model": name, "state": fleet.model(name).state, "freed_bytes": freed}
 
 
 @router.post("/models/{name}/load")
 async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     await fleet.load(name)
     status = fleet.model(name)
     return {
@@ -102,7 +100,7 @@ async def reread(request: Request) -> dict[str, Any]:
         settings = await asyncio.to_thread(source.settings)
     except (ValueError, OSError) as exc:
         raise InvalidRequest(f"the config does not read: {exc}") from exc
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     changes = fleet.apply(settings.models)
     served = [status.name for status in fleet.models() if not status.retired]
     return {**changes, "models": served}
@@ -146,7 +144,7 @@ def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any]
     def emit(event: dict[str, Any]) -> None:  # on the pulling thread
         loop.call_soon_threadsafe(events.put_nowait, event)
 
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
 
     async def work() -> None:
         try:
@@ -199,4 +197,4 @@ async def delete_model(request: Request, name: str) -> None:
         raise Conflict(str(exc)) from exc
     if left:
         log.warning("delete %s: %s", name, left)
-    _fleet(request).apply((await asyncio.to_thread(source.settings)).models)
+    fleet_of(request).apply((await asyncio.to_thread(source.settings)).models)

@@ -164,6 +164,7 @@ class VramgateApp(FastAPI):
         if self.openapi_schema is None:
             document = super().openapi()
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(openai_routes.request_schemas())
+            schemas.update(openai_routes.openai_schemas())
             schemas.update(anthropic_routes.anthropic_schemas())
+            schemas.update(responses_routes.responses_schemas())
         return super().openapi()

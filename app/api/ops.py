@@ -9,19 +9,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.core.fleet.fleet import Fleet
+from app.api.intake import (
+    fleet_of,
+)
 
 router = APIRouter(tags=["ops"])
-
-
-def _fleet(request: Request) -> Fleet:
-    return request.app.state.fleet
 
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     """200 when ready to serve; 503 while loading, after a device failure, or when wedged."""
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     ready = fleet.ready
     body = {"live": True, "ready": ready, "state": fleet.phase}
     return JSONResponse(body, status_code=200 if ready else 503)
@@ -36,7 +34,7 @@ async def running() -> PlainTextResponse:
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    return _fleet(request).status()
+    return fleet_of(request).status()
 
 
 @router.get(
@@ -45,7 +43,7 @@ async def status(request: Request) -> dict[str, Any]:
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
 
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     fleet.set_gauges()
     return Response(generate_latest(fleet.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -53,7 +51,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/history")
 async def history(request: Request) -> dict[str, Any]:
     """The last minutes of once-a-second samples, and the recent rejections."""
-    return _fleet(request).history.as_dict()
+    return fleet_of(request).history.as_dict()
 
 
 @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)

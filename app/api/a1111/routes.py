@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from app.api.a1111.jobs import A1111Jobs
 from app.api.a1111.schemas import (
@@ -30,10 +30,13 @@ from app.api.a1111.schemas import (
     validate_img2img,
     validate_txt2img,
 )
-from app.api.errors import from_validation_errors
 from app.api.images.routes import run_images
 from app.api.images.uploads import decode_init, decode_mask, from_base64
-from app.api.openai.routes import read_body
+from app.api.intake import (
+    fleet_of,
+    read_body,
+    read_parsed,
+)
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidImageGeneration
 from app.core.work import InferenceResult
@@ -51,13 +54,6 @@ def _openapi(model: type[BaseModel]) -> dict[str, Any]:
 
 def _json(payload: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
-
-
-def _parse(model: type[Body], data: bytes) -> Body:
-    try:
-        return model.model_validate_json(data)
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
 
 
 def image_models(fleet: Fleet) -> list[str]:
@@ -83,9 +79,9 @@ def checkpoint(fleet: Fleet, jobs: A1111Jobs, asked: str | None) -> str:
     "/txt2img", openapi_extra=_openapi(Txt2ImgRequest), summary="AUTOMATIC1111's text to image"
 )
 async def txt2img(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     jobs: A1111Jobs = request.app.state.a1111
-    body = _parse(Txt2ImgRequest, await read_body(request))
+    body = await read_parsed(request, Txt2ImgRequest)
     model = checkpoint(fleet, jobs, body.checkpoint)
     with jobs.job() as job:
         valid = validate_txt2img(body, model, fleet.settings, job.progress)
@@ -99,10 +95,10 @@ async def txt2img(request: Request) -> Response:
     summary="AUTOMATIC1111's image to image (with a mask, inpainting)",
 )
 async def img2img(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     jobs: A1111Jobs = request.app.state.a1111
     settings = fleet.settings
-    body = _parse(Img2ImgRequest, await read_body(request))
+    body = await read_parsed(request, Img2ImgRequest)
     model = checkpoint(fleet, jobs, body.checkpoint)
     init = await decode_init(from_base64(body.init_images[0], "init_images"), settings)
     size = (init.shape[1], init.shape[0])
@@ -208,7 +204,7 @@ async def interrupt(request: Request) -> Response:
 
 @router.get("/sd-models", summary="AUTOMATIC1111's checkpoints: the served image models")
 async def sd_models(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     rows = []
     for name in image_models(fleet):
         path = fleet.spec(name).path
@@ -236,7 +232,7 @@ async def schedulers() -> Response:
 
 @router.get("/options", summary="AUTOMATIC1111's options: the checkpoint calls go to")
 async def get_options(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     jobs: A1111Jobs = request.app.state.a1111
     served = image_models(fleet)
     current = jobs.checkpoint or (served[0] if served else None)
@@ -248,7 +244,7 @@ async def get_options(request: Request) -> Response:
 
 @router.post("/options", summary="Choose the checkpoint (other options are ignored)")
 async def set_options(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     jobs: A1111Jobs = request.app.state.a1111
     try:
         options = orjson.loads(await read_body(request))

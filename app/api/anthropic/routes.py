@@ -8,15 +8,19 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from app.api.anthropic.replies import MessageReply, reasons
 from app.api.anthropic.schemas import CountTokensRequest, MessagesRequest
-from app.api.chat_images import refuse_unseeing
-from app.api.errors import from_validation_errors
-from app.api.openai.replies import admit_choices
-from app.api.openai.routes import client_watch, openapi_body, read_body, request_schemas
-from app.api.openai.schemas import validate_generation_request
+from app.api.intake import (
+    admit_choices,
+    client_watch,
+    fleet_of,
+    generation_request,
+    openapi_body,
+    read_parsed,
+    request_schemas,
+)
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
 
@@ -59,31 +63,18 @@ def anthropic_schemas() -> dict[str, Any]:
     return request_schemas(REQUEST_MODELS)
 
 
-def _fleet(request: Request) -> Fleet:
-    return request.app.state.fleet
-
-
-def _parse(model: type[RequestT], body: bytes) -> RequestT:
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
-
-
 def _validated(fleet: Fleet, body: MessagesRequest) -> ValidGenerationRequest:
     """The request as the core takes it; an image for a model that does not see is a
     400 naming the model, after a 404 for a model that is not served."""
     where = body.image_param()
-    if where is not None:
-        refuse_unseeing(fleet, body.model, 1, where)
-    return validate_generation_request(body.as_chat(), fleet.settings)
+    return generation_request(fleet, body.chat_request(), where is not None, where or "")
 
 
 @router.post("/messages", openapi_extra=openapi_body(MessagesRequest), responses=EVENTS)
 async def create_message(request: Request) -> Response:
     """Anthropic's Messages API, streamed as Anthropic streams with `stream: true`."""
-    fleet = _fleet(request)
-    body = _parse(MessagesRequest, await read_body(request))
+    fleet = fleet_of(request)
+    body = await read_parsed(request, MessagesRequest)
     valid = _validated(fleet, body)
     thinking = body.thinking_shown and reasons(fleet.card(body.model).chat_template)
     reply = MessageReply(valid, body.model, thinking)
@@ -100,6 +91,6 @@ async def create_message(request: Request) -> Response:
 )
 async def count_message_tokens(request: Request) -> dict[str, int]:
     """The tokens the message's prompt takes; nothing runs on the device."""
-    fleet = _fleet(request)
-    body = _parse(CountTokensRequest, await read_body(request))
+    fleet = fleet_of(request)
+    body = await read_parsed(request, CountTokensRequest)
     return {"input_tokens": await fleet.count_tokens(_validated(fleet, body))}

@@ -298,7 +298,7 @@ class MessagesRequest(BaseModel):
                     return f"messages.{i}.content.{j}"
         return None
 
-    def as_chat(self) -> ChatRequest:
+    def chat_request(self) -> ChatRequest:
         """The same request as OpenAI's chat request (a 400 for what it cannot say)."""
         if self.messages[-1].role == "assistant":
             raise InvalidRequest(

@@ -14,7 +14,10 @@ from fastapi.responses import Response
 from starlette.datastructures import FormData, UploadFile
 
 from app.api.audio.replies import FORMATS, ResponseFormat, reply, streamed
-from app.api.openai.routes import client_watch
+from app.api.intake import (
+    client_watch,
+    fleet_of,
+)
 from app.config.durations import parse_keep_alive
 from app.config.settings import MODEL_NAME_PATTERN
 from app.core.fleet.fleet import Fleet
@@ -67,7 +70,7 @@ async def translations(request: Request) -> Response:
 
 
 async def _answer(request: Request, task: Task) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet: Fleet = fleet_of(request)
     valid, response_format, stream = await read_audio(
         request, task, fleet.settings.max_audio_seconds
     )

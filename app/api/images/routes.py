@@ -34,8 +34,12 @@ from app.api.images.schemas import (
 )
 from app.api.images.stream import stream_images
 from app.api.images.uploads import decode_init, decode_mask
-from app.api.openai.routes import client_watch, read_body
-from app.api.vision.routes import usage
+from app.api.intake import (
+    client_watch,
+    fleet_of,
+    pixel_usage,
+    read_parsed,
+)
 from app.config.settings import MODEL_NAME_PATTERN
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidImageGeneration
@@ -76,18 +80,15 @@ FILE_FIELDS = ("image", "image[]", "mask")
 
 @router.post("/images/generations", openapi_extra=OPENAPI, summary="Generate images from a prompt")
 async def generate_images(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
-    try:
-        body = ImageGenerationRequest.model_validate_json(await read_body(request))
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
+    fleet = fleet_of(request)
+    body = await read_parsed(request, ImageGenerationRequest)
     valid = validate_image_generation(body, fleet.settings)
     return await answer(request, valid, body, "image_generation")
 
 
 @router.post("/images/edits", openapi_extra=EDIT_OPENAPI, summary="Edit or inpaint an image")
 async def edit_images(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     settings = fleet.settings
     form = await request.form(max_files=len(FILE_FIELDS), max_fields=48)
     try:
@@ -119,7 +120,7 @@ async def edit_images(request: Request) -> Response:
 async def answer(
     request: Request, valid: ValidImageGeneration, body: ImageGenerationRequest, kind: str
 ) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     width, height = valid.first.width, valid.first.height
     if width is None or height is None:
         size = fleet.card(valid.model).image_size
@@ -143,7 +144,7 @@ async def answer(
         "data": data,
         "output_format": valid.first.output_format,
         "size": f"{width}x{height}",
-        "usage": usage(result),
+        "usage": pixel_usage(result),
     }
     if result.warnings:
         payload["warnings"] = list(result.warnings)
@@ -168,7 +169,7 @@ async def run_images(
 async def running_preview(
     request: Request, model: str = PathParam(max_length=64, pattern=MODEL_NAME_PATTERN)
 ) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     pixels = fleet.preview(model)
     if pixels is None:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})

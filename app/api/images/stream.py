@@ -22,7 +22,9 @@ import orjson
 from fastapi.responses import StreamingResponse
 from PIL import Image
 
-from app.api.vision.routes import usage
+from app.api.intake import (
+    pixel_usage,
+)
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidImageGeneration
 from app.core.watch import ClientWatch
@@ -100,7 +102,7 @@ def stream_images(
                 "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
                 "output_tokens": 0,
                 "total_tokens": 0,
-                **usage(result),
+                **pixel_usage(result),
             }
             for i, image in enumerate(result.output):
                 data = {"type": f"{kind}.completed",

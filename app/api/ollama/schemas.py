@@ -145,7 +145,7 @@ class ChatBody(_Generation):
     messages: list[OllamaMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
 
-    def as_openai(self) -> ChatRequest:
+    def chat_request(self) -> ChatRequest:
         fields = self._common() | {
             "messages": [m.as_openai(i) for i, m in enumerate(self.messages)],
             "tools": [tool.model_dump(exclude_none=True) for tool in self.tools or []] or None,
@@ -161,7 +161,7 @@ class GenerateBody(_Generation):
     images: list[str] | None = Field(default=None, max_length=MAX_IMAGES)  # base64
     suffix: str | None = None
 
-    def as_openai(self) -> ChatRequest | CompletionRequest:
+    def chat_request(self) -> ChatRequest | CompletionRequest:
         if self.images and self.raw:
             raise InvalidRequest("images need the chat template: not with raw", param="images")
         if self.suffix:
@@ -186,7 +186,7 @@ class EmbedBody(_Body):
     keep_alive: KeepAlive = None
     options: dict[str, Any] | None = None
 
-    def as_openai(self) -> EmbeddingRequest:
+    def embedding_request(self) -> EmbeddingRequest:
         return EmbeddingRequest.model_validate(
             {
                 "model": self.model,

@@ -13,13 +13,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
-from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
@@ -28,41 +26,6 @@ from app.models.decoding import DecodeResult
 from app.models.tools import read_calls
 
 DONE = b"data: [DONE]\n\n"
-
-
-def choice_requests(valid: ValidGenerationRequest) -> list[ValidGenerationRequest]:
-    """One request per choice: choice i of a seeded request samples with seed + i."""
-    if valid.n == 1:
-        return [valid]
-    seed = valid.params.seed
-    return [
-        replace(valid, params=replace(valid.params, seed=None if seed is None else seed + i))
-        for i in range(valid.n)
-    ]
-
-
-async def admit_choices(
-    fleet: Fleet, valid: ValidGenerationRequest, watch: ClientWatch
-) -> list[AdmittedGeneration]:
-    """Every choice admitted, or none: a choice that is refused closes the others."""
-    if valid.n == 1:
-        return [await fleet.generate(valid, watch)]
-    tasks = [asyncio.ensure_future(fleet.generate(one, watch)) for one in choice_requests(valid)]
-    failed: list[BaseException] = []
-    try:
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finally:  # also when this request is cancelled meanwhile: nothing admitted is left running
-        ended = [t for t in tasks if t.done() and not t.cancelled()]
-        admitted = [t.result() for t in ended if t.exception() is None]
-        failed = [error for t in ended if (error := t.exception()) is not None]
-        if failed or len(ended) < len(tasks):
-            for task in tasks:
-                task.cancel()
-            for generation in admitted:
-                generation.close()
-    if failed:
-        raise failed[0]
-    return admitted
 
 
 class Reply:

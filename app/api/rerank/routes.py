@@ -15,13 +15,15 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.errors import from_validation_errors
-from app.api.openai.routes import client_watch, read_body
+from app.api.intake import (
+    client_watch,
+    fleet_of,
+    read_parsed,
+)
 from app.api.openai.schemas import MAX_CHARS_HARD, KeepAlive
 from app.config.settings import MODEL_NAME_PATTERN
-from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidRerankRequest
 from app.errors import InvalidRequest
 
@@ -48,11 +50,8 @@ class RerankRequest(BaseModel):
 
 
 async def rerank(request: Request) -> Response:
-    fleet: Fleet = request.app.state.fleet
-    try:
-        body = RerankRequest.model_validate_json(await read_body(request))
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
+    fleet = fleet_of(request)
+    body = await read_parsed(request, RerankRequest)
     documents = body.texts()
     chars = len(body.query) * len(documents) + sum(len(d) for d in documents)
     if chars > fleet.settings.max_input_chars:

@@ -11,12 +11,18 @@ from typing import Any, Literal
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ValidationError
 
-from app.api.errors import from_validation_errors
-from app.api.openai.replies import admit_choices
-from app.api.openai.routes import REF, STREAMED, client_watch, read_body
-from app.api.openai.schemas import validate_generation_request
+from app.api.intake import (
+    REF,
+    STREAMED,
+    admit_choices,
+    client_watch,
+    fleet_of,
+    generation_request,
+    parsed,
+    read_body,
+    request_schemas,
+)
 from app.api.responses.fields import screen
 from app.api.responses.replies import ResponseDraft, events, whole
 from app.api.responses.schemas import (
@@ -55,8 +61,9 @@ _BODY = {"$ref": REF.format(model=ResponsesRequest.__name__)}
 _OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY}}}}
 
 
-def _fleet(request: Request) -> Fleet:
-    return request.app.state.fleet
+def responses_schemas() -> dict[str, Any]:
+    """The request body's schema and its parts, for the OpenAPI components."""
+    return request_schemas((ResponsesRequest,))
 
 
 def _store(request: Request) -> ResponseStore:
@@ -67,12 +74,9 @@ def _store(request: Request) -> ResponseStore:
 async def create_response(request: Request) -> Response:
     """A model's answer to `input` (after `previous_response_id`'s conversation), as a
     Response object, or its events with `stream: true`."""
-    fleet, store = _fleet(request), _store(request)
+    fleet, store = fleet_of(request), _store(request)
     raw = await read_body(request)
-    try:
-        body = ResponsesRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
+    body = parsed(ResponsesRequest, raw)
     _log_ignored(raw)
     items = [*_previous(store, body.previous_response_id), *body.items()]
     if has_image(items):
@@ -199,7 +203,7 @@ async def _admitted(
     the oldest turns go, one at a time, until the prompt fits the model's context."""
     while True:
         try:
-            valid = validate_generation_request(body.chat_request(items), fleet.settings)
+            valid = generation_request(fleet, body.chat_request(items))
             (generation,) = await admit_choices(fleet, valid, watch)
             return items, valid, generation
         except ContextLengthExceeded as exc:

@@ -15,14 +15,16 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response
-from pydantic import ValidationError
 
-from app.api.errors import from_validation_errors
-from app.api.openai.routes import client_watch, read_body
+from app.api.intake import (
+    client_watch,
+    fleet_of,
+    pixel_usage,
+    read_parsed,
+)
 from app.api.openai.schemas import PredictRequest
 from app.config.durations import parse_keep_alive
 from app.config.settings import MODEL_NAME_PATTERN, Settings
-from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidImageRequest
 from app.core.work import InferenceResult
 from app.errors import InvalidRequest
@@ -59,7 +61,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 async def predict(
     request: Request, model: str = PathParam(max_length=64, pattern=MODEL_NAME_PATTERN)
 ) -> Response:
-    fleet: Fleet = request.app.state.fleet
+    fleet = fleet_of(request)
     valid = await read_images(request, model, fleet.settings)
     with client_watch(request) as watch:
         result = await fleet.run(valid, watch)
@@ -74,7 +76,7 @@ async def predict(
         {"index": i, "b64_png": base64.b64encode(png).decode("ascii")}
         for i, png in enumerate(result.output)
     ]
-    body = {"object": "list", "model": model, "data": data, "usage": usage(result)}
+    body = {"object": "list", "model": model, "data": data, "usage": pixel_usage(result)}
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
 
@@ -90,10 +92,7 @@ async def read_images(request: Request, model: str, settings: Settings) -> Valid
         finally:
             await form.close()
     else:
-        try:
-            body = PredictRequest.model_validate_json(await read_body(request))
-        except ValidationError as exc:
-            raise from_validation_errors(exc.errors()) from None
+        body = await read_parsed(request, PredictRequest)
         encoded = [body.image] if isinstance(body.image, str) else body.image
         try:
             images = [base64.b64decode(item, validate=True) for item in encoded]
@@ -137,15 +136,4 @@ def scores_body(
             for i in best
         ]
         data.append({"index": index, "predictions": predictions})
-    return {"object": "list", "model": model, "data": data, "usage": usage(result)}
-
-
-def usage(result: InferenceResult) -> dict[str, Any]:
-    cost = result.cost
-    return {
-        "pixels": result.tokens,
-        "queue_ms": round(cost.queue_s * 1000, 3),
-        "run_ms": round(cost.run_s * 1000, 3),
-        "vram_bytes": cost.price_bytes,
-        "batch": cost.batch,
-    }
+    return {"object": "list", "model": model, "data": data, "usage": pixel_usage(result)}

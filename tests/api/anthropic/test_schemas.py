@@ -60,7 +60,7 @@ def test_a_tool_conversation_becomes_chats_calls_and_tool_turns():
         ],
         tools=[{"name": "w", "input_schema": {"type": "object"}, "cache_control": {"type": "x"}}],
         tool_choice={"type": "tool", "name": "w", "disable_parallel_tool_use": True},
-    ).as_chat()
+    ).chat_request()
     turns = [m.as_dict() for m in chat.messages]
     assert [t["role"] for t in turns] == ["system", "user", "assistant", "tool", "tool", "user"]
     assert turns[0]["content"] == "Be brief." and turns[2]["content"] == "Looking."
@@ -78,13 +78,13 @@ def test_a_tool_conversation_becomes_chats_calls_and_tool_turns():
 )
 def test_tool_choice_types_map_to_openais(choice, openai):
     tools = [{"name": "w", "input_schema": {"type": "object"}}]
-    assert request(tools=tools, tool_choice={"type": choice}).as_chat().tool_choice == openai
+    assert request(tools=tools, tool_choice={"type": choice}).chat_request().tool_choice == openai
 
 
 def test_output_config_format_is_a_json_schema_response_format():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     chat = request(output_config={"format": {"type": "json_schema", "schema": schema}})
-    assert chat.as_chat().response_format.json_schema.json_schema == schema  # type: ignore[union-attr]
+    assert chat.chat_request().response_format.json_schema.json_schema == schema  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -113,10 +113,10 @@ def test_output_config_format_is_a_json_schema_response_format():
 )
 def test_what_cannot_be_said_is_refused_saying_why(fields, said):
     with pytest.raises(InvalidRequest, match=said):
-        request(**fields).as_chat()
+        request(**fields).chat_request()
 
 
 def test_count_tokens_needs_no_max_tokens_and_ignored_fields_are_dropped():
     body = {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}
     counted = CountTokensRequest.model_validate({**body, "metadata": {"user_id": "u"}})
-    assert counted.max_tokens is None and counted.as_chat().max_tokens is None
+    assert counted.max_tokens is None and counted.chat_request().max_tokens is None
