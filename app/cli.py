@@ -35,7 +35,7 @@ from app.errors import (
     DeviceUnavailable,
 )
 from app.process.ports import listener, port_free
-from app.store.pull import PIP_COMMAND
+from app.store.fetch import PIP_COMMAND
 
 log = logging.getLogger("vramgate.cli")
 MANAGE = ("status", "pull", "list", "ps", "rm")  # their code: app.store.manage

@@ -21,7 +21,8 @@ from app.config.settings import MODEL_NAME_PATTERN, ConfigSource
 from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound, UnsafeSource
 from app.store.folders import remove_model
 from app.store.manage import model_folder
-from app.store.pull import EventProgress, pull
+from app.store.progress import EventProgress
+from app.store.pull import pull
 from app.store.sources import PullError, SourceRefused, parse_source
 
 log = logging.getLogger("vramgate.admin")

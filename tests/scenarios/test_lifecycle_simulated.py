@@ -108,12 +108,12 @@ def test_simulated_a_fault_while_starting_the_models_is_logged_and_the_server_de
     """A fault of ours while the models start (a preprocess that raised TypeError once
     left a server 'warming' forever, saying nothing): it is logged with its traceback,
     the phase is degraded, and the server still answers."""
-    from app.core.lifecycle.lifecycle import ModelLifecycle
+    from app.core.lifecycle.loads import ModelLoads
 
     async def broken(self) -> None:
         raise TypeError("object of type 'ImagePrompt' has no len()")
 
-    monkeypatch.setattr(ModelLifecycle, "start", broken)
+    monkeypatch.setattr(ModelLoads, "start", broken)
     live = server_factory(device="simulated:1GiB", ready=False, health_interval=3600)
     wait_until(lambda: live.status()["state"] == "degraded", 10, "degraded")
     assert any("starting the models failed" in r.message for r in caplog.records)

