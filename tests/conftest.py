@@ -1,8 +1,85 @@
+"""What every test can use, and the kind each test is, marked at collection from where it
+lives and what it starts (`pytest -m unit` runs the ones that start no server):
+
+- `scenario`: tests/scenarios/, whole servers driven through a story (a flood, a soak,
+  several models or devices sharing memory);
+- `e2e`: tests/e2e/, real programs end to end (Claude Code, Codex, the README's commands);
+- `live`: elsewhere, a test that starts a real server (in this process or as a child),
+  itself or through a fixture;
+- `unit`: the rest.
+"""
+
 from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.live import Live, live_server, make_settings
+
+HERE = Path(__file__).resolve().parent
+# what starts a server: in this process, as a child (`serve`, the tray that runs one,
+# the cluster), or the bundle's executables (its smoke test)
+STARTS_A_SERVER = (
+    "live_server(",
+    "ServerProcess(",
+    "server_factory",
+    '"-m", "app", "serve"',
+    '"-m", "app", "tray"',
+    '"cluster", "serve"',
+    "smoke_test.py",
+)
+
+
+@functools.cache
+def _starts_a_server(func: Callable[..., Any], depth: int = 3) -> bool:
+    """Whether `func` starts a server, itself or through a function of its own module
+    (a module's `serve(...)` helper behind its fixtures), to `depth` calls deep."""
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):
+        return False
+    if any(marker in source for marker in STARTS_A_SERVER):
+        return True
+    if depth == 0:
+        return False
+    called = {
+        n.func.id
+        for n in ast.walk(ast.parse(textwrap.dedent(source)))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    scope = getattr(func, "__globals__", {})
+    helpers = [scope[name] for name in called if inspect.isfunction(scope.get(name))]
+    return any(
+        _starts_a_server(helper, depth - 1)
+        for helper in helpers
+        if helper.__module__ == func.__module__ and helper is not func
+    )
+
+
+def _kind(item: pytest.Item) -> str:
+    parts = Path(str(item.path)).resolve().relative_to(HERE).parts
+    if parts[0] in ("scenarios", "e2e"):
+        return "scenario" if parts[0] == "scenarios" else "e2e"
+    function = getattr(item, "function", None)
+    if function is not None and _starts_a_server(function):
+        return "live"
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in info.name2fixturedefs.values() if info else ():
+        if any(_starts_a_server(d.func) for d in definitions):
+            return "live"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(_kind(item))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

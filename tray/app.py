@@ -1,6 +1,6 @@
 """The tray process (what a double-click runs): single instance, supervisor, monitor,
-and the pystray icon on the main thread. Never imports torch or app.engine; talks to
-the server over HTTP only."""
+and the pystray icon on the main thread. Never imports torch, the engines or the core;
+talks to the server over HTTP only."""
 
 from __future__ import annotations
 

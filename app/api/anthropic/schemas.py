@@ -6,9 +6,9 @@ OpenAI function tools, `tool_choice` OpenAI's. Nothing here runs a model."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.api.errors import from_validation_errors
@@ -391,7 +391,8 @@ def _assistant(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:
         if isinstance(block, TextBlock):
             text.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            arguments = orjson.dumps(block.input).decode()
+            # as orjson writes it, but any integer (orjson refuses one past 64 bits: a 500)
+            arguments = json.dumps(block.input, separators=(",", ":"), ensure_ascii=False)
             function = {"name": block.name, "arguments": arguments}
             calls.append({"id": block.id, "type": "function", "function": function})
         elif not isinstance(block, ThinkingBlock):  # thinking is not shown to the model again

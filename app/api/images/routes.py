@@ -44,8 +44,9 @@ from app.config.settings import MODEL_NAME_PATTERN
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidImageGeneration
 from app.core.work import InferenceResult
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, WrongModelKind
 from app.models.images import encode_png
+from app.models.kinds import LACKING, ImageGenerator
 
 router = APIRouter(prefix="/v1", tags=["images"])
 
@@ -123,9 +124,13 @@ async def answer(
     fleet = fleet_of(request)
     width, height = valid.first.width, valid.first.height
     if width is None or height is None:
-        size = fleet.card(valid.model).image_size
-        assert size is not None, "an image generator's card says its default size"
-        width, height = size
+        card = fleet.card(valid.model)  # 404 for a model not served
+        if card.image_size is None:  # no image generator: refused before anything runs
+            raise WrongModelKind(
+                f"model {valid.model!r} is a {card.kind} model: {LACKING[ImageGenerator]}",
+                param="model",
+            )
+        width, height = card.image_size
     if body.stream:
         return stream_images(fleet, valid, (width, height), kind, body.quality)
     result = await run_images(request, fleet, valid)

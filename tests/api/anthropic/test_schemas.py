@@ -120,3 +120,20 @@ def test_count_tokens_needs_no_max_tokens_and_ignored_fields_are_dropped():
     body = {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}
     counted = CountTokensRequest.model_validate({**body, "metadata": {"user_id": "u"}})
     assert counted.max_tokens is None and counted.chat_request().max_tokens is None
+
+
+def test_a_tool_calls_input_with_an_integer_past_64_bits_translates():
+    """A client's tool_use input holding 2**70 (schemathesis sent one: orjson refused it,
+    a 500): its arguments are that JSON, compact as orjson writes the others."""
+    chat = request(
+        messages=[
+            {"role": "user", "content": "Count."},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "n", "input": {"n": 2**70}}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+        ],
+    ).chat_request()
+    (call,) = chat.messages[1].as_dict()["tool_calls"]
+    assert call["function"]["arguments"] == '{"n":1180591620717411303424}'
