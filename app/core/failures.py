@@ -19,7 +19,7 @@ from app.errors import (
     QueueTimeout,
     VramgateError,
 )
-from app.models.base import Prepared
+from app.models.prepared import Prepared
 from app.observe.metrics import Metrics
 from app.sched.budget import PriceKey
 from app.sched.tickets import Permit, Reject

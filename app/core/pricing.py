@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 
 from app.core.work import Job
 from app.devices.executor import Measurement
-from app.models.base import ModelHandler, Prepared
+from app.models.base import ModelHandler
 from app.models.decoding import DecodeResult
+from app.models.prepared import Prepared
 from app.sched.budget import BudgetBook, GenerationSample, PriceKey, Quote
 
 

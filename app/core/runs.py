@@ -16,7 +16,7 @@ from app.core.failures import FailureMapper
 from app.core.pricing import Pricer
 from app.core.work import Job, JobResult
 from app.devices.executor import Executor, Measurement
-from app.models.base import Prepared
+from app.models.prepared import Prepared
 from app.sched.budget import PriceKey
 from app.sched.tickets import Permit
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.devices.executor import Measurement
-from app.models.base import ModelHandler, Prepared
+from app.models.base import ModelHandler
 from app.models.decoding import DecodeResult, TokenStream
+from app.models.prepared import Prepared
 from app.sched.budget import PriceKey, Quote
 
 log = logging.getLogger("vramgate.service")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import ContextLengthExceeded, InvalidRequest
-from app.models.base import Bucket, Prepared, next_pow2
+from app.models.prepared import Bucket, Prepared, next_pow2
 
 ANY_OBJECT = json.dumps({"type": "object"})  # OpenAI's `json_object` mode: any JSON object
 MIN_TOKEN_BUCKET = 16

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from app.models.base import Bucket, Prepared, next_pow2
 from app.models.image_prompt import ImagePrompt, Task
+from app.models.prepared import Bucket, Prepared, next_pow2
 
 TILED = "tiled"
 VARIANT_MARK = "~"

@@ -31,11 +31,12 @@ import numpy as np
 from app.config.settings import ModelSpec
 from app.errors import InvalidImageSize, InvalidRequest, WrongModelKind
 from app.models.audio import AudioClip
-from app.models.base import Exercises, ModelHandler, Prepared
+from app.models.base import Exercises, ModelHandler
 from app.models.card import ModelCard
 from app.models.decoding import Prompt, SamplingParams
 from app.models.image_buckets import group_of, is_tiled, merged, row_shape, rows_prepared
 from app.models.image_prompt import ImageProgress, ImagePrompt
+from app.models.prepared import Prepared
 from app.models.stages import Pools
 from app.sched.budget import Geometry
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from app.devices.executor import Measurement
 
 if TYPE_CHECKING:
-    from app.models.base import Prepared
     from app.models.decoding import DecodeResult, Prompt, SamplingParams, TokenStream
+    from app.models.prepared import Prepared
 
 T = TypeVar("T")
 # a request's device work, once started: resolves with its output and what it measured

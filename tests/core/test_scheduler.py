@@ -29,8 +29,8 @@ from app.devices.executor import Executor
 from app.devices.simulated import SimulatedDevice
 from app.engines.simulated.model import SimulatedHandler
 from app.errors import ClientGone, QueueFull, QueueTimeout, ShuttingDown
-from app.models.base import Prepared
 from app.models.decoding import SamplingParams, TokenStream
+from app.models.prepared import Prepared
 from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook
 

@@ -15,9 +15,9 @@ import numpy as np
 from app.config.settings import ModelSpec
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.errors import ContextLengthExceeded
-from app.models.base import Prepared, length_bucketed, merged_rows
 from app.models.decoding import TokenStream
 from app.models.kinds import Embedder, TextOrIds
+from app.models.prepared import Prepared, length_bucketed, merged_rows
 from app.models.stages import Launched, Pools, elsewhere
 
 

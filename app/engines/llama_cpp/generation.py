@@ -16,7 +16,6 @@ from app.engines.llama_cpp.client import RunnerAnswer
 from app.engines.llama_cpp.requests import completion_body, decode_result, logprobs_of
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.errors import InvalidRequest, RunnerStopped
-from app.models.base import Prepared
 from app.models.card import ModelCard
 from app.models.decoding import (
     Chat,
@@ -29,6 +28,7 @@ from app.models.decoding import (
     generation_prepared,
 )
 from app.models.kinds import Generator
+from app.models.prepared import Prepared
 from app.models.stages import Launched, Pools, elsewhere
 from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry

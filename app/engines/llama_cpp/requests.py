@@ -8,8 +8,8 @@ import json
 import secrets
 from typing import Any
 
-from app.models.base import Prepared
 from app.models.decoding import DecodeResult, GenerationInput, TokenLogprob
+from app.models.prepared import Prepared
 
 # llama.cpp's stop types (server-task.cpp): an end-of-generation token, a stop word, or
 # n_predict reached

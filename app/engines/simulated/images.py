@@ -22,11 +22,11 @@ import numpy as np
 
 from app.config.settings import ModelSpec, SimulatedImages
 from app.engines.simulated.model import SimulatedWeights, TrueJitter
-from app.models.base import Bucket, Prepared
 from app.models.image_buckets import ImageBucket
 from app.models.image_prompt import ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
+from app.models.prepared import Bucket, Prepared
 from app.models.stages import InThreads
 
 

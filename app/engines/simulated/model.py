@@ -26,7 +26,6 @@ import torch
 from app.config.settings import ModelSpec, SimulatedBucket
 from app.devices.base import Device
 from app.errors import InvalidRequest
-from app.models.base import Bucket, Prepared
 from app.models.decoding import (
     DecodeResult,
     GenerationInput,
@@ -39,6 +38,7 @@ from app.models.decoding import (
 from app.models.images import encode_png, image_size
 from app.models.kinds import Embedder, Generator, ImageModel
 from app.models.prefix_cache import MIN_CACHED, Entry
+from app.models.prepared import Bucket, Prepared
 from app.models.stages import InThreads
 from app.sched.budget import Geometry
 

@@ -26,8 +26,9 @@ from app.devices.base import Device
 from app.devices.torch_backed import torch_device_of
 from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
-from app.models.base import Prepared, dtype_on, length_bucketed, merged_rows, weight_file_bytes
+from app.models.base import dtype_on, weight_file_bytes
 from app.models.kinds import Embedder, TextOrIds
+from app.models.prepared import Prepared, length_bucketed, merged_rows
 from app.models.stages import InThreads
 
 

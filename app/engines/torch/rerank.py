@@ -24,15 +24,9 @@ from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.devices.torch_backed import torch_device_of
 from app.engines.torch.module import TorchModule
-from app.models.base import (
-    Prepared,
-    dtype_on,
-    length_bucketed,
-    merged_rows,
-    read_json_object,
-    weight_file_bytes,
-)
+from app.models.base import dtype_on, read_json_object, weight_file_bytes
 from app.models.kinds import Pair, Reranker
+from app.models.prepared import Prepared, length_bucketed, merged_rows
 from app.models.stages import InThreads
 
 ACTIVATIONS = {

@@ -55,8 +55,9 @@ from app.models.audio import (
     decode_audio,
     windows,
 )
-from app.models.base import Bucket, Prepared, dtype_on, next_pow2, weight_file_bytes
+from app.models.base import dtype_on, weight_file_bytes
 from app.models.kinds import Transcriber
+from app.models.prepared import Bucket, Prepared, next_pow2
 from app.models.stages import InThreads
 from app.models.transcript import Segment, WindowText, placed
 

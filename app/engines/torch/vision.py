@@ -25,9 +25,9 @@ from app.devices.base import Device
 from app.devices.torch_backed import torch_device_of
 from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
-from app.models.base import Bucket, Prepared, next_pow2
 from app.models.images import decode_rgb, encode_png
 from app.models.kinds import ImageModel
+from app.models.prepared import Bucket, Prepared, next_pow2
 from app.models.stages import InThreads
 
 MIN_SIDE_BUCKET = 64

@@ -140,7 +140,7 @@ def test_requests_merge_into_one_call_and_keep_their_own_windows(loaded, tmp_pat
 
 
 def test_the_first_quote_grows_with_the_windows_in_a_call(loaded):
-    from app.models.base import Bucket
+    from app.models.prepared import Bucket
 
     one, four = (loaded.prior_bytes(Bucket(f"w30xb{n}", n)) for n in (1, 4))
     assert 0 < one < four == 4 * speech_bytes(loaded._model.config, 1, 4) * 4 // 4
@@ -174,7 +174,7 @@ def test_what_timing_words_adds_to_a_window(layers, heads, vocab, element, expec
 def test_word_windows_are_a_bucket_variant_of_their_own(loaded, tmp_path):
     """Word runs hold every layer's attention maps: their own `~words` variant, quoted
     with `word_bytes` a window, never merged or batched with plain windows."""
-    from app.models.base import Bucket
+    from app.models.prepared import Bucket
 
     data = write_wav(tmp_path / "w.wav", tone(40, seed=5)).read_bytes()
     words = loaded.preprocess([AudioClip(data, 60, SpeechOptions(language="en", words=True))])

@@ -42,11 +42,12 @@ from app.devices.torch_backed import torch_device_of
 from app.engines.torch.diffusion.cost import DiffusionGeometry, image_bytes
 from app.engines.torch.diffusion.pipeline import for_run, load_pipeline, weights_bytes_on
 from app.engines.torch.diffusion.preview import latent_previews, table_for
-from app.models.base import Bucket, Prepared, dtype_on
+from app.models.base import dtype_on
 from app.models.image_buckets import ImageBucket, is_tiled
 from app.models.image_prompt import ImageProgress, ImagePrompt
 from app.models.images import encode_image
 from app.models.kinds import ImageGenerator
+from app.models.prepared import Bucket, Prepared
 from app.models.stages import InThreads
 
 # How often a run maps its latents to RGB for the dashboard when no request asked for

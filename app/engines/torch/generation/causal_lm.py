@@ -34,13 +34,7 @@ from app.engines.torch.generation.packing import packing_works
 from app.engines.torch.generation.step_batch import StepBatcher
 from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
-from app.models.base import (
-    IMAGES_TAG,
-    Prepared,
-    read_chat_template,
-    read_json_object,
-    weight_file_bytes,
-)
+from app.models.base import read_chat_template, read_json_object, weight_file_bytes
 from app.models.card import ModelCard
 from app.models.decoding import (
     DecodeResult,
@@ -50,6 +44,7 @@ from app.models.decoding import (
     generation_prepared,
 )
 from app.models.kinds import Generator
+from app.models.prepared import IMAGES_TAG, Prepared
 from app.models.stages import InThreads
 from app.models.tools import chat_messages, template_knows_tools
 from app.sched.budget import Geometry

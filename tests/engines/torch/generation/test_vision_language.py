@@ -22,9 +22,9 @@ from app.engines.table import make_handler
 from app.engines.torch.families import sees_images
 from app.engines.torch.generation.causal_lm import CausalLMHandler
 from app.engines.torch.generation.vision_language import VisionLanguageHandler, processor_messages
-from app.models.base import IMAGES_TAG
 from app.models.decoding import Chat, DecodeResult, SamplingParams, TokenStream
 from app.models.prefix_cache import PrefixStore
+from app.models.prepared import IMAGES_TAG
 from tests.support.random_models import llava_answers, save_random_llama, save_random_llava
 
 # long enough that two prompts share more than MIN_SHARED tokens besides the image's
