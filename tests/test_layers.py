@@ -137,3 +137,13 @@ def test_the_core_the_routes_and_the_contract_load_without_torch():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_no_folder_of_app_holds_more_than_15_modules():
+    """A folder of more than ~15 modules wants sub-packages by what they do (STYLE 11)."""
+    crowded = {
+        folder.relative_to(ROOT).as_posix(): count
+        for folder in [ROOT / "app", *(p.parent for p in (ROOT / "app").rglob("__init__.py"))]
+        if (count := len(list(folder.glob("*.py")))) > 15
+    }
+    assert not crowded, f"folders past 15 modules: {crowded}"
