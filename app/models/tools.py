@@ -136,3 +136,69 @@ def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
 def _instruction_form(call: dict[str, Any]) -> dict[str, Any]:
     function = _with_object_arguments(call)["function"]
     return {"name": function.get("name"), "arguments": function.get("arguments")}
+
+
+OPENER = "<tool_call>"
+_CALL_STARTS = ("{", "[", "`")  # an answer that is a call (or a list, or fenced) begins so
+
+
+class CallWatch:
+    """An answer streamed while tools are offered: its text is let out as soon as it can
+    no longer be the start of a tool call, and what may be one is held to the end.
+
+    Undecided while only blank; an answer whose first other character opens JSON (or a
+    fence) may be nothing but a call, and is held whole; one that begins as Hermes'
+    `<tool_call>` opener is held until it is one or diverges. Text let out is watched
+    for an opener later on (a call after some words): from the opener on, it is held
+    again. `end` reads the calls in what was held; text there that is no call is the
+    rest of the content."""
+
+    def __init__(self, names: set[str]) -> None:
+        self._names = names
+        self._held = ""
+        self._streaming = False  # decided: this answer is text, let out as it comes
+
+    def feed(self, text: str) -> str:
+        """What of `text` (and what was held before it) may be streamed now."""
+        self._held += text
+        if not self._streaming:
+            start = self._held.lstrip()
+            if not start:
+                return ""
+            if start.startswith(_CALL_STARTS) or start.startswith(OPENER):
+                return ""  # may be nothing but a call: held to the end
+            if OPENER.startswith(start):
+                return ""  # the opener's first characters so far
+            self._streaming = True
+        return self._let_out()
+
+    def _let_out(self) -> str:
+        """The held text up to an opener (held from there on), or up to a tail that may
+        still become one."""
+        at = self._held.find(OPENER)
+        if at >= 0:
+            out, self._held = self._held[:at], self._held[at:]
+            self._streaming = False  # a call after some text: the rest is held
+            return out
+        keep = partial_tail(self._held, OPENER)
+        cut = len(self._held) - keep
+        out, self._held = self._held[:cut], self._held[cut:]
+        return out
+
+    def end(self) -> tuple[str, list[ToolCall]]:
+        """The text still to send as content, and the calls the answer made."""
+        held, self._held = self._held, ""
+        if self._streaming:  # the tail that might have opened a call did not
+            return held, []
+        rest, calls = read_calls(held, self._names)
+        if not calls:
+            return held, []
+        return rest or "", calls
+
+
+def partial_tail(text: str, marker: str) -> int:
+    """How many of `text`'s last characters are the start of `marker`."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0

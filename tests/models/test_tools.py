@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 
-from app.models.tools import call_schema, chat_messages, read_calls, template_knows_tools
+from app.models.tools import (
+    CallWatch,
+    call_schema,
+    chat_messages,
+    read_calls,
+    template_knows_tools,
+)
 
 WEATHER = {
     "type": "function",
@@ -83,3 +89,46 @@ def test_templates_that_mention_tools_are_told_apart():
         "{% for message in messages %}{{ message.content }}{% endfor %}"
     )
     assert not template_knows_tools(None)
+
+
+def streamed(pieces: list[str], names: set[str]) -> tuple[list[str], str, list]:
+    watch = CallWatch(names)
+    out = [watch.feed(piece) for piece in pieces]
+    rest, calls = watch.end()
+    return out, rest, calls
+
+
+def test_a_plain_answer_with_tools_offered_is_let_out_as_it_comes():
+    out, rest, calls = streamed(["  ", "The", " weather", " is", " fine."], {"weather"})
+    assert out == ["", "  The", " weather", " is", " fine."] and (rest, calls) == ("", [])
+
+
+def test_an_answer_that_is_a_call_is_held_whole_and_read_at_the_end():
+    pieces = ['{"na', 'me": "weather", ', '"arguments": {"city": "Oslo"}}']
+    out, rest, calls = streamed(pieces, {"weather"})
+    assert out == ["", "", ""] and rest == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("weather", {"city": "Oslo"})]
+
+
+def test_json_that_is_no_call_comes_whole_at_the_end():
+    out, rest, calls = streamed(['{"a"', ": 1}"], {"weather"})
+    assert out == ["", ""] and (rest, calls) == ('{"a": 1}', [])
+
+
+def test_a_call_after_some_words_holds_from_its_opener():
+    pieces = [
+        "Let me look.",
+        " <tool",
+        '_call>{"name": "weather", ',
+        '"arguments": {}}</tool_call>',
+    ]
+    out, rest, calls = streamed(pieces, {"weather"})
+    assert "".join(out) == "Let me look. " and out[0] == "Let me look."
+    assert rest == "" and [c.name for c in calls] == ["weather"]
+
+
+def test_an_opener_that_never_becomes_one_is_let_out():
+    out, rest, calls = streamed(["<to", "day> is sunny"], {"weather"})
+    assert out == ["", "<today> is sunny"] and (rest, calls) == ("", [])
+    out, rest, calls = streamed(["It is <tool", "s> time"], {"weather"})
+    assert "".join(out) + rest == "It is <tools> time" and calls == []

@@ -6,8 +6,9 @@ began as an `error` event).
 The answer's text is read as app.api.openai.replies reads it for OpenAI (`read_calls` where
 tools are offered), then put into blocks: a reasoning model's `<think>…</think>` as a
 thinking block (where the request asks for thinking), the text, its tool calls as
-`tool_use` blocks. With tools offered the whole answer is held and its blocks sent at the
-end (a call is only known whole); otherwise text streams as it is decoded.
+`tool_use` blocks. Text streams as it is decoded; with tools offered, what may still be
+a call is held (app.models.tools.CallWatch) and its blocks sent at the end (a call is
+only known whole).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.decoding import DecodeResult
-from app.models.tools import ToolCall, read_calls
+from app.models.tools import CallWatch, ToolCall, partial_tail, read_calls
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PING_EVERY_S = 10.0  # a held answer (tools offered) sends nothing else until its end
@@ -67,7 +68,7 @@ class ThinkSplitter:
             self.state, self.held = "thinking", opening[len(THINK_OPEN) :]
         at = self.held.find(THINK_CLOSE)
         if at == -1:
-            cut = len(self.held) - _partial_tail(self.held, THINK_CLOSE)
+            cut = len(self.held) - partial_tail(self.held, THINK_CLOSE)
             piece, self.held = self.held[:cut], self.held[cut:]
             return [("thinking", piece)] if piece else []
         thought, rest = self.held[:at], self.held[at + len(THINK_CLOSE) :]
@@ -81,14 +82,6 @@ class ThinkSplitter:
     def _flush(self, kind: Kind) -> list[tuple[Kind, str]]:
         held, self.held = self.held, ""
         return [(kind, held)] if held else []
-
-
-def _partial_tail(text: str, tag: str) -> int:
-    """How many of `text`'s last characters may begin `tag`."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:size]):
-            return size
-    return 0
 
 
 def usage(outcome: DecodeResult) -> dict[str, int]:
@@ -150,9 +143,29 @@ class MessageReply:
         calls: list[ToolCall] = []
         if self.tools:
             left, calls = read_calls(rest, set(self.valid.tool_names))
-            calls = calls if self.valid.parallel_tool_calls else calls[:1]
             rest = (left or "") if calls else rest
-        if rest or not (content or calls):
+        return self._with_calls(content, rest, calls, outcome)
+
+    def held_blocks(
+        self, watch: CallWatch, outcome: DecodeResult
+    ) -> tuple[list[dict[str, Any]], Ending]:
+        """A streamed answer's last blocks in tool mode: its text still held, its calls."""
+        rest, calls = watch.end()
+        return self._with_calls([], rest, calls, outcome, streamed=True)
+
+    def _with_calls(
+        self,
+        content: list[dict[str, Any]],
+        rest: str,
+        calls: list[ToolCall],
+        outcome: DecodeResult,
+        *,
+        streamed: bool = False,
+    ) -> tuple[list[dict[str, Any]], Ending]:
+        """`content` with the text left and a tool_use block per call; a whole answer
+        with nothing else gets an empty text block (a stream's writer adds its own)."""
+        calls = calls if self.valid.parallel_tool_calls else calls[:1]
+        if rest or not (content or calls or streamed):
             content.append({"type": "text", "text": rest})
         for call in calls:
             arguments = orjson.loads(call.arguments)
@@ -196,19 +209,22 @@ class MessageReply:
             }
             yield _event("message_start", {"type": "message_start", "message": start})
             splitter = ThinkSplitter(self.thinking and not self.tools)
-            held: list[str] = []
+            # tool mode: text streams once it can be no call; a call is held (CallWatch)
+            watch = CallWatch(set(self.valid.tool_names)) if self.tools else None
             async for delta in _with_pings(generation.deltas(), PING_EVERY_S):
                 if delta is None:
                     yield _event("ping", {"type": "ping"})
-                elif self.tools:
-                    held.append(delta)
+                elif watch is not None:
+                    if text := watch.feed(delta):
+                        for event in blocks.piece("text", text):
+                            yield event
                 else:
                     for kind, piece in splitter.push(delta):
                         for event in blocks.piece(kind, piece):
                             yield event
             outcome, _ = await _outcome(generation)
-            if self.tools:
-                content, ending = self.blocks("".join(held), outcome)
+            if watch is not None:
+                content, ending = self.held_blocks(watch, outcome)
                 events = [event for block in content for event in blocks.whole(block)]
             else:
                 ending = _ending(outcome, False)

@@ -54,7 +54,7 @@ from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.card import ModelCard
 from app.models.decoding import DecodeResult
-from app.models.tools import read_calls
+from app.models.tools import CallWatch, ToolCall, read_calls
 from app.store.manage import folder_bytes, model_folder
 
 router = APIRouter(prefix="/api", tags=["ollama"])
@@ -304,20 +304,22 @@ class Answer:
 
     async def chunks(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         try:
-            held: list[str] = []
+            # tool mode: text streams once it can be no call; a call is held (CallWatch)
+            watch = CallWatch(set(self.valid.tool_names)) if self.tools else None
             async for delta in generation.deltas():
                 self._mark_first()
-                if self.tools:
-                    held.append(delta)  # read whole for its tool calls, sent at the end
-                    continue
-                yield orjson.dumps(self._chunk() | self._content(delta)) + b"\n"
+                text = watch.feed(delta) if watch is not None else delta
+                if text or watch is None:
+                    yield orjson.dumps(self._chunk() | self._text(text)) + b"\n"
             try:
                 outcome, cost = await self._outcome(generation)
             except VramgateError as exc:
                 yield orjson.dumps({"error": exc.message, "code": exc.code}) + b"\n"
                 return
-            if self.tools:
-                yield orjson.dumps(self._chunk() | self._content("".join(held))) + b"\n"
+            if watch is not None:
+                rest, calls = watch.end()
+                if rest or calls:
+                    yield orjson.dumps(self._chunk() | self._message(rest, calls)) + b"\n"
             yield orjson.dumps(self._final(outcome, cost) | self._content("")) + b"\n"
         finally:
             generation.close()
@@ -342,17 +344,24 @@ class Answer:
         return {"model": self.model, "created_at": _now(), "done": False}
 
     def _content(self, text: str) -> dict[str, Any]:
-        if not self.chat:
-            return {"response": text}
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        """A whole answer's text, read for its tool calls where tools were offered."""
         if self.tools and text:
             rest, calls = read_calls(text, set(self.valid.tool_names))
             if calls:
-                message["content"] = rest or ""
-                message["tool_calls"] = [
-                    {"function": {"name": c.name, "arguments": json.loads(c.arguments)}}
-                    for c in calls
-                ]
+                return self._message(rest or "", calls)
+        return self._text(text)
+
+    def _text(self, text: str) -> dict[str, Any]:
+        if not self.chat:
+            return {"response": text}
+        return {"message": {"role": "assistant", "content": text}}
+
+    def _message(self, text: str, calls: list[ToolCall]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [
+                {"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls
+            ]
         return {"message": message}
 
     def _final(self, outcome: DecodeResult, cost: Cost) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.decoding import DecodeResult
-from app.models.tools import read_calls
+from app.models.tools import CallWatch, read_calls
 
 DONE = b"data: [DONE]\n\n"
 
@@ -84,13 +84,15 @@ class Reply:
                 echoes = [self._delta(i, {"text": self.prompt}) for i in range(len(generations))]
                 yield _sse(self._envelope(chunk, echoes))
             ended: list[tuple[DecodeResult, Cost]] = []
-            held = dict.fromkeys(range(len(generations)), "")  # tool mode: the whole answer
+            # tool mode: text streams once it can be no call; a call is held (CallWatch)
+            names = set(self.body.tool_names)
+            watches = {i: CallWatch(names) for i in range(len(generations)) if self.tools}
             async for index, text in _merged(generations):
                 if text is not None and self.tools:
-                    held[index] += text
-                    continue
-                if text is not None:
+                    text = watches[index].feed(text)
+                if text:
                     yield _sse(self._envelope(chunk, [self._delta(index, self._content(text))]))
+                if text is not None:
                     continue
                 try:
                     outcome, cost = await generations[index].outcome()
@@ -105,9 +107,9 @@ class Reply:
                 ended.append((outcome, cost))
                 finish = outcome.finish_reason
                 if self.tools:
-                    message, finish = self._message(held[index], finish)
-                    message.pop("role")
-                    yield _sse(self._envelope(chunk, [self._delta(index, message)]))
+                    delta, finish = self._held_end(watches[index], finish)
+                    if delta:
+                        yield _sse(self._envelope(chunk, [self._delta(index, delta)]))
                 last = self._delta(index, {}, finish)
                 if outcome.logprobs is not None:
                     last["logprobs"] = self._logprobs(outcome, len(self.prompt))
@@ -135,8 +137,19 @@ class Reply:
 
     @property
     def tools(self) -> bool:
-        """Whether answers are read for tool calls (and streamed whole, at their end)."""
+        """Whether answers are read for tool calls (a stream's text held while it may
+        still be one: app.models.tools.CallWatch)."""
         return self.chat and self.body.tool_mode != "none"
+
+    def _held_end(self, watch: CallWatch, finish: str) -> tuple[dict[str, Any], str]:
+        """A streamed answer's last delta in tool mode: what was held, as content or as
+        its tool calls."""
+        rest, calls = watch.end()
+        calls = calls if self.body.parallel_tool_calls else calls[:1]
+        if not calls:
+            return ({"content": rest} if rest else {}), finish
+        listed = [{"index": i, **call.as_openai()} for i, call in enumerate(calls)]
+        return {"content": rest or None, "tool_calls": listed}, "tool_calls"
 
     def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message for `text`: its tool calls where it makes some."""

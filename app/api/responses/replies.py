@@ -2,9 +2,9 @@
 of events (`event: <type>` and `data: {...}` with a `sequence_number` from 0).
 
 Output items are a message with one `output_text` part, or function calls read from the
-answer as chat reads them (app.models.tools.read_calls): where calls may come (tools
-offered and not `none`), the answer is held until it ends and its items then stream at
-once, as chat streams a tool answer; otherwise its text streams as it is decoded.
+answer as chat reads them (app.models.tools.read_calls). Its text streams as it is
+decoded; where calls may come (tools offered and not `none`), what may still be a call
+is held (app.models.tools.CallWatch) and its items sent whole at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.decoding import DecodeResult
-from app.models.tools import ToolCall, read_calls
+from app.models.tools import CallWatch, ToolCall, read_calls
 
 Item = dict[str, Any]
 OnDone = Callable[[dict[str, Any]], None]  # given the finished Response object
@@ -188,26 +188,43 @@ async def events(
         started = draft.envelope("in_progress", [])
         yield emit("response.created", response=started)
         yield emit("response.in_progress", response=started)
-        if draft.calls_possible:
-            output = await _held(draft, generation)
-            for index, item in enumerate(output[0]):
-                for event in _whole_item(emit, index, item):
+        # where calls may come, text streams once it can be no call (CallWatch)
+        names = set(draft.valid.tool_names)
+        watch = CallWatch(names) if draft.calls_possible else None
+        item, text, opened = message_item("", "in_progress"), "", False
+        async for piece in generation.deltas():
+            piece = watch.feed(piece) if watch is not None else piece
+            if not piece:
+                continue
+            if not opened:
+                opened = True
+                for event in opening(emit, 0, item):
                     yield event
-            finished = draft.finished(*output)
-        else:
-            item = message_item("", "in_progress")
-            for event in opening(emit, 0, item):
-                yield event
-            text = ""
-            async for piece in generation.deltas():
-                text += piece
-                yield delta(emit, 0, item, piece)
-            outcome, _ = await outcome_of(generation)
+            text += piece
+            yield delta(emit, 0, item, piece)
+        outcome, _ = await outcome_of(generation)
+        rest, calls = watch.end() if watch is not None else ("", [])
+        calls = calls if draft.valid.parallel_tool_calls else calls[:1]
+        output: list[Item] = []
+        if rest or opened or not calls:  # the message item: its text streamed, and the rest
+            if not opened:
+                for event in opening(emit, 0, item):
+                    yield event
+            if rest:
+                text += rest
+                yield delta(emit, 0, item, rest)
             status = "incomplete" if outcome.finish_reason == "length" else "completed"
-            item = {**message_item(text, status), "id": item["id"]}
-            for event in closing(emit, 0, item):
+            output.append(
+                {**message_item(text, status if not calls else "completed"), "id": item["id"]}
+            )
+            for event in closing(emit, 0, output[0]):
                 yield event
-            finished = draft.finished([item], outcome)
+        for call in calls:
+            called = call_item(call)
+            for event in _whole_item(emit, len(output), called):
+                yield event
+            output.append(called)
+        finished = draft.finished(output, outcome)
         on_done(finished)
         kind = "response.completed" if finished["status"] == "completed" else "response.incomplete"
         yield emit(kind, response=finished)
@@ -216,14 +233,6 @@ async def events(
         yield emit("response.failed", response=draft.envelope("failed", [], error=error))
     finally:
         generation.close()
-
-
-async def _held(
-    draft: ResponseDraft, generation: AdmittedGeneration
-) -> tuple[list[Item], DecodeResult]:
-    text = "".join([piece async for piece in generation.deltas()])
-    outcome, _ = await outcome_of(generation)
-    return draft.output(text, outcome), outcome
 
 
 def _whole_item(emit: EventWriter, index: int, item: Item) -> list[bytes]:

@@ -127,3 +127,26 @@ def test_smollm2_forced_call_is_valid_and_its_result_continues_the_chat(small_ll
         temperature=0,
     )
     assert answer.choices[0].message.content, answer
+
+
+POEM = [{"role": "user", "content": "Write two short sentences about the sea."}]
+
+
+@pytest.mark.slow
+def test_smollm2_streams_a_plain_answer_while_tools_are_offered(small_llm):
+    """Open WebUI offers its tools with every chat: an answer that is no call streams as
+    it is decoded, in many chunks before the last (it came whole at the end before), and
+    is the same text as the answer asked for whole."""
+    asked = {"model": "smollm2", "messages": POEM, "tools": TOOLS, "max_tokens": 40}
+    whole = small_llm.chat.completions.create(**asked, temperature=0)  # type: ignore[call-overload]
+    assert not whole.choices[0].message.tool_calls  # the premise: a plain answer
+    pieces, finish = [], None
+    for chunk in small_llm.chat.completions.create(**asked, temperature=0, stream=True):  # type: ignore[call-overload]
+        for choice in chunk.choices:
+            if choice.delta.content:
+                assert finish is None  # text before the end, not a burst with it
+                pieces.append(choice.delta.content)
+            finish = choice.finish_reason or finish
+    assert len(pieces) >= 10, pieces
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
