@@ -26,9 +26,11 @@ class MemoryView:
         return self._snap[1]
 
     def pool_bytes(self) -> int:
-        """What jobs may hold in total now: follows memory other programs take or free."""
+        """What jobs may hold in total now: follows memory other programs take or free,
+        and what our runners hold past their load figures (theirs, not the jobs')."""
         snap = self.snapshot()
-        return max(0, snap.free_for_us + snap.ours_allocated - self.baseline - self.reserve)
+        held = self.baseline + self.reserve + snap.runners_beyond
+        return max(0, snap.free_for_us + snap.ours_allocated - held)
 
     def capacity_bytes(self) -> int:
         """The most the pool could be, if every other program let go and the idle models

@@ -68,6 +68,9 @@ class MemorySnapshot:
     # ours outside the allocator (a CUDA context), or beyond what it may reserve (a
     # per-process memory fraction): never the pool's
     outside: int = 0
+    # what our runner processes hold past the figures their engines reported at load
+    # (a large prefill's buffers, the interpreter): ours, in `ours`, and no job's
+    runners_beyond: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

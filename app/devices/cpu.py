@@ -49,7 +49,8 @@ class CpuDevice(TorchBacked):
 
     def snapshot(self) -> MemorySnapshot:
         vm = psutil.virtual_memory()
-        rss = self.allocated() + self._runners_rss()
+        runners, beyond = self._runners_rss()
+        rss = self.allocated() + runners
         return MemorySnapshot(
             total=int(vm.total),
             free=int(vm.available),
@@ -57,22 +58,26 @@ class CpuDevice(TorchBacked):
             ours=rss,
             ours_allocated=rss,
             free_for_us=int(vm.available),
+            runners_beyond=beyond,
         )
 
-    def _runners_rss(self) -> int:
-        """Our runner processes' resident sets (one that just ended counts nothing)."""
+    def _runners_rss(self) -> tuple[int, int]:
+        """Our runner processes' resident sets (one that just ended counts nothing), and
+        how far they are past what their engines reported."""
         runners = self.runners
         for gone in self._runner_procs.keys() - runners.keys():
             self._runner_procs.pop(gone, None)  # snapshots come from several threads
-        total = 0
-        for pid in runners:
+        total = beyond = 0
+        for pid, reported in runners.items():
             try:
                 proc = self._runner_procs.get(pid) or psutil.Process(pid)
                 self._runner_procs[pid] = proc
-                total += int(proc.memory_info().rss)
+                rss = int(proc.memory_info().rss)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-        return total
+            total += rss
+            beyond += max(0, rss - reported)
+        return total, beyond
 
     def allocated(self) -> int:
         if self._proc is not None:

@@ -88,6 +88,9 @@ class CudaDevice(TorchBacked):
         by_pid = self._used_by_pid()
         # runners: the driver's figure per process, else what their engine reported
         runners = sum(by_pid.get(pid, reported) for pid, reported in self.runners.items())
+        beyond = sum(
+            max(0, by_pid.get(pid, reported) - reported) for pid, reported in self.runners.items()
+        )
         own = by_pid.get(self._pid)
         ours = (own or reserved) + runners
         # the CUDA context and what else the driver holds for us outside torch's
@@ -103,6 +106,7 @@ class CudaDevice(TorchBacked):
             ours_allocated=allocated + runners,
             free_for_us=grow + max(0, reserved - allocated),
             outside=outside if allowed is None else max(outside, total - allowed),
+            runners_beyond=beyond,
         )
 
     def _allowed(self, total: int) -> int | None:

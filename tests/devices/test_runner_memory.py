@@ -91,3 +91,40 @@ def test_on_a_gpu_a_runner_is_ours_by_the_drivers_figure_for_its_pid_and_sees_th
     assert snap.used_by_others == 500 * MiB
     device.release(runner_pid)
     assert device.snapshot().used_by_others == 500 * MiB + 900 * MiB
+
+
+def test_a_runners_growth_past_its_load_figure_shrinks_the_pool_on_the_cpu():
+    """A runner (a real child process) adopted at the figure its engine reported, which
+    then takes 300 MiB more (a large prefill's buffers): the pool jobs may hold shrinks by
+    those bytes. Counted only as ours, they would read as still free for jobs (our
+    resident set grew by what the free memory lost: the pool stayed the same)."""
+    from app.core.memory import MemoryView
+
+    code = (
+        "import sys; print('small', flush=True); sys.stdin.readline(); "
+        f"b = bytearray({HOLD}); print('grown', flush=True); sys.stdin.readline()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "small"
+        device = CpuDevice()
+        device.adopt(child.pid, psutil.Process(child.pid).memory_info().rss)  # its load figure
+        view = MemoryView(device, reserve=0, clock=lambda: 0.0)
+        before = view.snapshot(fresh=True)
+        pool_before = view.pool_bytes()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "grown"
+        after = view.snapshot(fresh=True)
+        assert abs(after.runners_beyond - HOLD) < 32 * MiB  # what it holds past its figure
+        assert before.runners_beyond < 32 * MiB
+        # the pool lost the growth, beside what other programs took meanwhile (the
+        # device's own reading of them: the machine is shared)
+        others = after.used_by_others - before.used_by_others
+        assert abs((pool_before - view.pool_bytes()) - others - HOLD) < 32 * MiB
+    finally:
+        child.kill()
+        child.wait()
