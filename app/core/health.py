@@ -1,7 +1,9 @@
 """Readiness and the watchdog: when work last completed, and threads that do not come
 back. A wedged device stops completions; /health turns unhealthy at once, and if a
 thread is still not back after another `run_timeout`, the process ends (exit 76) so the
-supervisor starts a fresh one."""
+supervisor starts a fresh one. Work that runs in a process of its own (a llama.cpp
+runner) is no thread of ours: its silence ends that process instead (the scheduler asks
+its model, `stalled`), and the server lives on."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ class Running:
     key: PriceKey  # where its measurement is recorded
     released: bool = False  # its permit is back in the gate
     overdue: bool = False  # the watchdog gave up on it
+    ended: bool = False  # and its engine ended its silent process: nothing of ours wedged
 
     def progress_at(self) -> float:
         """When it last showed life: its start, a stream's latest text, or a step its

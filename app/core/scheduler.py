@@ -273,7 +273,7 @@ class Scheduler:
         it back already) and its entries end."""
         for ticket_id in run.permit.ticket_ids:
             self._entries.pop(ticket_id, None)
-        if run.overdue:
+        if run.overdue and not run.ended:
             self.wedged -= 1
             log.warning("an overdue job came back after %.1fs", self._clock() - run.started_at)
         self._release_run(run)
@@ -310,6 +310,10 @@ class Scheduler:
         overdue = 0
         for run in list(self.runs()):
             if run.overdue or now - run.progress_at() <= limit_s:
+                continue
+            if run.jobs[0].handler.stalled():  # its engine ended the silent process:
+                run.overdue, run.ended = True, True  # the work fails on its own, soon
+                log.error("job %s: its runner was silent for %.1fs", run.key.bucket, limit_s)
                 continue
             run.overdue = True
             self.wedged += 1

@@ -235,6 +235,22 @@ class ModelHandler(ABC):
         (and for in-process engines)."""
         return None
 
+    def ended_because(self) -> str | None:
+        """Why its runner process ended, where we ended it (`stalled`); None otherwise."""
+        return None
+
+    # how long a call into its engine may take before the engine is taken for gone, and
+    # a run may show no life (the server's `run_timeout`; set by the registry)
+    run_timeout = 120.0
+
+    def stalled(self) -> bool:
+        """Its work showed no life for `run_timeout`. An engine whose work runs in a
+        process of its own ends that process (the work then fails with the runner's
+        error, and the next request loads it again) and says True: nothing of ours is
+        wedged. In-process work cannot be ended: False, a thread that may never come
+        back (the watchdog's business)."""
+        return False
+
     def unload(self) -> None:
         """Drop the weights; `load` may be called again later."""
         return None

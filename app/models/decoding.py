@@ -160,6 +160,10 @@ class TokenStream:
         if text:
             self._loop.call_soon_threadsafe(self.deltas.put_nowait, text)
 
+    def beat(self) -> None:
+        """The generation goes on with no text yet (a prefill's progress), on the loop."""
+        self.progress_at = time.monotonic()
+
     def push(self, text: str) -> None:
         """`emit`, called on the loop itself (a generation streamed on the loop)."""
         self.progress_at = time.monotonic()

@@ -398,7 +398,8 @@ def build_fleet(
         )
         specs = lane_specs(settings.models, placement, device.id)
         bounds = (settings.max_image_side, settings.max_image_pixels)
-        registry = ModelRegistry(specs, device, bounds, LoadLedger(book, device.key))
+        ledger = LoadLedger(book, device.key)
+        registry = ModelRegistry(specs, device, bounds, ledger, run_timeout=settings.run_timeout)
         lanes.append(
             InferenceService(
                 settings,

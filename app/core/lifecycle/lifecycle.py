@@ -126,7 +126,9 @@ class ModelLifecycle:
             code = entry.handler.exited()
             if code is None or self._scheduler.running_for(name):
                 continue
-            entry.error = f"its runner exited with code {code}; it loads again on demand"
+            why = entry.handler.ended_because()
+            ended = f"was ended ({why})" if why else f"exited with code {code}"
+            entry.error = f"its runner {ended}; it loads again on demand"
             log.error("model %s: %s", name, entry.error)
             self._loads.evict(name, "runner_exited")
             reaped.append(name)

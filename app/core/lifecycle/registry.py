@@ -43,18 +43,22 @@ class ModelRegistry:
         image_bounds: tuple[int, int] = (4096, 2**24),
         loads: LoadLedger | None = None,
         store: PrefixStore | None = None,
+        run_timeout: float = 120.0,
     ) -> None:
         """`loads`: what loads measured, which handlers that size their loads read;
-        `store`: the device's prefix cache, which generation models may keep KV in."""
+        `store`: the device's prefix cache, which generation models may keep KV in;
+        `run_timeout`: how long a handler's engine may stay silent (the server's)."""
         self.device = device
         self._image_bounds = image_bounds
         self._loads = loads
+        self._run_timeout = run_timeout
         self.store = store or PrefixStore()
         self.entries = {spec.name: ModelEntry(self._handler(spec)) for spec in specs}
 
     def _handler(self, spec: ModelSpec) -> ModelHandler:
         handler = make_handler(spec, self._image_bounds)
         handler.loads = self._loads
+        handler.run_timeout = self._run_timeout
         handler.prefix_store = self.store if spec.prefix_cache else None
         return handler
 

@@ -23,13 +23,21 @@ class RunnerAnswer(Exception):
 
 
 class RunnerClient:
-    def __init__(self, host: str, port: int, key: str) -> None:
+    def __init__(self, host: str, port: int, key: str, timeout_s: float = 120.0) -> None:
+        """`timeout_s`: the longest a one-answer call (`call`, `text`) may take; a runner
+        that has not answered by then is taken for gone (TimeoutError, an OSError)."""
         self.host, self.port = host, port
         self._auth = b"Bearer " + key.encode()
+        self.timeout_s = timeout_s
 
     async def call(self, method: str, path: str, body: Any = None) -> Any:
-        """One request, its JSON answer. RunnerAnswer for an error status; OSError (and
-        asyncio.IncompleteReadError, ValueError) when the runner is gone."""
+        """One request, its JSON answer, within `timeout_s`. RunnerAnswer for an error
+        status; OSError (TimeoutError among them), asyncio.IncompleteReadError or
+        ValueError when the runner is gone or silent."""
+        async with asyncio.timeout(self.timeout_s):
+            return await self._call(method, path, body)
+
+    async def _call(self, method: str, path: str, body: Any) -> Any:
         reader, writer = await self._send(method, path, body)
         try:
             status, chunked, length = await _head(reader)
@@ -44,7 +52,11 @@ class RunnerClient:
         return orjson.loads(content) if content else None
 
     async def text(self, path: str) -> str:
-        """A GET whose answer is text (the runner's /metrics)."""
+        """A GET whose answer is text (the runner's /metrics), within `timeout_s`."""
+        async with asyncio.timeout(self.timeout_s):
+            return await self._text(path)
+
+    async def _text(self, path: str) -> str:
         reader, writer = await self._send("GET", path, None)
         try:
             _, chunked, length = await _head(reader)
@@ -56,8 +68,11 @@ class RunnerClient:
 
     async def events(self, path: str, body: Any) -> AsyncIterator[dict[str, Any]]:
         """A POST answered with server-sent events: each event's JSON as it comes.
-        Leaving the iteration closes the connection, which cancels the runner's task."""
-        reader, writer = await self._send("POST", path, body)
+        Leaving the iteration closes the connection, which cancels the runner's task.
+        Only its connection has a deadline (`timeout_s`): between events the watchdog
+        watches the run (a prefill's progress events and each token are its beats)."""
+        async with asyncio.timeout(self.timeout_s):
+            reader, writer = await self._send("POST", path, body)
         try:
             status, chunked, _ = await _head(reader)
             if status >= 400:

@@ -98,6 +98,9 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
                     break  # closing the connection cancels the task in llama.cpp
                 if "error" in chunk:
                     raise InvalidRequest(f"model {self.name!r}: {chunk['error']}")
+                if "prompt_progress" in chunk and not chunk.get("content"):
+                    stream.beat()  # its prefill goes on: alive, with nothing to say yet
+                    continue
                 self.forward_calls += 1
                 piece = str(chunk.get("content", ""))
                 text.append(piece)

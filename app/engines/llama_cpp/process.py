@@ -180,6 +180,12 @@ class RunnerProcess:
         """Its exit code once it ended, else None."""
         return None if self._proc is None else self._proc.poll()
 
+    def kill(self) -> None:
+        """End it at once (SIGKILL): a runner that stopped answering."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+
     def stop(self, grace_s: float = 5.0) -> None:
         """End it: stdin closed (it unloads and exits), killed if it has not within
         `grace_s`. Idempotent."""

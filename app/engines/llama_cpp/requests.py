@@ -24,6 +24,7 @@ def completion_body(task: GenerationInput, cache: bool = True) -> dict[str, Any]
         "prompt": task.prompt_ids,
         "n_predict": task.max_tokens,
         "stream": True,
+        "return_progress": True,  # a prefill's progress, each batch: the run's beats
         "cache_prompt": cache and p.prefix_cache,
         "temperature": p.temperature,
         "top_p": p.top_p,

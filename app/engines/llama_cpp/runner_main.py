@@ -5,7 +5,11 @@ It reads its settings as one JSON line on stdin (the API key among them, so it i
 command line), loads the model with `xllamacpp.Server` (the constructor is the load),
 prints one JSON line on stdout, `{"address": ..., "pid": ...}` or `{"error": ...}`, and
 lives until its stdin closes: the server closes it to unload, and the OS closes it when
-the server dies, so a runner never outlives its server. llama.cpp's HTTP listener, bound
+the server dies (or the parent it was started by is gone: checked every
+`PARENT_CHECK_S`), so a runner never outlives its server. It then exits at once,
+abandoning what it was computing: `del server` would first wait for the batch in flight
+(a long prefill kept a runner alive for 24 s after its server was killed), and the OS
+frees all it holds anyway. llama.cpp's HTTP listener, bound
 to 127.0.0.1 on a free port and guarded by the key, is how the server talks to it.
 llama.cpp writes its log (with the buffer sizes it allocated) to stderr.
 """
@@ -15,9 +19,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 RUNNER_COMMAND = "_llama-runner"  # the bundle's executable runs this module with it (app.cli)
+PARENT_CHECK_S = 0.25
+PROMPT_BATCH = 512  # prompt tokens a decode call takes: a progress event after each
 
 
 def params_of(config: dict[str, Any]) -> Any:
@@ -47,6 +55,8 @@ def params_of(config: dict[str, Any]) -> Any:
         pooling = str(config.get("pooling") or "mean").upper()
         p.pooling_type = getattr(xlc.llama_pooling_type, f"LLAMA_POOLING_TYPE_{pooling}")
         p.n_batch = p.n_ubatch = int(config["n_ctx"]) // int(config["parallel"])
+    else:  # a prefill reports its progress after each batch: the server's beats
+        p.n_batch = min(PROMPT_BATCH, int(config["n_ctx"]))
     p.use_jinja = True
     p.endpoint_slots = True
     p.endpoint_props = True
@@ -68,9 +78,17 @@ def main() -> int:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
     print(json.dumps({"address": server.listening_address, "pid": os.getpid()}), flush=True)
+    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
     sys.stdin.read()  # until the server closes our stdin, or dies
-    del server  # stops the slots and the listener
-    return 0
+    os._exit(0)  # now, without `del server`: see the module's docstring
+
+
+def _end_with(parent: int) -> None:
+    """Exit when the process that started this one is gone (its stdin may be held open
+    by another, where a handle was inherited)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
 
 
 if __name__ == "__main__":

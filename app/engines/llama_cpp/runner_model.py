@@ -74,6 +74,7 @@ class LlamaRunnerModel(ModelHandler):
         self._measured: int | None = None  # on a GPU: the process's own use, as measured
         self.split: LayerSplit | None = None
         self._admitted: int | None = None  # the bytes the gate admitted the load for
+        self._ended_because: str | None = None  # why we ended its runner (`stalled`)
 
     # -- what it is and what it will take ----------------------------------------------
     def facts(self) -> GgufFacts:
@@ -212,7 +213,7 @@ class LlamaRunnerModel(ModelHandler):
         self._measured = self._process_bytes(device, int(ready["pid"]), free_before)
         device.adopt(int(ready["pid"]), self.weights_bytes())
         host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
-        self._client = RunnerClient(host, int(port), key)
+        self._client = RunnerClient(host, int(port), key, timeout_s=self.run_timeout)
         self.loaded(asyncio.run(self._client.call("GET", "/props")))  # the loader's thread
 
     def _process_bytes(self, device: Device, pid: int, free_before: int) -> int | None:
@@ -249,10 +250,28 @@ class LlamaRunnerModel(ModelHandler):
         return self._runner.pid if self._runner is not None else None
 
     def exited(self) -> int | None:
-        """The runner's exit code if it ended on its own while loaded, else None."""
+        """The runner's exit code if it ended while loaded (by itself, or by `stalled`),
+        else None."""
         return self._runner.exited() if self._runner is not None else None
 
+    def ended_because(self) -> str | None:
+        return self._ended_because
+
+    def stalled(self) -> bool:
+        """Its runner sent nothing (no token, no prefill progress) for `run_timeout`: a
+        failed runner, ended now. Its requests' reads end with it (503
+        model_runner_stopped), and housekeeping unloads it; the next request loads it
+        again. The server itself is not wedged."""
+        runner = self._runner
+        if runner is None or runner.exited() is not None:
+            return True
+        self._ended_because = f"it sent nothing for {self.run_timeout:g}s (run_timeout)"
+        log.error("model %s: the runner %s; ended", self.name, self._ended_because)
+        runner.kill()
+        return True
+
     def unload(self) -> None:
+        self._ended_because = None
         runner, self._runner = self._runner, None
         self._client = None
         if runner is not None:
@@ -270,6 +289,9 @@ class LlamaRunnerModel(ModelHandler):
             found = await client.call("POST", path, body)
         except RunnerAnswer as answer:
             raise InvalidRequest(f"model {self.name!r}: {answer}", param="messages") from None
+        except TimeoutError as exc:  # a runner that stopped answering: a failed runner
+            self.stalled()
+            raise self._stopped(exc) from exc
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             raise self._stopped(exc) from exc
         return found if isinstance(found, dict) else {}
@@ -277,7 +299,9 @@ class LlamaRunnerModel(ModelHandler):
     def _stopped(self, exc: Exception) -> RunnerStopped:
         code = self.exited()
         said = self._runner.last_words() if self._runner is not None else ""
-        why = f"exited with {code}" if code is not None else f"did not answer ({exc})"
+        why = f"exited with {code}" if code is not None else f"did not answer ({exc!r})"
+        if self._ended_because is not None:
+            why = f"was ended: {self._ended_because}"
         log.error("model %s: the runner %s: %s", self.name, why, said)
         return RunnerStopped(
             f"model {self.name!r}'s runner {why}; it is reloaded on the next request",
@@ -305,6 +329,7 @@ class LlamaRunnerModel(ModelHandler):
             "prefix_cache": self.spec.prefix_cache,  # its slots' prompt cache
             "prompt_cache_ram_bytes": self.prompt_cache_ram(),  # host RAM it may fill
             "runner_pid": self.runner_pid,
+            "runner_ended_because": self._ended_because,
             "split": self.split.describe() if self.split is not None else None,
             "measured": {
                 "device_bytes": footprint.device_bytes,

@@ -442,3 +442,35 @@ def test_llama_cpp_slots_keep_a_resent_conversations_prompt(smol):
     assert after["tokens_reused"] - before["tokens_reused"] >= usages[0].prompt_tokens - 8
     row = model_row(smol)
     assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] == 0
+
+
+def test_a_plain_answer_streams_while_tools_are_offered_on_the_runner(smol):
+    """The same on llama.cpp's engine, through the ollama and openai clients: an answer
+    that is no call arrives in many chunks before the last, as the whole answer's text."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time now",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    ask = [{"role": "user", "content": "Write two short sentences about the sea."}]
+    options = {"temperature": 0, "num_predict": 40}
+    client = ollama.Client(host=smol.url)
+    whole = client.chat(model="smol", messages=ask, tools=[tool], options=options)
+    assert not whole.message.tool_calls  # the premise: a plain answer
+    parts = list(
+        client.chat(model="smol", messages=ask, tools=[tool], options=options, stream=True)
+    )
+    said = [p.message.content for p in parts if p.message.content]
+    assert len(said) >= 10 and not parts[-1].message.content and parts[-1].done
+    assert "".join(said) == whole.message.content
+    openai_client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    stream = openai_client.chat.completions.create(
+        model="smol", messages=ask, tools=[tool], temperature=0, max_tokens=40, stream=True
+    )  # type: ignore[call-overload]
+    pieces = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) >= 10 and "".join(pieces) == whole.message.content

@@ -1,0 +1,150 @@
+"""A runner's silence is its own failure, never the server's, and a runner never
+outlives its server: the real SmolLM2 GGUF in a real runner process, the server live on
+loopback (in this process, or as a child for the kill).
+
+Each would fail on the code before: a prefill sends no tokens, so the watchdog took the
+blocked stream for a wedged thread and ended the whole server (exit 76) after
+2 x `run_timeout`; a SIGSTOPped runner did the same, and a request arriving meanwhile
+hung in `/tokenize`; a runner whose server was SIGKILLed during a prefill lived 24 s more
+(its `del server` waited for the batch)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from app.config.settings import ModelSpec
+from tests.support.live import ServerProcess, clean_env, wait_until
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT = 6.0  # a prefill's batches (512 tokens) take ~3 s each on 2 shared cores
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 560  # ~6,200 tokens
+
+
+def model_row(live) -> dict:
+    return next(m for m in live.status()["models"] if m["name"] == "smol")
+
+
+def spec(gguf: Path) -> ModelSpec:
+    return ModelSpec(
+        name="smol", kind="generation", path=gguf, context_length=8192, parallel=2, load="startup"
+    )
+
+
+def test_a_prefill_longer_than_twice_run_timeout_is_served(server_factory, smollm2_gguf):
+    live = server_factory(device="cpu", models=(spec(smollm2_gguf),), run_timeout=RUN_TIMEOUT)
+    body = {"model": "smol", "prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0}
+    started = time.monotonic()
+    answer = httpx.post(live.url + "/v1/completions", json=body, timeout=600)
+    took = time.monotonic() - started
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] > 6000
+    # the premise: the runner was silent of tokens past twice the watchdog's bound
+    assert took > 2 * RUN_TIMEOUT, f"the prefill took {took:.1f}s: no test of the watchdog"
+    assert live.service.state.phase == "ready" and live.service.scheduler.wedged == 0
+    assert model_row(live)["runner_ended_because"] is None  # its runner was never taken as silent
+
+
+def sse_events(response: httpx.Response):
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def test_a_stopped_runner_is_ended_and_reloaded_while_the_server_lives(
+    server_factory, smollm2_gguf
+):
+    """SIGSTOP the runner mid-stream: the stream ends with model_runner_stopped after
+    `run_timeout`, a request that arrives meanwhile is refused (503) instead of hanging
+    in `/tokenize`, /health answers live throughout (past 3 x `run_timeout`), /status
+    says why, and the next request loads the model again and is answered."""
+    live = server_factory(device="cpu", models=(spec(smollm2_gguf),), run_timeout=RUN_TIMEOUT)
+    pid = model_row(live)["runner_pid"]
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
+        "max_tokens": 2000,
+        "temperature": 0,
+        "stream": True,
+    }
+    events: list[dict] = []
+    healths: list[int] = []
+    stop_watching = threading.Event()
+
+    def watch_health() -> None:
+        while not stop_watching.is_set():
+            healths.append(httpx.get(live.url + "/health", timeout=30).status_code)
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch_health)
+    stopped_at = 0.0
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for event in sse_events(r):
+            events.append(event)
+            if len(events) == 3:
+                os.kill(pid, signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                watcher.start()
+                late = {**body, "stream": False, "max_tokens": 4}
+                refused = httpx.post(live.url + "/v1/chat/completions", json=late, timeout=120)
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors and errors[-1]["code"] == "model_runner_stopped", events[-2:]
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "model_runner_stopped"
+    wait_until(lambda: time.monotonic() - stopped_at > 3 * RUN_TIMEOUT, 60, "3 x run_timeout")
+    stop_watching.set()
+    watcher.join()
+    assert healths and all(code in (200, 503) for code in healths)  # it answered each time
+    assert live.service.state.exit_code == 0 and live.service.scheduler.wedged == 0
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    wait_until(lambda: "sent nothing" in (model_row(live)["error"] or ""), 30, "said why")
+    again = httpx.post(
+        live.url + "/v1/chat/completions",
+        json={**body, "stream": False, "max_tokens": 4},
+        timeout=120,
+    )
+    assert again.status_code == 200, again.text
+    assert model_row(live)["runner_pid"] not in (None, pid)
+
+
+def test_sigkill_of_the_server_during_a_prefill_leaves_no_runner(tmp_path, smollm2_gguf):
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'device = "cpu"\n[[models]]\nname = "smol"\nkind = "generation"\n'
+        f'path = "{smollm2_gguf.as_posix()}"\ncontext_length = 8192\nload = "startup"\n'
+    )
+    argv = [sys.executable, "-m", "app", "serve", "--config", str(config)]
+    argv += ["--data-dir", str(tmp_path / "d"), "--log-dir", str(tmp_path / "l")]
+    server = ServerProcess(argv, clean_env())
+    try:
+        server.wait_ready(180)
+        status = httpx.get(server.url + "/status", timeout=30).json()
+        pid = next(m for m in status["models"] if m["name"] == "smol")["runner_pid"]
+        runner = psutil.Process(pid)
+        body = {"model": "smol", "prompt": LONG_PROMPT, "max_tokens": 4}
+
+        def ask() -> None:
+            with contextlib.suppress(httpx.TransportError):  # its server is killed under it
+                httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+
+        threading.Thread(target=ask, daemon=True).start()
+        wait_until(lambda: runner.cpu_percent(0.2) > 50, 60, "the runner prefilling")
+        server.process.kill()
+        server.process.wait(10)
+        killed = time.monotonic()
+        wait_until(lambda: not runner.is_running() or runner.status() == "zombie", 2.0, "gone")
+        assert time.monotonic() - killed <= 2.0
+    finally:
+        server.stop(signal.SIGKILL)
