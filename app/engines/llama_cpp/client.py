@@ -107,8 +107,13 @@ class RunnerClient:
 
 
 async def _head(reader: asyncio.StreamReader) -> tuple[int, bool, int]:
-    """The status, whether the body is chunked, and its length (0: unsaid)."""
-    status = int((await reader.readline()).split(b" ", 2)[1])
+    """The status, whether the body is chunked, and its length (0: unsaid). A runner
+    that closes the connection before it answers is gone (ConnectionResetError)."""
+    line = await reader.readline()
+    parts = line.split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ConnectionResetError(f"the runner answered no status line: {line[:80]!r}")
+    status = int(parts[1])
     chunked, length = False, 0
     while (line := await reader.readline()) not in (b"\r\n", b""):
         name, _, value = line.partition(b":")

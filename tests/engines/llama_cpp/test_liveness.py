@@ -28,8 +28,8 @@ from tests.support.live import ServerProcess, clean_env, wait_until
 
 pytestmark = pytest.mark.slow
 
-RUN_TIMEOUT = 6.0  # a prefill's batches (512 tokens) take ~3 s each on 2 shared cores
-LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 560  # ~6,200 tokens
+RUN_TIMEOUT = 12.0  # a prefill's batches (512 tokens) took 2-7 s each on 2 shared cores
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 560  # ~5,600 tokens
 
 
 def model_row(live) -> dict:
@@ -49,7 +49,7 @@ def test_a_prefill_longer_than_twice_run_timeout_is_served(server_factory, smoll
     answer = httpx.post(live.url + "/v1/completions", json=body, timeout=600)
     took = time.monotonic() - started
     assert answer.status_code == 200, answer.text
-    assert answer.json()["usage"]["prompt_tokens"] > 6000
+    assert answer.json()["usage"]["prompt_tokens"] > 5000
     # the premise: the runner was silent of tokens past twice the watchdog's bound
     assert took > 2 * RUN_TIMEOUT, f"the prefill took {took:.1f}s: no test of the watchdog"
     assert live.service.state.phase == "ready" and live.service.scheduler.wedged == 0
