@@ -50,8 +50,8 @@ class ModelSpec(BaseModel):
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch: int = Field(default=32, ge=1, le=1024)
-    # generation: the context cap, `context_length` too (None: the model's own maximum on
-    # the torch engine; on llama.cpp, whose slots' cells are taken at load, 4096 at most)
+    # generation: the tokens one request may hold (prompt and answer), `context_length`
+    # too (None: the model's own trained context, on both engines)
     max_context: int | None = Field(
         default=None,
         ge=16,
@@ -61,7 +61,11 @@ class ModelSpec(BaseModel):
     # generation: which engine runs it (auto: llama.cpp for a .gguf file where xllamacpp
     # is installed, else torch), and llama.cpp's own knobs
     engine: Literal["auto", "torch", "llama.cpp"] = "auto"
-    parallel: int = Field(default=4, ge=1, le=64)  # llama.cpp: requests at once (slots)
+    # llama.cpp: a cap on the requests that run at once (None: as many as its KV cells
+    # admit, up to its slots), and on the bytes its KV pool takes (None: sized from the
+    # device at load, app.engines.llama_cpp.kv_pool)
+    parallel: int | None = Field(default=None, ge=1, le=256)
+    kv_budget: ByteSize | None = None
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"  # llama.cpp: KV cells' type
     flash_attention: Literal["auto", "on", "off"] = "auto"  # llama.cpp
     gpu_layers: int | Literal["auto"] = Field(default="auto")  # llama.cpp: auto = the gate's

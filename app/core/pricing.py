@@ -34,7 +34,7 @@ class Pricer:
 
     def quote(self, handler: ModelHandler, key: PriceKey, prepared: Prepared) -> Quote:
         if handler.requests_reserved:  # held within its model's reservation
-            return self.book.quote_reserved(key)
+            return self.book.quote_reserved(key)._replace(held=handler.held_bytes(prepared))
         if prepared.kv_bound is not None:  # a generation, by its KV
             prompt, tokens = prepared.kv_bound
             geometry = handler.kv_geometry(prompt)

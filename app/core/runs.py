@@ -108,7 +108,9 @@ class GroupRunner:
             if not run.overdue:
                 self._pricer.record(run.key, run.merged, measurement)
             rows = split_rows(output, run.jobs)
-        bucket, price, size = run.merged.bucket.label, run.permit.nbytes, len(run.jobs)
+        # a reserved request's price is what it holds of its model's reservation
+        price = run.permit.nbytes or sum(job.quote.held for job in run.jobs)
+        bucket, size = run.merged.bucket.label, len(run.jobs)
         for job, row in zip(run.jobs, rows, strict=True):
             if not job.result.done():
                 job.result.set_result(JobResult(row, measurement, bucket, price, size))

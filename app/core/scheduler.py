@@ -167,7 +167,7 @@ class Scheduler:
             batch_limit=job.handler.spec.max_batch,
             owner=job.model,
             payload=job,
-            cells=1 if cells else 0,
+            cells=job.handler.cells_for(job.prepared) if cells else 0,
             cell_pool=job.model,
         )
         await self._enter(Entry(ticket, job, done), watch, ignore_queue_limit=probe)

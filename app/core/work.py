@@ -132,7 +132,9 @@ class AdmittedGeneration:
         first = generations[0].job
         return {
             "X-Vramgate-Bucket": first.label,
-            "X-Vramgate-Price-Bytes": str(sum(g.job.quote.nbytes for g in generations)),
+            "X-Vramgate-Price-Bytes": str(
+                sum(g.job.quote.nbytes or g.job.quote.held for g in generations)
+            ),
             "X-Vramgate-Price-Source": first.quote.source,
             "X-Vramgate-Queue-Ms": f"{max(g.job.waited_s for g in generations) * 1000:.1f}",
             "X-Vramgate-Device": ",".join(dict.fromkeys(g.job.device for g in generations)),

@@ -221,9 +221,18 @@ class ModelHandler(ABC):
 
     @property
     def cell_capacity(self) -> int | None:
-        """How many of its requests may run at once by the model's own limit (a runner's
-        slots), each taking one cell of the gate's pool for it; None: no such limit."""
+        """The cells of its own pool its requests are admitted from (a runner's KV
+        cells, or its slots), beside the device's bytes; None: it has none."""
         return None
+
+    def cells_for(self, prepared: Prepared) -> int:
+        """The cells of `cell_capacity` a request takes while it runs (0: none)."""
+        return 0
+
+    def held_bytes(self, prepared: Prepared) -> int:
+        """The bytes a request holds within what its model reserved at load (its cells'),
+        shown as its price where `requests_reserved`; 0 otherwise."""
+        return 0
 
     def measured_load_bytes(self) -> int | None:
         """What the load took as the engine itself measured it, where that is not the

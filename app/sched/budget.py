@@ -88,6 +88,9 @@ class Quote(NamedTuple):
     source: Source
     expected_s: float
     floor: int = 0  # proven need: the bucket failed alone with this much memory
+    # what it holds within its model's reservation (a runner's KV cells): its price as
+    # the caller is shown it, not admitted again (`nbytes` is 0 then)
+    held: int = 0
 
 
 def line_source(rate: int | None, fixed: int | None) -> Source:

@@ -13,12 +13,16 @@ from typing import Any
 import numpy as np
 
 from app.config.settings import ModelSpec
-from app.engines.llama_cpp.runner_model import LlamaRunnerModel
+from app.devices.base import Device
+from app.engines.llama_cpp.kv_pool import KvPool
+from app.engines.llama_cpp.runner_model import SLOT_CONTEXT, LlamaRunnerModel
 from app.errors import ContextLengthExceeded
 from app.models.decoding import TokenStream
 from app.models.kinds import Embedder, TextOrIds
 from app.models.prepared import Prepared, length_bucketed, merged_rows
 from app.models.stages import Launched, Pools, elsewhere
+
+EMBEDDING_SLOTS = 4
 
 
 class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
@@ -30,6 +34,22 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         self.dimensions = 0
+
+    def planned_pool(self, device: Device, free_bytes: int | None = None) -> KvPool:
+        """`parallel` inputs at once (4 by default), each of at most `context` tokens (the
+        file's, up to 4096): each input whole in one micro-batch of a unified KV."""
+        trained = self.facts().context_length or SLOT_CONTEXT
+        context = min(trained, self.spec.max_context or SLOT_CONTEXT)
+        slots = self.spec.parallel or EMBEDDING_SLOTS
+        return KvPool(context * slots, context, slots)
+
+    @property
+    def cell_capacity(self) -> int | None:
+        """Its slots: a request takes one while its inputs are embedded."""
+        return self.pool.slots if self.pool is not None else None
+
+    def cells_for(self, prepared: Prepared) -> int:
+        return 1
 
     def runner_settings(self) -> dict[str, Any]:
         return {"embedding": True, "pooling": self.facts().pooling or "mean"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -98,6 +99,9 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
                     break  # closing the connection cancels the task in llama.cpp
                 if "error" in chunk:
                     raise InvalidRequest(f"model {self.name!r}: {chunk['error']}")
+                # the runner's beat, for every run of it: a request whose prompt waits
+                # behind another's long prefill hears nothing of its own meanwhile
+                self.progress_at = time.monotonic()
                 if "prompt_progress" in chunk and not chunk.get("content"):
                     stream.beat()  # its prefill goes on: alive, with nothing to say yet
                     continue
@@ -119,6 +123,11 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         if self.prefix_store is not None and task.params.prefix_cache:
             self.prefix_store.record(result.cached_tokens)  # its hits in /status
         return result
+
+    def held_bytes(self, prepared: Prepared) -> int:
+        """Its cells' bytes: what it holds of the runner's KV pool."""
+        per_token = self.facts().kv_bytes_per_token(self.spec.kv_cache_type)
+        return self.cells_for(prepared) * per_token
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         """A request costs no device bytes beyond the runner's: its KV cells were

@@ -10,7 +10,6 @@ measured: llama.cpp sizes it for one micro-batch (512 tokens) of activations.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,13 +78,13 @@ def plan_split(
     this model measured against this estimate (learned), applied to every layer count."""
 
     def held(count: int) -> int:
-        return math.ceil(bytes_on_device(facts, count, kv_type, cells) * scale)
+        return round(bytes_on_device(facts, count, kv_type, cells) * scale)
 
     every = facts.layers
     if not accelerator:
         whole = sum(facts.layer_bytes) + facts.other_bytes
         total = whole + facts.kv_bytes_per_token(kv_type) * cells + compute_bytes(facts)
-        return LayerSplit(every, 0, math.ceil(total * scale), accelerator=False)
+        return LayerSplit(every, 0, round(total * scale), accelerator=False)
     if gpu_layers != "auto":
         count = max(0, min(int(gpu_layers), every))
         return LayerSplit(every, count, held(count), True)

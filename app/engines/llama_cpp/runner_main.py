@@ -36,7 +36,11 @@ def params_of(config: dict[str, Any]) -> Any:
     p.model.path = config["model"]
     p.n_ctx = int(config["n_ctx"])
     p.n_parallel = int(config["parallel"])
-    p.kv_unified = False  # each slot its own cells: a request never overruns another's
+    # one pool of cells: the gate admits requests for at most all of them
+    # (app.engines.llama_cpp.kv_pool), each slot up to the cells one request may hold
+    p.kv_unified = True
+    if config.get("per_slot"):
+        p.kv_unified_per_slot = int(config["per_slot"])
     p.n_gpu_layers = int(config["gpu_layers"])
     p.fit_params = False  # the gate chose the layers and the context; fit would resize them
     p.cache_type_k = p.cache_type_v = getattr(xlc.ggml_type, f"GGML_TYPE_{config['kv_type']}")
@@ -48,10 +52,10 @@ def params_of(config: dict[str, Any]) -> Any:
     p.n_cache_reuse = int(config.get("cache_reuse", 0))
     if config.get("embedding"):  # vectors, not text: each input whole in one micro-batch
         p.embedding = True
-        # one KV pool: with split per-slot KV, xllamacpp 2026.10 gave wrong vectors for all
-        # but one of several inputs decoded together (tests/engines/llama_cpp/test_embedding.py);
-        # at most `parallel` inputs of at most `context` tokens fit it
-        p.kv_unified = True
+        # one KV pool also here: with split per-slot KV, xllamacpp 2026.10 gave wrong
+        # vectors for all but one of several inputs decoded together
+        # (tests/engines/llama_cpp/test_embedding.py); at most `parallel` inputs of at
+        # most `context` tokens fit it
         pooling = str(config.get("pooling") or "mean").upper()
         p.pooling_type = getattr(xlc.llama_pooling_type, f"LLAMA_POOLING_TYPE_{pooling}")
         p.n_batch = p.n_ubatch = int(config["n_ctx"]) // int(config["parallel"])

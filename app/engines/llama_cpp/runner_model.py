@@ -6,11 +6,10 @@ over loopback HTTP (llama.cpp's own listener on 127.0.0.1, guarded by a per-load
 key; app.engines.llama_cpp.client).
 
 What the gate sees: a model whose weights are everything the runner reserved (weights on
-the device, KV cells for `context_length` x `parallel`, compute buffers), measured from
-the engine's own log, and whose requests each take one of its `parallel` slots (the
-runner's KV is split: each slot owns `context_length` cells, so no request can overrun
-another's). A request therefore costs no further device bytes; it waits in vramgate's
-queue for a free slot, never inside llama.cpp.
+the device, its KV pool, compute buffers), measured from the engine's own log, and whose
+requests each take cells of that pool (app.engines.llama_cpp.kv_pool): a request costs no
+further device bytes; it waits in vramgate's queue for free cells, never inside
+llama.cpp. Each kind says how its requests take cells (`cells_for`).
 """
 
 from __future__ import annotations
@@ -27,19 +26,21 @@ from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
+from app.engines.llama_cpp.kv_pool import KvPool, plan_pool
 from app.engines.llama_cpp.layer_split import LayerSplit, plan_split
 from app.engines.llama_cpp.process import Footprint, RunnerProcess, runner_argv
 from app.engines.llama_cpp.runner_main import RUNNER_COMMAND
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.base import ModelHandler
 from app.models.card import ModelCard
+from app.models.prepared import Prepared
 
 log = logging.getLogger("vramgate.llama_cpp")
 
 LOAD_TIMEOUT_S = 600.0
 MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not simulated)
 STOP_GRACE_S = 5.0
-SLOT_CONTEXT = 4096  # a slot's cells where the setting names none
+SLOT_CONTEXT = 4096  # a request's cells where neither the setting nor the file names any
 CACHE_REUSE = 256  # llama.cpp --cache-reuse: the least chunk reused by shifting its KV
 
 
@@ -64,7 +65,8 @@ class LlamaRunnerModel(ModelHandler):
         super().__init__(spec)
         assert spec.path is not None, "ModelSpec checks that a GGUF model has a path"
         self.path = Path(spec.path)
-        self.context = spec.max_context or SLOT_CONTEXT  # each slot's cells, once loaded
+        self.context = spec.max_context or SLOT_CONTEXT  # a request's cells, once loaded
+        self.pool: KvPool | None = None  # its KV pool, once loaded
         self.dtype = "gguf"
         self._facts: GgufFacts | None = None
         self._runner: RunnerProcess | None = None
@@ -73,7 +75,7 @@ class LlamaRunnerModel(ModelHandler):
         self._footprint = Footprint({}, {})
         self._measured: int | None = None  # on a GPU: the process's own use, as measured
         self.split: LayerSplit | None = None
-        self._admitted: int | None = None  # the bytes the gate admitted the load for
+        self._room: int | None = None  # the most the gate planned its load to take
         self._ended_because: str | None = None  # why we ended its runner (`stalled`)
 
     # -- what it is and what it will take ----------------------------------------------
@@ -83,17 +85,45 @@ class LlamaRunnerModel(ModelHandler):
         return self._facts
 
     def _context_for(self, facts: GgufFacts) -> int:
-        """Each slot's cells: the setting, else the model's own maximum up to SLOT_CONTEXT
-        (cells are taken at load, for every slot, whether requests use them or not)."""
+        """The cells one request may hold, as far as the file and the setting say (the
+        device may give a pool of fewer: `pool` once loaded)."""
         trained = facts.context_length or SLOT_CONTEXT
-        return min(trained, self.spec.max_context or SLOT_CONTEXT)
+        return min(trained, self.spec.max_context or trained)
+
+    def planned_pool(self, device: Device, free_bytes: int | None = None) -> KvPool:
+        """Its KV pool on `device`: as big as the spec and the file want, shrunk to fit
+        in `free_bytes` with every layer there (down to the pool's floor)."""
+        facts = self.facts()
+        per_token = facts.kv_bytes_per_token(self.spec.kv_cache_type)
+        budget = self.spec.kv_budget
+        budget_cells = int(budget) // max(per_token, 1) if budget is not None else None
+
+        def fits(cells: int) -> bool:
+            if free_bytes is None:
+                return True
+            split = self._split_for(device, cells, free_bytes)
+            if split.accelerator and self.spec.gpu_layers == "auto":
+                return split.on_device >= split.layers
+            return split.device_bytes <= free_bytes
+
+        return plan_pool(
+            facts.context_length or SLOT_CONTEXT,
+            context=self.spec.max_context,
+            parallel=self.spec.parallel,
+            budget_cells=budget_cells,
+            fits=fits,
+        )
 
     def planned_split(self, device: Device, free_bytes: int | None = None) -> LayerSplit:
-        """How many layers go to `device` for this spec (all of them on the CPU): from
-        the GGUF's own geometry, corrected by what a load of the same settings measured
-        once there is one (`loads`)."""
+        """How many layers go to `device` for this spec (all of them on the CPU), beside
+        its KV pool (`planned_pool`)."""
+        pool = self.planned_pool(device, free_bytes)
+        return self._split_for(device, pool.cells, free_bytes)
+
+    def _split_for(self, device: Device, cells: int, free_bytes: int | None) -> LayerSplit:
+        """The layers beside `cells` KV cells: from the GGUF's own geometry, corrected by
+        what a load of the same settings measured once there is one (`loads`)."""
         facts = self.facts()
-        cells = self._context_for(facts) * self.spec.parallel
 
         def plan(scale: float) -> LayerSplit:
             return plan_split(
@@ -107,21 +137,21 @@ class LlamaRunnerModel(ModelHandler):
             )
 
         estimate = plan(1.0)
-        learned = self._learned(device, estimate.on_device)
+        learned = self._learned(device, cells, estimate.on_device)
         if learned is None or estimate.device_bytes <= 0:
             return estimate
         return plan(learned / estimate.device_bytes)
 
-    def _load_config(self, layers: int) -> str:
+    def _load_config(self, cells: int, layers: int) -> str:
         """The settings that size a load, as the ledger keeps them."""
-        context = self._context_for(self.facts())
-        return f"c{context}p{self.spec.parallel}k{self.spec.kv_cache_type}l{layers}"
+        return f"c{cells}k{self.spec.kv_cache_type}l{layers}"
 
-    def _learned(self, device: Device, layers: int) -> int | None:
+    def _learned(self, device: Device, cells: int, layers: int) -> int | None:
         if self.loads is None or device.kind not in MEASURED_ON:
             return None
         fingerprint = self.fingerprint or self.identify()
-        return self.loads.learned(self.name, self.dtype, fingerprint, self._load_config(layers))
+        where = self._load_config(cells, layers)
+        return self.loads.learned(self.name, self.dtype, fingerprint, where)
 
     def expected_weights_bytes(self, device: Device) -> int:
         return self.planned_split(device).device_bytes
@@ -131,8 +161,8 @@ class LlamaRunnerModel(ModelHandler):
         load for, and the most the load will take (on the CPU, its host prompt cache
         too: the device's own memory)."""
         ram = self.prompt_cache_ram() if device.kind == "cpu" else 0
-        self._admitted = self.planned_split(device, room - ram).device_bytes + ram
-        return self._admitted
+        self._room = room - ram
+        return self.planned_split(device, self._room).device_bytes + ram
 
     def prompt_cache_ram(self) -> int:
         """llama.cpp's host-RAM prompt cache (0: off; its own default is 8 GiB)."""
@@ -148,24 +178,31 @@ class LlamaRunnerModel(ModelHandler):
         return None
 
     @property
-    def cell_capacity(self) -> int:
-        """Requests that may run at once: the runner's slots."""
-        return self.spec.parallel
+    def cell_capacity(self) -> int | None:
+        """Its KV pool's cells, which its requests are admitted from."""
+        return self.pool.cells if self.pool is not None else None
+
+    def cells_for(self, prepared: Prepared) -> int:
+        """A generation's cells: its prompt and its token bound (`KvPool.cells_for`)."""
+        assert self.pool is not None, "asked of a loaded model"
+        task = prepared.payload
+        return self.pool.cells_for(len(task.prompt_ids), task.max_tokens)
 
     # -- load and unload ---------------------------------------------------------------
     def load(self, device: Device) -> None:
-        facts = self.facts()
-        self.context = self._context_for(facts)
-        free = None
-        if device.kind != "cpu":  # what the device has now, within what the gate admitted
-            free = device.snapshot().free_for_us
-            free = free if self._admitted is None else min(free, self._admitted)
-        self.split = self.planned_split(device, free)
+        free = self._room  # what the gate planned the load for
+        if device.kind != "cpu":  # and what the device has now
+            now = device.snapshot().free_for_us
+            free = now if free is None else min(free, now)
+        self.pool = pool = self.planned_pool(device, free)
+        self.context = pool.per_request
+        self.split = self._split_for(device, pool.cells, free)
         key = secrets.token_urlsafe(24)
         config = {
             "model": str(self.path),
-            "n_ctx": self.context * self.spec.parallel,
-            "parallel": self.spec.parallel,
+            "n_ctx": pool.cells,
+            "parallel": pool.slots,
+            "per_slot": pool.per_request,
             "gpu_layers": self.split.gpu_layers_arg,
             "kv_type": self.spec.kv_cache_type.upper(),
             "flash_attention": self.spec.flash_attention,
@@ -190,18 +227,20 @@ class LlamaRunnerModel(ModelHandler):
             raise
         if self.loads is not None and device.kind in MEASURED_ON:
             fingerprint = self.fingerprint or self.identify()
-            where = self._load_config(self.split.on_device)
+            where = self._load_config(pool.cells, self.split.on_device)
             load_s = time.perf_counter() - started
             self.loads.record(
                 self.name, self.dtype, fingerprint, where, self.weights_bytes(), load_s
             )
         log.info(
-            "model %s: runner pid %s, %s, %d cells x %d slots, %.1f MiB on %s",
+            "model %s: runner pid %s, %s, a pool of %d KV cells (%d a request, %d slots), "
+            "%.1f MiB on %s",
             self.name,
             ready["pid"],
             self.split.describe(),
-            self.context,
-            self.spec.parallel,
+            pool.cells,
+            pool.per_request,
+            pool.slots,
             self.weights_bytes() / 2**20,
             device.id,
         )
@@ -273,7 +312,7 @@ class LlamaRunnerModel(ModelHandler):
     def unload(self) -> None:
         self._ended_because = None
         runner, self._runner = self._runner, None
-        self._client = None
+        self._client, self.pool = None, None
         if runner is not None:
             runner.stop(STOP_GRACE_S)
             if self._device is not None and runner.pid is not None:
@@ -323,8 +362,9 @@ class LlamaRunnerModel(ModelHandler):
         return {
             **super().describe(),
             "path": str(self.path),
-            "context": self.context,
-            "parallel": self.spec.parallel,
+            "context": self.context,  # the cells one request may hold
+            "kv_cells": self.pool.cells if self.pool is not None else None,
+            "parallel": self.pool.slots if self.pool is not None else self.spec.parallel,
             "kv_cache_type": self.spec.kv_cache_type,
             "prefix_cache": self.spec.prefix_cache,  # its slots' prompt cache
             "prompt_cache_ram_bytes": self.prompt_cache_ram(),  # host RAM it may fill
