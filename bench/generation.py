@@ -217,8 +217,11 @@ def measure_vramgate(folder: Path, tokens: int) -> tuple[dict[int, Figures], Fig
         server.stop()
 
 
-ENGINE_STREAMS = (1, 8)
+ENGINE_STREAMS = (1, 8, 32)
 GGUF_MODEL = "smollm2-gguf"
+ALONE_CTX = 8192  # llama.cpp's own server: n_ctx 8,192 in all, split between its slots
+LONG_PROMPTS = (1500, 6000)  # tokens: a first token's wait after a long prefill
+FILLER = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 
 
 def ensure_gguf() -> Path:
@@ -239,8 +242,8 @@ def ensure_gguf() -> Path:
 
 
 def engine_figures(port: int, tokens: int, model: str) -> dict[int, Figures]:
-    """1 and 8 streams, each the best of three runs after a warm-up (TTFT: the runs'
-    best p50, tokens/s: their best)."""
+    """1, 8 and 32 streams, each the best of three runs after a warm-up (TTFT: the runs'
+    best p50, and the last first token of the best run; tokens/s: their best)."""
     asyncio.run(measure_streams(port, 1, tokens, model=model))  # warm-up
     found = {}
     for streams in ENGINE_STREAMS:
@@ -252,19 +255,54 @@ def engine_figures(port: int, tokens: int, model: str) -> dict[int, Figures]:
     return found
 
 
-def measure_engines(gguf: Path, tokens: int, parallel: int = 8) -> dict[str, dict[int, Figures]]:
-    """The same GGUF and client: llama.cpp's own server alone, vramgate's llama.cpp
-    engine, vramgate's torch engine (the GGUF dequantised by transformers), one at a
-    time so they never share the cores."""
+def long_prompt_ttft(port: int, model: str) -> dict[int, float]:
+    """One stream's first token after a prompt of each of LONG_PROMPTS tokens (roughly:
+    the filler's ~16 tokens a sentence), the best of two runs, each prompt new (no
+    prefix cache: a counter leads it)."""
+    found = {}
+    for round_, size in enumerate(LONG_PROMPTS):
+        best = float("inf")
+        for attempt in range(2):
+            text = f"{round_}-{attempt}. " + FILLER * (size // 16) + "Summarise."
+            extra = {"messages": [{"role": "user", "content": text}]}
+            ttft, _, _ = asyncio.run(one_stream(port, 1, 0, extra, model))
+            best = min(best, ttft)
+        found[size] = best
+    return found
+
+
+def alone_server(gguf: Path, slots: int) -> object:
     from bench.run import Server, free_port
 
-    found: dict[str, dict[int, Figures]] = {}
     port = free_port()
     argv = [sys.executable, str(ROOT / "bench" / "llama_server_alone.py"), str(gguf)]
-    argv += ["--port", str(port), "--context", "2048", "--parallel", str(parallel)]
-    alone = Server("llama.cpp-alone", argv, port, "/health", "/v1/chat/completions", GGUF_MODEL)
+    argv += ["--port", str(port), "--context", str(ALONE_CTX // slots), "--parallel", str(slots)]
+    return Server(
+        f"llama.cpp-alone-{slots}", argv, port, "/health", "/v1/chat/completions", GGUF_MODEL
+    )
+
+
+def measure_engines(
+    gguf: Path, tokens: int
+) -> tuple[dict[str, dict[int, Figures]], dict[str, dict[int, float]]]:
+    """The same GGUF and client: llama.cpp's own server alone at 8 and at 32 slots (n_ctx
+    8,192), vramgate's llama.cpp engine with no per-model settings, vramgate's torch
+    engine (the GGUF dequantised by transformers), one at a time so they never share
+    the cores; then long prompts' first tokens on llama.cpp alone (one slot of 8,192
+    cells) and on vramgate."""
+    found: dict[str, dict[int, Figures]] = {}
+    long: dict[str, dict[int, float]] = {}
+    for slots in (8, 32):
+        alone = alone_server(gguf, slots)
+        try:
+            found[f"llama.cpp's own server, {slots} slots"] = engine_figures(
+                alone.port, tokens, GGUF_MODEL
+            )
+        finally:
+            alone.stop()
+    alone = alone_server(gguf, 1)
     try:
-        found["llama.cpp's own server"] = engine_figures(port, tokens, GGUF_MODEL)
+        long["llama.cpp's own server, 1 slot"] = long_prompt_ttft(alone.port, GGUF_MODEL)
     finally:
         alone.stop()
     for engine in ("llama.cpp", "torch"):
@@ -272,34 +310,56 @@ def measure_engines(gguf: Path, tokens: int, parallel: int = 8) -> dict[str, dic
         config.write_text(
             f'[[models]]\nname = "{GGUF_MODEL}"\nkind = "generation"\n'
             f'path = {json.dumps(str(gguf))}\nengine = "{engine}"\n'
-            f"context_length = 2048\nparallel = {parallel}\n"
         )
         extra = ("--queue-timeout", "600")
         server = start_vramgate(config, GGUF_MODEL, "/v1/chat/completions", extra)
         try:
-            found[f"vramgate, {engine} engine"] = engine_figures(server.port, tokens, GGUF_MODEL)
+            name = f"vramgate, {engine} engine"
+            found[name] = engine_figures(server.port, tokens, GGUF_MODEL)
+            if engine == "llama.cpp":
+                long[name] = long_prompt_ttft(server.port, GGUF_MODEL)
         finally:
             server.stop()
-    return found
+    return found, long
 
 
-def render_engines(found: dict[str, dict[int, Figures]], tokens: int) -> str:
-    peer = found["llama.cpp's own server"]
+def render_engines(
+    found: dict[str, dict[int, Figures]], long: dict[str, dict[int, float]], tokens: int
+) -> str:
+    peers = {
+        8: found["llama.cpp's own server, 8 slots"],
+        32: found["llama.cpp's own server, 32 slots"],
+    }
     lines = [
         f"SmolLM2-135M-Instruct Q4_1 GGUF (the same file for all), {tokens} tokens per "
-        "stream, greedy, 8 slots of 2,048 cells; best of three runs each.",
+        "stream, greedy; llama.cpp alone with n_ctx 8,192 split between its slots, "
+        "vramgate with no per-model settings; best of three runs each. Ratios: to llama.cpp "
+        "alone at 8 slots, and at 32.",
         "",
-        "| streams | server | TTFT p50 ms | TTFT max ms | tokens/s (all streams) "
-        "| ratio to llama.cpp alone |",
-        "|---|---|---|---|---|---|",
+        "| streams | server | TTFT p50 ms | last first token ms | tokens/s (all streams) "
+        "| ratio to 8 slots | ratio to 32 slots |",
+        "|---|---|---|---|---|---|---|",
     ]
     for streams in ENGINE_STREAMS:
         for name, figures in found.items():
             f = figures[streams]
-            ratio = f.tokens_per_s / peer[streams].tokens_per_s
+            ratios = [f.tokens_per_s / peers[s][streams].tokens_per_s for s in (8, 32)]
             lines.append(
                 f"| {streams} | {name} | {f.ttft_ms:.0f} | {f.ttft_max_ms:.0f} | "
-                f"{f.tokens_per_s:.1f} | {ratio:.2f} |"
+                f"{f.tokens_per_s:.1f} | {ratios[0]:.2f} | {ratios[1]:.2f} |"
+            )
+    peer = long["llama.cpp's own server, 1 slot"]
+    lines += [
+        "",
+        "First token after a long prompt, one stream, the best of two new prompts:",
+        "",
+        "| prompt tokens | server | TTFT ms | ratio |",
+        "|---|---|---|---|",
+    ]
+    for size in LONG_PROMPTS:
+        for name, figures in long.items():
+            lines.append(
+                f"| ~{size} | {name} | {figures[size]:.0f} | {figures[size] / peer[size]:.2f} |"
             )
     return "\n".join(lines)
 
@@ -390,7 +450,7 @@ def main() -> int:
         "--engines-only", action="store_true", help="only the engines table (GGUF, 3 servers)"
     )
     args = parser.parse_args()
-    engines = render_engines(measure_engines(ensure_gguf(), args.tokens), args.tokens)
+    engines = render_engines(*measure_engines(ensure_gguf(), args.tokens), args.tokens)
     print(engines, flush=True)
     if args.write_readme:
         write_readme(engines, "engines", "bench/generation.py --engines-only")

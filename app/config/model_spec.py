@@ -73,9 +73,10 @@ class ModelSpec(BaseModel):
     # generation: keep ended streams' KV for prompts that begin the same way (torch: the
     # server's prefix cache; llama.cpp: its slots' prompt cache)
     prefix_cache: bool = True
-    # llama.cpp: its host-RAM prompt cache, beside the slots' own (llama.cpp's default is
-    # 8 GiB; here 0, off: on the CPU it is the device's memory, admitted at load)
-    prompt_cache_ram: ByteSize = ByteSize(0)
+    # llama.cpp: its host-RAM prompt cache, where idle slots' prompts go (llama.cpp's
+    # default is 8 GiB; None: one whole request's KV, at most 1 GiB; 0: off; on the CPU it
+    # is the device's memory, admitted at load)
+    prompt_cache_ram: ByteSize | None = None
     # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()

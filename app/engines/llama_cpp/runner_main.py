@@ -49,6 +49,7 @@ def params_of(config: dict[str, Any]) -> Any:
     if config["threads"] > 0:
         p.cpuparams.n_threads = p.cpuparams_batch.n_threads = int(config["threads"])
     p.cache_ram_mib = int(config["cache_ram_mib"])
+    p.cache_idle_slots = bool(config.get("cache_idle_slots"))  # out of the pool, to RAM
     p.n_cache_reuse = int(config.get("cache_reuse", 0))
     if config.get("embedding"):  # vectors, not text: each input whole in one micro-batch
         p.embedding = True

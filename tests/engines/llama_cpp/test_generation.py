@@ -164,7 +164,8 @@ def test_the_runners_kv_and_weights_are_measured_as_the_gguf_says(smol, smollm2_
     # llama.cpp's own log agrees with the geometry we price loads by, to the MiB it prints
     assert abs(row["measured"]["host"]["KV"] - kv) < 2**20
     assert abs(row["measured"]["host"]["model"] - facts.file_bytes) < 0.1 * facts.file_bytes
-    assert row["weights_bytes"] == row["measured"]["host_bytes"] > facts.file_bytes + kv
+    held = row["measured"]["host_bytes"] + row["prompt_cache_ram_bytes"]  # and its RAM cache
+    assert row["weights_bytes"] == held and row["measured"]["host_bytes"] > facts.file_bytes + kv
     # the runner's memory is counted as ours on the device, not as another program's
     resident = psutil.Process(row["runner_pid"]).memory_info().rss
     assert smol.status()["device"]["used_by_us_bytes"] >= resident
@@ -443,7 +444,9 @@ def test_llama_cpp_slots_keep_a_resent_conversations_prompt(smol):
     assert after["hits"] >= before["hits"] + 1
     assert after["tokens_reused"] - before["tokens_reused"] >= usages[0].prompt_tokens - 8
     row = model_row(smol)
-    assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] == 0
+    # its idle slots' prompts go to a host cache of one whole request's KV by default
+    per_token = read_gguf_facts(handler(smol).path).kv_bytes_per_token("f16")
+    assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] == per_token * CONTEXT
 
 
 def test_a_plain_answer_streams_while_tools_are_offered_on_the_runner(smol):
