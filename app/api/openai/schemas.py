@@ -16,6 +16,7 @@ from app.config.durations import parse_keep_alive
 from app.config.settings import MODEL_NAME_PATTERN, Settings
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
+from app.models import structured
 from app.models.decoding import ANY_OBJECT, Chat, Prompt, SamplingParams
 from app.models.tools import call_schema
 
@@ -342,6 +343,10 @@ class ChatRequest(_GenerationFields):
             choice = self.tool_choice
             named = choice.function.name if isinstance(choice, NamedToolChoice) else None
             params = replace(params, json_schema=json.dumps(call_schema(tools, named)))
+        if params.json_schema is not None:  # one that cannot be enforced: 400, any engine
+            where = "tools" if self.tool_mode() == "forced" else "response_format"
+            if (refused := structured.refusal(params.json_schema, where)) is not None:
+                raise refused
         return params
 
 

@@ -4,12 +4,12 @@ names as llama.cpp's server reads and writes them (tools/server/README.md)."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
 from app.models.decoding import DecodeResult, GenerationInput, TokenLogprob
 from app.models.prepared import Prepared
+from app.models.structured import lark_grammar
 
 # llama.cpp's stop types (server-task.cpp): an end-of-generation token, a stop word, or
 # n_predict reached
@@ -41,8 +41,8 @@ def completion_body(task: GenerationInput, cache: bool = True) -> dict[str, Any]
         body["logit_bias"] = [[token, bias] for token, bias in p.logit_bias]
     if p.logprobs is not None:
         body["n_probs"] = max(1, p.logprobs)
-    if task.grammar is not None:
-        body["json_schema"] = json.loads(task.grammar)
+    if task.grammar is not None:  # a JSON schema: the same grammar as the torch engine's
+        body["grammar"] = lark_grammar(task.grammar)
     return body
 
 

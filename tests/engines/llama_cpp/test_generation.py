@@ -15,6 +15,7 @@ import time
 
 import httpx
 import ollama
+import openai
 import psutil
 import pytest
 from openai import OpenAI
@@ -481,3 +482,118 @@ def test_a_plain_answer_streams_while_tools_are_offered_on_the_runner(smol):
         c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
     ]
     assert len(pieces) >= 10
+
+
+NESTED = ("nested", "recipe", "deep", "cookbook")  # three of the torch engine's test's twenty
+# and one as an application writes it, its strings unbounded (the issue's recipe)
+COOKBOOK = {
+    "name": "cookbook",
+    "question": "Give me a recipe for pancakes as JSON.",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "ingredients": {
+                "type": "array",
+                "minItems": 2,
+                "maxItems": 4,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "item": {"type": "string"},
+                        "amount": {"type": "number"},
+                        "unit": {"enum": ["g", "ml", "piece"]},
+                    },
+                    "required": ["item", "amount", "unit"],
+                },
+            },
+            "difficulty": {"enum": ["easy", "medium", "hard"]},
+        },
+        "required": ["name", "ingredients", "difficulty"],
+    },
+}
+
+
+def structured_schemas() -> dict[str, dict]:
+    from pathlib import Path
+
+    found = Path(__file__).resolve().parents[2] / "api" / "openai" / "structured_schemas.json"
+    return {case["name"]: case for case in [*json.loads(found.read_text()), COOKBOOK]}
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_nested_schemas_give_valid_json_that_stops_on_the_runner(smol, name):
+    """The same grammar as the torch engine's (llguidance, no free whitespace): a small
+    model's answer to a nested schema parses, validates and ends by itself (on
+    llama.cpp's own whitespace-flexible grammar SmolLM2 emitted newlines until
+    max_tokens)."""
+    import jsonschema
+
+    case = structured_schemas()[name]
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": case["question"]}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": case["schema"]},
+        },
+        temperature=0,
+        max_tokens=400,
+    )
+    choice = answer.choices[0]
+    found = json.loads(choice.message.content)
+    jsonschema.validate(found, case["schema"])
+    assert choice.finish_reason == "stop"
+    # compact, as the torch engine writes it: no whitespace between JSON tokens
+    assert choice.message.content == json.dumps(found, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_a_schema_the_grammar_cannot_enforce_is_a_400_on_the_runner_as_on_torch(smol):
+    """A look-ahead pattern is refused before anything runs, naming the field, on either
+    engine (the runner ignored it before: a 200 of free text); its valid twin serves."""
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0)
+    schema = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "(?=a)b"}},
+        "required": ["code"],
+        "additionalProperties": False,
+    }
+    asked = {"model": "smol", "messages": QUESTION, "max_tokens": 48, "temperature": 0}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            **asked,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
+    assert refused.value.body["param"] == "response_format"  # type: ignore[index]
+    assert "look-around" in refused.value.body["message"]  # type: ignore[index]
+    schema["properties"]["code"]["pattern"] = "^[a-z]{1,4}$"
+    served = client.chat.completions.create(
+        **asked,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
+    assert re.fullmatch("[a-z]{1,4}", json.loads(served.choices[0].message.content)["code"])
+
+
+def test_a_forced_tool_call_comes_back_as_a_tool_use_through_the_anthropic_client(smol):
+    import anthropic
+    import jsonschema
+
+    client = anthropic.Anthropic(base_url=smol.url, api_key="unused", max_retries=0)
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    message = client.messages.create(
+        model="smol",
+        max_tokens=120,
+        messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+        tools=[{"name": "get_weather", "description": "Weather now", "input_schema": weather}],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},  # this client's create() has no such parameter
+    )
+    (block,) = [b for b in message.content if b.type == "tool_use"]
+    assert block.name == "get_weather" and message.stop_reason == "tool_use"
+    jsonschema.validate(block.input, weather)

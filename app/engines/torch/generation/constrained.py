@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from app.errors import InvalidRequest
-
-JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions
+from app.models.structured import json_grammar
 
 
 class Grammars:
@@ -55,7 +54,7 @@ class Grammars:
         import llguidance
 
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS)
+            grammar = json_grammar(schema)  # the same for every engine (app.models.structured)
             problem = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer())
         except (ValueError, TypeError) as exc:
             problem = str(exc)
