@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -177,3 +178,10 @@ def npm_binary(where: Path, package: str, command: str) -> Path:
     if done.returncode != 0 or not binary.exists():
         pytest.skip(f"{package} could not be installed: {done.stderr[-500:]}")
     return binary
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """A streamed answer's server-sent events, as JSON, up to `[DONE]`."""
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])

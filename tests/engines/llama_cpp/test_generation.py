@@ -23,7 +23,7 @@ from openai import OpenAI
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.generation import LlamaCppHandler
-from tests.support.live import wait_until
+from tests.support.live import sse_events, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -199,12 +199,6 @@ def test_at_the_default_context_the_runner_holds_the_file_and_its_kv_and_gives_a
         model.unload()
     assert device.runners == {}
     assert not psutil.pid_exists(pid)
-
-
-def sse_events(response: httpx.Response):
-    for line in response.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[6:])
 
 
 def test_a_runner_killed_mid_stream_ends_the_stream_with_an_error_and_reloads(smol):

@@ -11,7 +11,6 @@ hung in `/tokenize`; a runner whose server was SIGKILLed during a prefill lived 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ import psutil
 import pytest
 
 from app.config.settings import ModelSpec
-from tests.support.live import ServerProcess, clean_env, wait_until
+from tests.support.live import ServerProcess, clean_env, sse_events, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,12 +53,6 @@ def test_a_prefill_longer_than_twice_run_timeout_is_served(server_factory, smoll
     assert took > 2 * RUN_TIMEOUT, f"the prefill took {took:.1f}s: no test of the watchdog"
     assert live.service.state.phase == "ready" and live.service.scheduler.wedged == 0
     assert model_row(live)["runner_ended_because"] is None  # its runner was never taken as silent
-
-
-def sse_events(response: httpx.Response):
-    for line in response.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[6:])
 
 
 def test_a_stopped_runner_is_ended_and_reloaded_while_the_server_lives(
