@@ -36,6 +36,7 @@ class Running:
     released: bool = False  # its permit is back in the gate
     overdue: bool = False  # the watchdog gave up on it
     ended: bool = False  # and its engine ended its silent process: nothing of ours wedged
+    ended_error: Exception | None = None  # what its requests are told then
 
     def progress_at(self) -> float:
         """When it last showed life: its start, a stream's latest text, or a step its
@@ -89,7 +90,12 @@ class GroupRunner:
         its result (or the error that ended it)."""
         leader = run.jobs[0]
         try:
-            raw, measurement = await asyncio.shield(run.work)
+            try:
+                raw, measurement = await asyncio.shield(run.work)
+            except asyncio.CancelledError:
+                if not run.work.cancelled() or run.ended_error is None:
+                    raise  # this settle itself was cancelled (a stop)
+                raise run.ended_error from None
             if leader.stream is None:  # a stream's output is its outcome
                 raw = await leader.handler.finish(raw, self._executor)
             output = raw

@@ -28,7 +28,13 @@ from app.core.runs import GroupRunner, Running
 from app.core.watch import ClientWatch
 from app.core.work import Job
 from app.devices.executor import Executor
-from app.errors import ClientGone, RunTimeout, VramgateError
+from app.errors import (
+    ClientGone,
+    ContextLengthExceeded,
+    RunnerStopped,
+    RunTimeout,
+    VramgateError,
+)
 from app.models.prefix_cache import PrefixStore
 from app.sched.gate import MemoryGate
 from app.sched.tickets import Permit, Reject, Ticket, Wait
@@ -156,6 +162,13 @@ class Scheduler:
         nbytes, exclusive = self._pricer.admission(job.quote)
         cells = job.handler.cell_capacity
         self.gate.set_cells(job.model, cells)  # the loaded handler's: a reload may change it
+        needs = job.handler.cells_for(job.prepared) if cells else 0
+        if cells is not None and needs > cells:  # a reload gave it a smaller pool: never
+            raise ContextLengthExceeded(
+                f"model {job.model!r} now holds {cells} tokens in all; this request needs "
+                f"{needs} (its prompt and max_tokens): ask for fewer",
+                param="max_tokens",
+            )
         ticket = Ticket(
             nbytes=nbytes,
             deadline=self._clock() + self._limits.queue_timeout,
@@ -167,7 +180,7 @@ class Scheduler:
             batch_limit=job.handler.spec.max_batch,
             owner=job.model,
             payload=job,
-            cells=job.handler.cells_for(job.prepared) if cells else 0,
+            cells=needs,
             cell_pool=job.model,
         )
         await self._enter(Entry(ticket, job, done), watch, ignore_queue_limit=probe)
@@ -312,7 +325,13 @@ class Scheduler:
             if run.overdue or now - run.progress_at() <= limit_s:
                 continue
             if run.jobs[0].handler.stalled():  # its engine ended the silent process:
-                run.overdue, run.ended = True, True  # the work fails on its own, soon
+                run.overdue, run.ended = True, True  # nothing of ours is wedged
+                run.ended_error = RunnerStopped(
+                    f"model {run.jobs[0].model!r}'s runner sent nothing for {limit_s:g}s "
+                    "(run_timeout) and was ended; it is reloaded on the next request",
+                    retry_after=1,
+                )
+                run.work.cancel()  # awaited on the loop: its permit and cells come back now
                 log.error("job %s: its runner was silent for %.1fs", run.key.bucket, limit_s)
                 continue
             run.overdue = True

@@ -226,8 +226,9 @@ class ModelHandler(ABC):
         return None
 
     def cells_for(self, prepared: Prepared) -> int:
-        """The cells of `cell_capacity` a request takes while it runs (0: none)."""
-        return 0
+        """The cells of `cell_capacity` a request takes while it runs: by default one
+        (a capacity of requests at once, a sliding-window model's one stream)."""
+        return 1
 
     def held_bytes(self, prepared: Prepared) -> int:
         """The bytes a request holds within what its model reserved at load (its cells'),

@@ -336,3 +336,54 @@ def test_a_load_waits_for_room_and_is_admitted_when_a_job_ends_simulated(tmp_pat
         assert r.scheduler.gate.held_bytes == 0 and r.scheduler.entries == 0
 
     run(tmp_path, body, slots=2)
+
+
+def test_a_model_that_runs_one_request_at_a_time_gets_one_at_a_time_simulated(
+    tmp_path, monkeypatch
+):
+    """A model whose own limit is one request at once (`cell_capacity` 1: a sliding-
+    window LM, whose rows cannot join a running batch): the second waits in the queue
+    though bytes and slots are free, and runs once the first ends."""
+    monkeypatch.setattr(HeldSimulated, "cell_capacity", 1)
+
+    async def body(r: Rig) -> None:
+        first, second = r.job(words(4)), r.job(words(4))  # 100 MiB each, 2 slots
+        tasks = [asyncio.create_task(r.scheduler.run(j, None)) for j in (first, second)]
+        await r.entered()
+        gate = r.scheduler.gate
+        await until(lambda: gate.depth == 1, "the second waits")
+        assert (gate.running, [t.payload for t in gate.waiting]) == (1, [second])
+        r.let_go()
+        await r.entered()
+        r.let_go()
+        await asyncio.gather(*tasks)
+
+    run(tmp_path, body, slots=2)
+
+
+def test_a_silent_runners_run_ends_its_requests_and_frees_its_permit_simulated(
+    tmp_path, monkeypatch
+):
+    """Work awaited from a runner that falls silent, whose engine ends it (`stalled`),
+    even when the work never comes back (a process stuck in its driver keeps its sockets
+    open past SIGKILL): its requests get model_runner_stopped, its permit comes back,
+    and nothing counts as a wedged thread of ours."""
+    from app.errors import RunnerStopped
+
+    monkeypatch.setattr(HeldSimulated, "stalled", lambda self: True)
+
+    async def body(r: Rig) -> None:
+        never = asyncio.get_running_loop().create_future()  # the work, never done
+        monkeypatch.setattr(HeldSimulated, "start", lambda self, prepared, stream, pools: never)
+        job = r.job(words(4))
+        task = asyncio.create_task(r.scheduler.run(job, None))
+        gate = r.scheduler.gate
+        await until(lambda: gate.running == 1, "it runs")
+        r.clock.now += 120  # silent past run_timeout
+        assert r.scheduler.watch(r.clock.now, 60) == 0 and r.scheduler.wedged == 0
+        with pytest.raises(RunnerStopped):
+            await task
+        await until(lambda: gate.running == 0, "its permit back")
+        assert gate.held_bytes == 0 and r.scheduler.entries == 0
+
+    run(tmp_path, body, slots=2)

@@ -208,27 +208,22 @@ class MessageReply:
                 "cache_creation_input_tokens": 0,
             }
             yield _event("message_start", {"type": "message_start", "message": start})
-            splitter = ThinkSplitter(self.thinking and not self.tools)
+            splitter = ThinkSplitter(self.thinking)
             # tool mode: text streams once it can be no call; a call is held (CallWatch)
             watch = CallWatch(set(self.valid.tool_names)) if self.tools else None
             async for delta in _with_pings(generation.deltas(), PING_EVERY_S):
                 if delta is None:
                     yield _event("ping", {"type": "ping"})
-                elif watch is not None:
-                    if text := watch.feed(delta):
-                        for event in blocks.piece("text", text):
-                            yield event
-                else:
-                    for kind, piece in splitter.push(delta):
-                        for event in blocks.piece(kind, piece):
-                            yield event
+                    continue
+                for event in self._pieces(blocks, splitter.push(delta), watch):
+                    yield event
             outcome, _ = await _outcome(generation)
+            events = list(self._pieces(blocks, splitter.end(), watch))
             if watch is not None:
                 content, ending = self.held_blocks(watch, outcome)
-                events = [event for block in content for event in blocks.whole(block)]
+                events += [event for block in content for event in blocks.whole(block)]
             else:
                 ending = _ending(outcome, False)
-                events = [e for kind, piece in splitter.end() for e in blocks.piece(kind, piece)]
             for event in [*events, *blocks.close()]:
                 yield event
             stop = {"stop_reason": ending.stop_reason, "stop_sequence": ending.stop_sequence}
@@ -239,6 +234,19 @@ class MessageReply:
             yield _event("error", anthropic_body(exc))
         finally:
             generation.close()
+
+    @staticmethod
+    def _pieces(
+        blocks: BlockWriter, pieces: list[tuple[Kind, str]], watch: CallWatch | None
+    ) -> Iterator[bytes]:
+        """Thinking into its block; text into its block, through the watch for calls
+        where tools are offered (what may be one is held)."""
+        for kind, piece in pieces:
+            if kind == "text" and watch is not None:
+                piece = watch.feed(piece)
+                if not piece:
+                    continue
+            yield from blocks.piece(kind, piece)
 
 
 class BlockWriter:

@@ -14,6 +14,7 @@ import numpy as np
 
 from app.config.settings import ModelSpec
 from app.devices.base import Device
+from app.engines.gguf_facts import GgufFacts
 from app.engines.llama_cpp.kv_pool import KvPool
 from app.engines.llama_cpp.runner_model import SLOT_CONTEXT, LlamaRunnerModel
 from app.errors import ContextLengthExceeded
@@ -35,13 +36,19 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
         super().__init__(spec)
         self.dimensions = 0
 
+    def _context_for(self, facts: GgufFacts) -> int:
+        """An input's tokens at most: the file's, up to 4096 (or the setting's)."""
+        return min(facts.context_length or SLOT_CONTEXT, self.spec.max_context or SLOT_CONTEXT)
+
     def planned_pool(self, device: Device, free_bytes: int | None = None) -> KvPool:
-        """`parallel` inputs at once (4 by default), each of at most `context` tokens (the
-        file's, up to 4096): each input whole in one micro-batch of a unified KV."""
-        trained = self.facts().context_length or SLOT_CONTEXT
-        context = min(trained, self.spec.max_context or SLOT_CONTEXT)
+        """`parallel` inputs at once (4 by default), each of at most `context` tokens:
+        each input whole in one micro-batch of a unified KV."""
+        context = self._context_for(self.facts())
         slots = self.spec.parallel or EMBEDDING_SLOTS
         return KvPool(context * slots, context, slots)
+
+    def prompt_cache_ram(self) -> int:
+        return 0  # an embedding keeps no prompt for a next request
 
     @property
     def cell_capacity(self) -> int | None:

@@ -202,6 +202,7 @@ class LlamaRunnerModel(ModelHandler):
 
     # -- load and unload ---------------------------------------------------------------
     def load(self, device: Device) -> None:
+        self._ended_because = None  # a new runner: whatever ended the last is no longer so
         free = self._room  # what the gate planned the load for
         if device.kind != "cpu":  # and what the device has now
             now = device.snapshot().free_for_us
@@ -326,9 +327,9 @@ class LlamaRunnerModel(ModelHandler):
         return True
 
     def unload(self) -> None:
-        self._ended_because = None
-        runner, self._runner = self._runner, None
+        runner, self._runner = self._runner, None  # first: a `stalled` now finds none
         self._client, self.pool = None, None
+        self._ended_because = None
         if runner is not None:
             runner.stop(STOP_GRACE_S)
             if self._device is not None and runner.pid is not None:
@@ -370,7 +371,8 @@ class LlamaRunnerModel(ModelHandler):
             architecture=facts.architecture,
             format="gguf",
             quantization=facts.quantization,
-            context_length=self._context_for(facts),
+            # what one request may hold: the pool's, once loaded (it may have shrunk to fit)
+            context_length=self.context if self.pool is not None else self._context_for(facts),
         )
 
     def describe(self) -> dict[str, Any]:

@@ -150,3 +150,31 @@ def test_a_failure_after_the_stream_began_is_an_error_event_and_the_generation_c
     assert name == "error" and error["type"] == "error"
     assert error["error"]["type"] == "timeout_error" and error["error"]["code"] == "run_timeout"
     assert generation.closed
+
+
+def test_a_stream_with_tools_streams_thinking_and_text_and_holds_a_call_to_the_end():
+    """Tools offered and thinking asked for (Claude Code on a reasoning model): thinking
+    streams as its block, the text as it comes, and a call after the thinking arrives
+    whole as a tool_use, as the whole answer's `blocks` give it."""
+    tools = valid(stream=True, tool_mode="auto", tool_names=frozenset({"w"}))
+    pieces = [
+        "<th",
+        "ink>Call",
+        " it.</think>\n",
+        '{"name": "w", ',
+        '"arguments": {"city": "Oslo"}}',
+    ]
+    sent = events(MessageReply(tools, "claude-x", True), FakeGeneration(pieces, outcome()))
+    starts = [data["content_block"] for name, data in sent if name == "content_block_start"]
+    assert [block["type"] for block in starts] == ["thinking", "tool_use"]
+    thought = [d["delta"]["thinking"] for n, d in sent if d.get("delta", {}).get("thinking")]
+    assert "".join(thought) == "Call it." and len(thought) == 2  # streamed, not held
+    (json_delta,) = [d["delta"] for n, d in sent if d.get("delta", {}).get("partial_json")]
+    assert orjson.loads(json_delta["partial_json"]) == {"city": "Oslo"}
+    assert sent[-2][1]["delta"]["stop_reason"] == "tool_use"
+    said = events(
+        MessageReply(tools, "claude-x", True),
+        FakeGeneration(["<think>No.</think>", "It is", " sunny."], outcome()),
+    )
+    text = [d["delta"]["text"] for n, d in said if d.get("delta", {}).get("type") == "text_delta"]
+    assert text == ["It is", " sunny."]  # text streams while tools are offered
