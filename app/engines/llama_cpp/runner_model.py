@@ -200,6 +200,25 @@ class LlamaRunnerModel(ModelHandler):
         task = prepared.payload
         return self.pool.cells_for(len(task.prompt_ids), task.max_tokens)
 
+    def runner_config(self, pool: KvPool, split: LayerSplit) -> dict[str, Any]:
+        """The settings its runner is started with for `pool` and `split`, all but the
+        key (app.engines.llama_cpp.runner_main.params_of; bench/kv_shapes.py runs
+        llama.cpp alone with them)."""
+        return {
+            "model": str(self.path),
+            "n_ctx": pool.cells,
+            "parallel": pool.slots,
+            "per_slot": pool.per_request,
+            "gpu_layers": split.gpu_layers_arg,
+            "kv_type": self.spec.kv_cache_type.upper(),
+            "flash_attention": self.spec.flash_attention,
+            "threads": self.spec.threads,
+            "cache_ram_mib": self.prompt_cache_ram() // 2**20,
+            "cache_idle_slots": self.prompt_cache_ram() >= 2**20,
+            "cache_reuse": CACHE_REUSE if self.spec.prefix_cache else 0,
+            **self.runner_settings(),
+        }
+
     # -- load and unload ---------------------------------------------------------------
     def load(self, device: Device) -> None:
         self._ended_because = None  # a new runner: whatever ended the last is no longer so
@@ -211,21 +230,7 @@ class LlamaRunnerModel(ModelHandler):
         self.context = pool.per_request
         self.split = self._split_for(device, pool.cells, free)
         key = secrets.token_urlsafe(24)
-        config = {
-            "model": str(self.path),
-            "n_ctx": pool.cells,
-            "parallel": pool.slots,
-            "per_slot": pool.per_request,
-            "gpu_layers": self.split.gpu_layers_arg,
-            "kv_type": self.spec.kv_cache_type.upper(),
-            "flash_attention": self.spec.flash_attention,
-            "threads": self.spec.threads,
-            "cache_ram_mib": self.prompt_cache_ram() // 2**20,
-            "cache_idle_slots": self.prompt_cache_ram() >= 2**20,
-            "cache_reuse": CACHE_REUSE if self.spec.prefix_cache else 0,
-            "key": key,
-            **self.runner_settings(),
-        }
+        config = {**self.runner_config(pool, self.split), "key": key}
         # this device alone (a CUDA build on a CPU or simulated device stays off the GPU)
         env = {"CUDA_VISIBLE_DEVICES": device.child_visible()}
         argv = runner_argv("app.engines.llama_cpp.runner_main", RUNNER_COMMAND)
