@@ -24,6 +24,7 @@ from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.generation import LlamaCppHandler
 from tests.support.live import sse_events, wait_until
+from tests.support.schemas import NESTED, structured_schemas
 
 pytestmark = pytest.mark.slow
 
@@ -476,45 +477,6 @@ def test_a_plain_answer_streams_while_tools_are_offered_on_the_runner(smol):
         c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
     ]
     assert len(pieces) >= 10
-
-
-NESTED = ("nested", "recipe", "deep", "cookbook")  # three of the torch engine's test's twenty
-# and a recipe as the issue describes it: an array of 2-4 objects with enums (its strings
-# bounded: a small model left an unbounded one may still be inside it at max_tokens, as
-# README's structured outputs say; a CI run's answer was)
-COOKBOOK = {
-    "name": "cookbook",
-    "question": "Give me a recipe for pancakes as JSON.",
-    "schema": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 40},
-            "ingredients": {
-                "type": "array",
-                "minItems": 2,
-                "maxItems": 4,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "item": {"type": "string", "maxLength": 40},
-                        "amount": {"type": "number"},
-                        "unit": {"enum": ["g", "ml", "piece"]},
-                    },
-                    "required": ["item", "amount", "unit"],
-                },
-            },
-            "difficulty": {"enum": ["easy", "medium", "hard"]},
-        },
-        "required": ["name", "ingredients", "difficulty"],
-    },
-}
-
-
-def structured_schemas() -> dict[str, dict]:
-    from pathlib import Path
-
-    found = Path(__file__).resolve().parents[2] / "api" / "openai" / "structured_schemas.json"
-    return {case["name"]: case for case in [*json.loads(found.read_text()), COOKBOOK]}
 
 
 @pytest.mark.parametrize("name", NESTED)
