@@ -272,14 +272,19 @@ def long_prompt_ttft(port: int, model: str) -> dict[int, float]:
 
 
 def alone_server(gguf: Path, slots: int) -> object:
+    """llama.cpp alone with n_ctx ALONE_CTX split between `slots` slots."""
+    args = ("--context", str(ALONE_CTX // slots), "--parallel", str(slots))
+    return llama_alone(gguf, f"llama.cpp-alone-{slots}", *args)
+
+
+def llama_alone(gguf: Path, name: str, *args: str) -> object:
+    """bench/llama_server_alone.py on `gguf` with `args`, on a free port."""
     from bench.run import Server, free_port
 
     port = free_port()
     argv = [sys.executable, str(ROOT / "bench" / "llama_server_alone.py"), str(gguf)]
-    argv += ["--port", str(port), "--context", str(ALONE_CTX // slots), "--parallel", str(slots)]
-    return Server(
-        f"llama.cpp-alone-{slots}", argv, port, "/health", "/v1/chat/completions", GGUF_MODEL
-    )
+    argv += ["--port", str(port), *args]
+    return Server(name, argv, port, "/health", "/v1/chat/completions", GGUF_MODEL)
 
 
 def measure_engines(

@@ -23,8 +23,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.generation import GGUF_MODEL, Figures, ensure_gguf, measure_streams  # noqa: E402
-from bench.run import Server, free_port, start_vramgate, write_readme  # noqa: E402
+from bench.generation import (  # noqa: E402
+    GGUF_MODEL,
+    Figures,
+    ensure_gguf,
+    llama_alone,
+    measure_streams,
+)
+from bench.run import start_vramgate, write_readme  # noqa: E402
 
 SPLIT_CTX = 8192  # llama.cpp alone: n_ctx 8,192 split between its slots (the engines table)
 
@@ -41,12 +47,6 @@ def vramgate_runner_settings(gguf: Path) -> dict:
     settings = model.runner_config(pool, model.planned_split(device))
     settings.pop("model")
     return settings
-
-
-def alone(gguf: Path, name: str, *args: str) -> Server:
-    port = free_port()
-    argv = [sys.executable, str(ROOT / "bench" / "llama_server_alone.py"), str(gguf)]
-    return Server(name, [*argv, "--port", str(port), *args], port, "/health", "", GGUF_MODEL)
 
 
 def rounds(port: int, streams: int, tokens: int) -> Figures:
@@ -70,8 +70,8 @@ def measure(gguf: Path, streams: int, tokens: int) -> tuple[dict[str, Figures], 
             "--runner", json.dumps(no_host_cache)),
     }  # fmt: skip
     found = {}
-    for name, args in shapes.items():
-        server = alone(gguf, "kv-shape", *args)
+    for i, (name, args) in enumerate(shapes.items()):
+        server = llama_alone(gguf, f"kv-shape-{i}", *args)
         try:
             found[name] = rounds(server.port, streams, tokens)
         finally:
