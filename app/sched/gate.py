@@ -189,7 +189,7 @@ class MemoryGate:
             streams += p.stream
             exclusive = exclusive or p.exclusive
         separate = self.stream_slots > 0
-        chosen = plan_admissions(
+        chosen, heads = plan_admissions(
             self._queue if eligible is None else [self._queue[i] for i in eligible],
             free_bytes=self._pool() - held,
             free_slots=self.slots - len(ends) + (streams if separate else 0),
@@ -204,14 +204,16 @@ class MemoryGate:
             return []
         if eligible is not None:
             chosen = [eligible[i] for i in chosen]
+            heads = {eligible[i]: pool for i, pool in heads.items()}
         groups = self._groups(chosen)
         positions = {id(t): i for i, t in enumerate(self._queue)}
         picked = {id(t) for members, _, _ in groups for t in members}
-        first_waiting = next((t for t in self._queue if id(t) not in picked), None)
-        if first_waiting is not None:
-            head = positions[id(first_waiting)]
-            first_waiting.bypassed += sum(
-                1 for members, _, _ in groups for t in members if positions[id(t)] > head
+        for index, pool in heads.items():  # what started from behind a head overtook it
+            self._queue[index].bypassed += sum(
+                1
+                for members, _, _ in groups
+                for t in members
+                if positions[id(t)] > index and (pool is None or t.cell_pool == pool)
             )
         self._queue = [t for t in self._queue if id(t) not in picked]
         permits = []

@@ -11,19 +11,34 @@ has been overtaken fewer than `max_head_bypass` times, a bound that holds even w
 run-time estimates are wrong.
 
 With `free_stream_slots` (not None), stream tickets count against those instead of
-`free_slots`; a ticket whose kind has no free slot is passed over, and is no head. So is
-a ticket whose model has fewer free cells (`free_cells`, by pool) than it takes: a
-model's own limit (a runner's slots) holds back its own requests only.
+`free_slots`; a ticket whose kind has no free slot is passed over, and is no head.
+
+Cells (`free_cells`, by pool: a runner's KV cells) are a model's own limit and hold back
+that model's requests only. The first ticket of a pool that does not fit the pool's free
+cells is that pool's *cell head*: later tickets of the same pool may overtake it while
+they fit, at most `max_head_bypass` times (counting its earlier overtakes), so a request
+for a model's whole context is not starved by a stream of short ones to the same model.
+Other models' tickets pass it freely: it holds none of their cells.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from app.sched.tickets import Ticket
 
 # Prices a would-be group of tickets: (bytes, exclusive), or None if they cannot be merged.
 GroupPricer = Callable[[Sequence[Ticket]], tuple[int, bool] | None]
+
+
+class Planned(NamedTuple):
+    """A plan: the queue indices that start now, in order, and the blocked heads (index:
+    the cell pool it waits for, or None for the head waiting for bytes). Whatever starts
+    from behind a head overtakes it (for a cell head: what starts of its own pool)."""
+
+    start: list[int]
+    heads: dict[int, str | None]
 
 
 def plan_admissions(
@@ -37,34 +52,43 @@ def plan_admissions(
     max_head_bypass: int,
     free_stream_slots: int | None = None,
     free_cells: Mapping[str, int] | None = None,
-) -> list[int]:
-    """Which queued tickets (indices, in order) start now (see the module's words).
-    `running` holds (bytes, expected end) of the jobs on the device."""
+) -> Planned:
+    """Which queued tickets (indices, in order) start now, and who they overtook (see the
+    module's words). `running` holds (bytes, expected end) of the jobs on the device."""
     separate = free_stream_slots is not None
     # free slots by kind: [jobs, streams]; a stream is kind 1 only where streams have
     # slots of their own
     free = [free_slots, free_stream_slots or 0]
     if exclusive_running or (free[0] <= 0 and free[1] <= 0):
-        return []
+        return Planned([], {})
     ends = list(running)
     chosen: list[int] = []
     head: Ticket | None = None
-    shadow, spare, overtakes = 0.0, 0, 0
+    head_index, shadow, spare, overtakes = -1, 0.0, 0, 0
     cells = dict(free_cells or {})
+    cell_heads: dict[str, tuple[int, Ticket]] = {}  # pool: its first cell-blocked ticket
+    cell_overtakes: dict[str, int] = {}
     for index, ticket in enumerate(queue):
         kind = 1 if separate and ticket.stream else 0
         if free[kind] <= 0:
             if free[1 - kind] <= 0:
                 break
             continue
-        if ticket.cells and cells.get(ticket.cell_pool, ticket.cells) < ticket.cells:
-            continue  # its model is full: it waits for its model, no head of the others
+        pool = ticket.cell_pool if ticket.cells and ticket.cell_pool in cells else None
+        if pool is not None:
+            if cells[pool] < ticket.cells:
+                cell_heads.setdefault(pool, (index, ticket))
+                continue  # its model is full: it waits for its model, no head of the others
+            if pool in cell_heads:
+                overtaken = cell_heads[pool][1].bypassed + cell_overtakes.get(pool, 0)
+                if overtaken >= max_head_bypass:
+                    continue  # its model's cell head has been passed enough
         fits = ticket.nbytes <= free_bytes
         if head is None:
             if ticket.exclusive:
                 fits = fits and not ends
             if not fits:
-                head = ticket
+                head, head_index = ticket, index
                 shadow, spare = _reservation(ticket, free_bytes, ends)
             else:
                 ends.append((ticket.nbytes, now + ticket.expected_s))
@@ -81,13 +105,18 @@ def plan_admissions(
             chosen.append(index)
             free_bytes -= ticket.nbytes
             free[kind] -= 1
-            if ticket.cells and ticket.cell_pool in cells:
-                cells[ticket.cell_pool] -= ticket.cells
+            if pool is not None:
+                cells[pool] -= ticket.cells
+                if pool in cell_heads:
+                    cell_overtakes[pool] = cell_overtakes.get(pool, 0) + 1
             if head is None and ticket.exclusive:
                 break
         if head is not None and head.bypassed + overtakes >= max_head_bypass:
             break
-    return chosen
+    heads: dict[int, str | None] = {index: pool for pool, (index, _) in cell_heads.items()}
+    if head is not None:
+        heads[head_index] = None
+    return Planned(chosen, heads)
 
 
 def grow_group(

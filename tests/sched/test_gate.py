@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.sched.gate import Admit, MemoryGate, Reject, Ticket, Wait
-from tests.sched.test_plan import stream, t
+from tests.sched.test_plan import cells, stream, t
 
 MiB = 2**20
 
@@ -215,6 +215,28 @@ def test_a_runners_requests_wait_for_its_own_slots_and_not_inside_it():
     started = gate.release(first.permit)
     assert len(started) == 1 and started[0].cell_pool == "llama"
     assert gate.free_cells() == {"llama": 0}
+
+
+def test_a_long_request_to_a_runner_is_not_starved_by_short_ones():
+    """Short requests to the same model pass a request that waits for its model's cells
+    at most max_head_bypass times; then they wait behind it, and it starts once running
+    ones end (before, every short one that fitted passed it, for ever)."""
+    gate, _ = make_gate(pool=100, slots=16, bypass=2)
+    gate.set_cells("llama", 10)
+    first = gate.submit(cells(4))
+    assert isinstance(first, Admit)
+    long = cells(8)
+    assert isinstance(gate.submit(long), Wait)  # 6 cells free
+    second, third = gate.submit(cells(2)), gate.submit(cells(2))
+    assert isinstance(second, Admit) and isinstance(third, Admit)  # two may pass it
+    late = cells(2)
+    assert isinstance(gate.submit(late), Wait)  # 2 cells free, but the cap is reached
+    assert long.bypassed == 2
+    assert gate.release(first.permit) == []  # 6 free: still not enough for the long one
+    started = gate.release(second.permit)  # 8 free: the long one first
+    assert [p.ticket_id for p in started] == [long.id]
+    assert [t.id for t in gate.waiting] == [late.id]
+    assert isinstance(gate.submit(t(10)), Admit)  # other work never waited on it
 
 
 def test_a_full_runner_holds_back_only_its_own_requests():

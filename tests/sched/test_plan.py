@@ -29,7 +29,12 @@ def stream(nbytes: int) -> Ticket:
     return Ticket(nbytes=nbytes, deadline=1e9, expected_s=1.0, stream=True)
 
 
-def plan(queue, *, free, slots=4, running=(), bypass=2, exclusive_running=False):
+def cells(n: int, pool: str = "llama", bypassed: int = 0) -> Ticket:
+    """A request for `n` of a runner's KV cells (its model's pool)."""
+    return Ticket(nbytes=0, deadline=1e9, stream=True, cells=n, cell_pool=pool, bypassed=bypassed)
+
+
+def plan(queue, *, free, slots=4, running=(), bypass=2, exclusive_running=False, free_cells=None):
     """`running`: (bytes, expected end) of jobs on the device; now is 0."""
     return plan_admissions(
         queue,
@@ -39,7 +44,8 @@ def plan(queue, *, free, slots=4, running=(), bypass=2, exclusive_running=False)
         now=0.0,
         exclusive_running=exclusive_running,
         max_head_bypass=bypass,
-    )
+        free_cells=free_cells,
+    ).start
 
 
 # (queue as (bytes, expected seconds), free bytes, free slots, running, bypass) -> indices
@@ -94,6 +100,44 @@ def test_plan_head_at_bypass_cap_blocks_everyone():
     assert plan([t(90, bypassed=2), t(10)], free=50, running=LONG) == []
 
 
+@pytest.mark.parametrize(
+    ("queue", "free_cells", "cap", "expected", "heads"),
+    [
+        # the long request waits for its model's cells; two short ones may pass it...
+        ([cells(8), cells(2), cells(2), cells(2)], {"llama": 6}, 2, [1, 2], {0: "llama"}),
+        # ...fewer where it was passed before (2 + 1 reach the cap of 3)
+        ([cells(8, bypassed=2), cells(2), cells(2)], {"llama": 6}, 3, [1], {0: "llama"}),
+        # at the cap, none of its own model passes it
+        ([cells(8, bypassed=3), cells(2)], {"llama": 6}, 3, [], {0: "llama"}),
+        # another model's requests hold none of its cells: they pass it freely
+        (
+            [cells(8, bypassed=3), cells(2, "other"), t(10)],
+            {"llama": 6, "other": 4},
+            3,
+            [1, 2],
+            {0: "llama"},
+        ),
+        # nothing blocked: no head
+        ([cells(2), cells(2)], {"llama": 6}, 2, [0, 1], {}),
+    ],
+)
+def test_a_cell_head_is_overtaken_by_its_own_model_at_most_the_bypass_cap(
+    queue, free_cells, cap, expected, heads
+):
+    planned = plan_admissions(
+        queue,
+        free_bytes=100,
+        free_slots=8,
+        running=[],
+        now=0.0,
+        exclusive_running=False,
+        max_head_bypass=cap,
+        free_cells=free_cells,
+    )
+    assert planned.start == expected
+    assert planned.heads == heads
+
+
 def test_plan_exclusive_runs_only_on_idle_device_and_alone():
     queue = [t(30, exclusive=True), t(10)]
     assert plan(queue, free=100) == [0]
@@ -132,4 +176,4 @@ def test_streams_and_jobs_take_slots_of_their_own_kind(queue, free_slots, free_s
         max_head_bypass=2,
         free_stream_slots=free_streams,
     )
-    assert planned == admitted
+    assert planned.start == admitted

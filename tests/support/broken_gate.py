@@ -32,7 +32,7 @@ def broken_gate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
         real = gate.plan_admissions
 
-        def by_count(*args: Any, **kwargs: Any) -> list[int]:
+        def by_count(*args: Any, **kwargs: Any) -> Any:
             return real(*args, **{**kwargs, "free_bytes": UNBOUNDED})
 
         monkeypatch.setattr(gate, "plan_admissions", by_count)
