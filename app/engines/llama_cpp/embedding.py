@@ -8,6 +8,7 @@ and sent as token ids to the runner's `/v1/embeddings`, which pools them as the 
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.engines.gguf_facts import GgufFacts
 from app.engines.llama_cpp.kv_pool import KvPool
+from app.engines.llama_cpp.runner_main import PROMPT_BATCH
 from app.engines.llama_cpp.runner_model import SLOT_CONTEXT, LlamaRunnerModel
 from app.errors import ContextLengthExceeded
 from app.models.decoding import TokenStream
@@ -93,10 +95,18 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
         return asyncio.ensure_future(elsewhere(self._embed(prepared)))
 
     async def _embed(self, prepared: Prepared) -> np.ndarray:
-        """One call for the whole batch; the runner spreads it over its slots."""
+        """One call for the whole batch; the runner spreads it over its slots. An input
+        is one decode, which reports no progress: the runner is waited for while it
+        answers its /health, up to four `run_timeout`s for each 512 tokens of the batch (a
+        prefill's progress events bound each 512 tokens by one; an embedding's attention
+        spans its whole input, and one busy machine measured 3,000 tokens at over 12
+        times the 6 s a 512-token batch took alone). The bound is for a runner whose HTTP
+        threads live while its computation hangs."""
         self.forward_calls += 1
         rows: list[list[int]] = prepared.payload
-        found = await self._call("/v1/embeddings", {"input": rows})
+        batches = math.ceil(sum(len(row) for row in rows) / PROMPT_BATCH)
+        budget_s = 4 * self.run_timeout * max(1, batches)
+        found = await self._call("/v1/embeddings", {"input": rows}, budget_s=budget_s)
         out = np.empty((len(rows), self.dimensions), dtype=np.float32)
         for item in found["data"]:
             out[int(item["index"])] = item["embedding"]

@@ -342,12 +342,15 @@ class LlamaRunnerModel(ModelHandler):
         self._footprint, self._measured = Footprint({}, {}), None
 
     # -- requests ----------------------------------------------------------------------
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(
+        self, path: str, body: dict[str, Any], budget_s: float | None = None
+    ) -> dict[str, Any]:
+        """`budget_s`: see RunnerClient.call (a long computation with no progress events)."""
         client = self._client
         if client is None:
             raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
         try:
-            found = await client.call("POST", path, body)
+            found = await client.call("POST", path, body, budget_s=budget_s, alive=self._alive)
         except RunnerAnswer as answer:
             raise InvalidRequest(f"model {self.name!r}: {answer}", param="messages") from None
         except TimeoutError as exc:  # a runner that stopped answering: a failed runner
@@ -356,6 +359,10 @@ class LlamaRunnerModel(ModelHandler):
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             raise self._stopped(exc) from exc
         return found if isinstance(found, dict) else {}
+
+    def _alive(self) -> None:
+        """Its runner answered while it computes: a beat for the watchdog."""
+        self.progress_at = time.monotonic()
 
     def _stopped(self, exc: Exception) -> RunnerStopped:
         code = self.exited()

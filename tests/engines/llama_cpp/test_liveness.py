@@ -112,6 +112,47 @@ def test_a_stopped_runner_is_ended_and_reloaded_while_the_server_lives(
     assert model_row(live)["runner_pid"] not in (None, pid)
 
 
+EMBED_RUN_TIMEOUT = 6.0
+EMBED_INPUT = "The quick brown fox jumps over the lazy dog. " * 300  # ~3,000 tokens
+
+
+def test_an_embedding_longer_than_run_timeout_is_served_and_a_stopped_one_is_not_waited_for(
+    server_factory, smollm2_gguf
+):
+    """An embedding is one decode with no progress events: past `run_timeout` the runner
+    is asked for its /health and waited for while it answers (before, the call's timeout
+    took it for silent and ended it: 503 after `run_timeout`). A SIGSTOPped runner does
+    not answer, so the next embedding is refused after about `run_timeout`, not waited
+    for as long as its tokens would allow."""
+    embedder = ModelSpec(
+        name="smol",
+        kind="embedding",
+        path=smollm2_gguf,
+        context_length=4096,
+        parallel=1,
+        load="startup",
+    )
+    live = server_factory(device="cpu", models=(embedder,), run_timeout=EMBED_RUN_TIMEOUT)
+    body = {"model": "smol", "input": EMBED_INPUT}
+    started = time.monotonic()
+    answer = httpx.post(live.url + "/v1/embeddings", json=body, timeout=300)
+    took = time.monotonic() - started
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] > 2500
+    assert took > EMBED_RUN_TIMEOUT, f"it took {took:.1f}s: no test of the bound"
+    pid = model_row(live)["runner_pid"]
+    assert model_row(live)["runner_ended_because"] is None
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    refused = httpx.post(live.url + "/v1/embeddings", json=body, timeout=300)
+    took = time.monotonic() - started
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "model_runner_stopped"
+    assert took < 4 * EMBED_RUN_TIMEOUT, f"a stopped runner was waited for {took:.1f}s"
+    assert httpx.get(live.url + "/health", timeout=30).status_code in (200, 503)
+    assert live.service.scheduler.wedged == 0
+
+
 def test_sigkill_of_the_server_during_a_prefill_leaves_no_runner(tmp_path, smollm2_gguf):
     config = tmp_path / "c.toml"
     config.write_text(
