@@ -1,7 +1,15 @@
 """Audio in: an uploaded file decoded by PyAV (ffmpeg's demuxers and decoders: wav, flac,
 mp3, ogg, webm, m4a, ...) to 16 kHz mono float32, and cut into Whisper's 30-second
 windows. Pure CPU work, run on the CPU pool before anything is queued; a file that is
-no audio, or longer than the limit, is refused here (400)."""
+no audio, or longer than the limit, is refused here (400).
+
+Only audio containers are opened: ffmpeg's probe would also pick a playlist (its concat
+demuxer, HLS), which opens the files or URLs it names, so an upload could read the
+server's own media files and tell which exist. PyAV passes ffmpeg the demuxers it may
+pick (`format_whitelist`) and the protocols any of them may open (`protocol_whitelist`,
+one that names nothing: the upload is read from memory and no allowed demuxer opens
+another file); a playlist is then no format ffmpeg knows, the same 400 whatever it
+names."""
 
 from __future__ import annotations
 
@@ -21,6 +29,15 @@ WINDOW_SAMPLES = WINDOW_S * SAMPLE_RATE
 DECODE_SLACK_S = 5.0
 
 Task = Literal["transcribe", "translate"]
+
+# the demuxers an upload may be opened by, as ffmpeg names them (a demuxer passes if one
+# of its names is here: "matroska,webm", "mov,mp4,m4a,3gp,3g2,mj2"); none opens a file
+# an upload names (mov's external references are off unless `enable_drefs` is set)
+AUDIO_DEMUXERS = ("wav", "w64", "flac", "mp3", "ogg", "matroska", "mov", "aac", "aiff", "caf")
+OPEN_OPTIONS = {
+    "format_whitelist": ",".join(AUDIO_DEMUXERS),
+    "protocol_whitelist": "none",  # no protocol: a demuxer that opens a name fails
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +90,7 @@ def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
     import av
 
     try:
-        container = av.open(io.BytesIO(data), mode="r")
+        container = av.open(io.BytesIO(data), mode="r", options=dict(OPEN_OPTIONS))
     except (av.error.FFmpegError, ValueError, OSError):
         raise InvalidAudio("the file is not audio that can be decoded", param="file") from None
     with container:

@@ -279,6 +279,31 @@ def test_what_is_no_audio_is_a_400_and_nothing_is_queued(live, tmp_path, short_w
     assert post(live, short_wav, response_format="text").status_code == 200  # still serves
 
 
+def test_a_playlist_of_a_local_file_is_the_same_400_whether_the_file_exists(
+    live, client, tmp_path, monkeypatch
+):
+    """ffmpeg's concat demuxer opens the files its list names (relative to the server's
+    working directory): the upload must not be transcribed from them, nor tell which exist."""
+    monkeypatch.chdir(tmp_path)  # the server runs in this process: its working directory
+    (tmp_path / "Music").mkdir()
+    secret = write_wav(tmp_path / "Music" / "secret.wav", tone(2.0, seed=5))
+    before = live.status()
+    errors = []
+    for name in ("secret.wav", "absent.wav"):
+        playlist = f"ffconcat version 1.0\nfile Music/{name}\n".encode()
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.audio.transcriptions.create(model="whisper", file=("list.wav", playlist))
+        errors.append(refused.value.body)
+    assert errors[0] == errors[1] and errors[0]["code"] == "invalid_audio"
+    nothing_queued(live, before)
+    # the valid twin: the file itself, uploaded, is transcribed
+    with secret.open("rb") as file:
+        answer = client.audio.transcriptions.create(
+            model="whisper", file=file, language="en", response_format="verbose_json"
+        )
+    assert answer.duration == 2.0
+
+
 def test_a_file_over_the_limit_is_a_400_naming_both_numbers(tmp_path_factory, folder, tmp_path):
     for live in serve(tmp_path_factory, folder, max_audio_seconds=5):
         path = write_encoded(tmp_path / "long.ogg", tone(8.0))
