@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.errors import InvalidAudio
+from app.errors import AudioMemoryFull, InvalidAudio
 from app.models.audio import SAMPLE_RATE, decode_audio
+from app.sched.host_bytes import HostBytes
 from tests.support.random_whisper import CODECS, tone, write_encoded, write_wav
 
 
@@ -55,3 +56,23 @@ def test_every_audio_container_we_claim_still_decodes(tmp_path, suffix):
         write_encoded(path, tone(3.0))
     samples = decode_audio(path.read_bytes(), 60.0)
     assert samples.dtype == np.float32 and abs(samples.size / SAMPLE_RATE - 3.0) < 0.1
+
+
+def test_decoded_samples_are_taken_from_the_lease_and_come_back_when_it_closes(tmp_path):
+    data = write_wav(tmp_path / "clip.wav", tone(10.0)).read_bytes()
+    ledger = HostBytes(4 * 2**20)
+    with ledger.lease() as lease:
+        samples = decode_audio(data, 60.0, lease)
+        assert lease.held == samples.nbytes == ledger.held  # the pieces were given back
+    assert ledger.held == 0
+
+
+def test_audio_that_would_pass_the_bound_is_a_503_with_retry_after(tmp_path):
+    data = write_wav(tmp_path / "clip.wav", tone(10.0)).read_bytes()  # 640 KB decoded
+    ledger = HostBytes(2**20)  # joining needs twice that: 1.28 MB
+    with ledger.lease() as lease, pytest.raises(AudioMemoryFull) as full:
+        decode_audio(data, 60.0, lease)
+    assert full.value.status == 503 and full.value.headers()["Retry-After"] == "10"
+    assert ledger.held == 0  # what it took came back with its lease
+    with ledger.lease() as lease:  # the valid twin: a shorter clip fits
+        assert decode_audio(write_wav(tmp_path / "s.wav", tone(4.0)).read_bytes(), 60, lease).size

@@ -184,7 +184,8 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
                 "segment timestamps",
                 param="timestamp_granularities",
             )
-        return self._prepared(windows(decode_audio(clip.data, clip.max_seconds), clip.options))
+        samples = decode_audio(clip.data, clip.max_seconds, clip.lease)
+        return self._prepared(windows(samples, clip.options))
 
     def _prepared(self, rows: list[Window]) -> Prepared:
         words = {row.options.words for row in rows}

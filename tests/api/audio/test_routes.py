@@ -316,6 +316,47 @@ def test_a_file_over_the_limit_is_a_400_naming_both_numbers(tmp_path_factory, fo
         nothing_queued(live, before)
 
 
+def send_to(client: OpenAI, data: bytes, answers: list[Any]) -> None:
+    """A transcription of `data`; its answer or its error goes to `answers`."""
+    try:
+        text = client.audio.transcriptions.create(
+            model="whisper", file=("half.wav", data), language="en"
+        )
+        answers.append(text)
+    except openai.APIStatusError as exc:
+        answers.append(exc)
+
+
+@pytest.mark.slow
+def test_audio_held_past_max_audio_bytes_is_a_503_with_retry_after(
+    tmp_path_factory, folder, tmp_path
+):
+    """Uploads and their decoded samples count against max_audio_bytes while they wait
+    and run: four 30-second files at once (each 0.96 MB sent, 1.92 MB decoded, twice
+    that while joined) cannot all be held within 5 MiB; those refused are 503s with
+    Retry-After, the rest are served, and every byte comes back."""
+    data = write_wav(tmp_path / "half.wav", tone(30.0, seed=2)).read_bytes()
+    for live in serve(tmp_path_factory, folder, max_audio_bytes=5 * 2**20):
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        answers: list[Any] = []
+        threads = [threading.Thread(target=send_to, args=(client, data, answers)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        refused = [a for a in answers if isinstance(a, openai.APIStatusError)]
+        assert refused, "four files at once were all held"
+        for error in refused:
+            assert error.status_code == 503 and error.body["code"] == "audio_memory_full"
+            assert int(error.response.headers["Retry-After"]) >= 1
+        assert live.fleet.audio_bytes.held == 0
+        # the valid twin: one file alone is served
+        assert client.audio.transcriptions.create(
+            model="whisper", file=("half.wav", data), language="en"
+        ).text
+        assert live.fleet.audio_bytes.held == 0
+
+
 def three_hours_of_silence() -> bytes:
     """A real 3-hour FLAC (8 kHz silence, 2 MB), encoded by PyAV a minute at a time."""
     import av
