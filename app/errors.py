@@ -219,6 +219,13 @@ class QueueFull(Overloaded):
     code = "queue_full"
 
 
+class AudioMemoryFull(Overloaded):
+    """The decoded audio that transcriptions hold (waiting or running) would pass
+    `max_audio_bytes` (app.sched.host_bytes)."""
+
+    code = "audio_memory_full"
+
+
 class ModelLoading(Overloaded):
     code = "model_loading"
 

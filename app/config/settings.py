@@ -176,6 +176,15 @@ class Settings(BaseSettings):
         description="longest audio a transcription accepts, in seconds (400 beyond; the "
         "upload is bounded by max_body_bytes too)",
     )
+    max_audio_bytes: int = Field(
+        2 * 2**30,
+        ge=2**20,
+        le=2**40,
+        description="host memory that transcriptions waiting or running may hold "
+        "together: their uploads and decoded audio (16 kHz float32, 64 KB a second: a "
+        "2-hour file is 461 MB, twice that while it is joined); past it, 503 "
+        "audio_memory_full with Retry-After",
+    )
     default_max_tokens: int = Field(
         512,
         ge=1,

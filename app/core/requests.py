@@ -25,6 +25,7 @@ from app.models.kinds import (
     Transcriber,
 )
 from app.models.transcript import Transcript
+from app.sched.host_bytes import HostLease
 
 if TYPE_CHECKING:
     from app.core.work import InferenceResult
@@ -168,10 +169,11 @@ class ValidTranscription(OneShotRequest):
     options: SpeechOptions
     max_seconds: float
     keep_alive: float | None = None
+    lease: HostLease | None = None  # its share of max_audio_bytes (the route closes it)
     capability: ClassVar[type[OneShotModel[Any]]] = Transcriber
 
     def items(self) -> list[Any]:
-        return [AudioClip(self.audio, self.max_seconds, self.options)]
+        return [AudioClip(self.audio, self.max_seconds, self.options, self.lease)]
 
     def refusal(self, handler: Transcriber) -> VramgateError | None:
         return handler.language_refused(self.options.language, self.options.task)

@@ -1,7 +1,15 @@
 """Audio in: an uploaded file decoded by PyAV (ffmpeg's demuxers and decoders: wav, flac,
 mp3, ogg, webm, m4a, ...) to 16 kHz mono float32, and cut into Whisper's 30-second
 windows. Pure CPU work, run on the CPU pool before anything is queued; a file that is
-no audio, or longer than the limit, is refused here (400)."""
+no audio, or longer than the limit, is refused here (400).
+
+Only audio containers are opened: ffmpeg's probe would also pick a playlist (its concat
+demuxer, HLS), which opens the files or URLs it names, so an upload could read the
+server's own media files and tell which exist. PyAV passes ffmpeg the demuxers it may
+pick (`format_whitelist`) and the protocols any of them may open (`protocol_whitelist`,
+one that names nothing: the upload is read from memory and no allowed demuxer opens
+another file); a playlist is then no format ffmpeg knows, the same 400 whatever it
+names."""
 
 from __future__ import annotations
 
@@ -11,7 +19,8 @@ from typing import Literal
 
 import numpy as np
 
-from app.errors import AudioTooLong, InvalidAudio
+from app.errors import AudioMemoryFull, AudioTooLong, InvalidAudio
+from app.sched.host_bytes import HostLease
 
 SAMPLE_RATE = 16_000
 WINDOW_S = 30  # Whisper's input: 30 seconds, 3,000 mel frames
@@ -19,8 +28,18 @@ WINDOW_SAMPLES = WINDOW_S * SAMPLE_RATE
 # a container's declared duration may be a little short of what decodes (mp3's estimate):
 # decoding stops this far past the limit, so a file that lies cannot decode without end
 DECODE_SLACK_S = 5.0
+AUDIO_RETRY_S = 10  # Retry-After when decoded audio is at its bound: a few windows' run
 
 Task = Literal["transcribe", "translate"]
+
+# the demuxers an upload may be opened by, as ffmpeg names them (a demuxer passes if one
+# of its names is here: "matroska,webm", "mov,mp4,m4a,3gp,3g2,mj2"); none opens a file
+# an upload names (mov's external references are off unless `enable_drefs` is set)
+AUDIO_DEMUXERS = ("wav", "w64", "flac", "mp3", "ogg", "matroska", "mov", "aac", "aiff", "caf")
+OPEN_OPTIONS = {
+    "format_whitelist": ",".join(AUDIO_DEMUXERS),
+    "protocol_whitelist": "none",  # no protocol: a demuxer that opens a name fails
+}
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,9 @@ class AudioClip:
     data: bytes
     max_seconds: float
     options: SpeechOptions = SpeechOptions()
+    # its request's share of max_audio_bytes: the decoded samples are taken from it
+    # (None: unbounded, the model's own warm-up and probe)
+    lease: HostLease | None = None
 
 
 @dataclass(frozen=True)
@@ -67,13 +89,31 @@ def _too_long(seconds: float, limit: float) -> AudioTooLong:
     )
 
 
-def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
+def audio_memory_full(nbytes: int, lease: HostLease) -> AudioMemoryFull:
+    """The 503 for `nbytes` more than a lease's ledger has room for."""
+    return AudioMemoryFull(
+        f"audio held by transcriptions is at its bound (max_audio_bytes); this file "
+        f"needs {nbytes / 2**20:.1f} MiB more; retry shortly",
+        retry_after=AUDIO_RETRY_S,
+        details={"held_bytes": lease.held},
+    )
+
+
+def _taken(lease: HostLease | None, nbytes: int) -> None:
+    if lease is not None and not lease.take(nbytes):
+        raise audio_memory_full(nbytes, lease)
+
+
+def decode_audio(data: bytes, max_seconds: float, lease: HostLease | None = None) -> np.ndarray:
     """The first audio stream of `data` as 16 kHz mono float32. The container's declared
-    duration is checked before decoding; decoding stops past the limit too."""
+    duration is checked before decoding; decoding stops past the limit too. With a
+    `lease`, every decoded piece is taken from it as it comes (and the joined samples
+    beside them while they are joined): past its ledger's bound, 503 `audio_memory_full`;
+    the samples stay taken until the lease closes."""
     import av
 
     try:
-        container = av.open(io.BytesIO(data), mode="r")
+        container = av.open(io.BytesIO(data), mode="r", options=dict(OPEN_OPTIONS))
     except (av.error.FFmpegError, ValueError, OSError):
         raise InvalidAudio("the file is not audio that can be decoded", param="file") from None
     with container:
@@ -82,10 +122,12 @@ def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
         stream = container.streams.audio[0]
         if container.duration is not None and container.duration / av.time_base > max_seconds:
             raise _too_long(container.duration / av.time_base, max_seconds)
-        return _decoded(container, stream, max_seconds)
+        return _decoded(container, stream, max_seconds, lease)
 
 
-def _decoded(container: object, stream: object, max_seconds: float) -> np.ndarray:
+def _decoded(
+    container: object, stream: object, max_seconds: float, lease: HostLease | None
+) -> np.ndarray:
     import av
 
     resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
@@ -96,17 +138,31 @@ def _decoded(container: object, stream: object, max_seconds: float) -> np.ndarra
         for frame in container.decode(stream):  # type: ignore[attr-defined]
             for out in resampler.resample(frame):
                 pieces.append(out.to_ndarray().reshape(-1))
+                _taken(lease, pieces[-1].nbytes)
                 total += pieces[-1].size
             if total > bound:
                 raise _too_long(total / SAMPLE_RATE, max_seconds)
-        pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+        for out in resampler.resample(None):
+            pieces.append(out.to_ndarray().reshape(-1))
+            _taken(lease, pieces[-1].nbytes)
     except av.error.FFmpegError:
         raise InvalidAudio("the audio could not be decoded", param="file") from None
-    samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    samples = _joined(pieces, lease)
     if samples.size == 0:
         raise InvalidAudio("the file holds no audio samples", param="file")
     if samples.size / SAMPLE_RATE > max_seconds:
         raise _too_long(samples.size / SAMPLE_RATE, max_seconds)
+    return samples.astype(np.float32, copy=False)
+
+
+def _joined(pieces: list[np.ndarray], lease: HostLease | None) -> np.ndarray:
+    """The pieces as one float32 array; while it is made both are held (and taken)."""
+    pieces_bytes = sum(piece.nbytes for piece in pieces)
+    _taken(lease, pieces_bytes)  # the joined copy: the same size in float32
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    pieces.clear()
+    if lease is not None:
+        lease.give(pieces_bytes)
     return samples.astype(np.float32, copy=False)
 
 

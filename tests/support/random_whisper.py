@@ -128,6 +128,48 @@ def save_random_whisper(
     return folder
 
 
+def save_scripted_whisper(folder: Path, script: list[str]) -> Path:
+    """A Whisper (saved and loaded like any) whose greedy decoding writes `script`, one
+    token a step, whatever the audio: `save_random_whisper`'s, with its decoder layers'
+    outputs zeroed (each layer passes its input on), token embeddings zeroed, and each
+    position's embedding a one-hot that only the scripted token's (untied) output row
+    reads. Its decoder prompt is three tokens (start, language, task), so step i reads
+    position 2 + i. `script` holds tokens as the tokenizer spells them ("<|0.00|>",
+    "<|en|>", or a text piece such as `text_tokens` gives)."""
+    import torch
+    from transformers import AutoTokenizer, WhisperForConditionalGeneration
+
+    save_random_whisper(folder)
+    model = WhisperForConditionalGeneration.from_pretrained(folder)
+    ids = AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids(script)
+    decoder = model.model.decoder
+    model.config.tie_word_embeddings = False
+    with torch.no_grad():
+        model.proj_out.weight = torch.nn.Parameter(torch.zeros_like(model.proj_out.weight))
+        decoder.embed_tokens.weight.zero_()
+        decoder.embed_positions.weight.zero_()
+        for layer in decoder.layers:
+            for out in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc2):
+                out.weight.zero_()
+                if out.bias is not None:
+                    out.bias.zero_()
+        slots: dict[int, int] = {}
+        for step, token in enumerate(ids):
+            slot = slots.setdefault(token, len(slots))
+            decoder.embed_positions.weight[2 + step, slot] = 1.0
+            model.proj_out.weight[token, slot] = 10.0
+    model.save_pretrained(folder)
+    return folder
+
+
+def text_tokens(folder: Path, text: str) -> list[str]:
+    """`text` as the tokens of the tokenizer saved in `folder`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return tokenizer.convert_ids_to_tokens(tokenizer.encode(text, add_special_tokens=False))
+
+
 def tone(seconds: float, *, seed: int = 0) -> np.ndarray:
     """16 kHz mono float32: a tone whose pitch (drawn from `seed`) changes each second,
     with some noise."""

@@ -7,6 +7,7 @@ model's preprocess on the CPU pool (not audio, or too long: 400, nothing queued)
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,7 +24,7 @@ from app.config.settings import MODEL_NAME_PATTERN
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidTranscription
 from app.errors import InvalidRequest, UnsupportedMediaType
-from app.models.audio import SpeechOptions, Task
+from app.models.audio import SpeechOptions, Task, audio_memory_full
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
@@ -74,8 +75,11 @@ async def _answer(request: Request, task: Task) -> Response:
     valid, response_format, stream = await read_audio(
         request, task, fleet.settings.max_audio_seconds
     )
-    with client_watch(request) as watch:
-        result = await fleet.run(valid, watch)
+    # the upload and its decoded samples count against max_audio_bytes until it is answered
+    with fleet.audio_bytes.lease() as lease, client_watch(request) as watch:
+        if not lease.take(len(valid.audio)):
+            raise audio_memory_full(len(valid.audio), lease)
+        result = await fleet.run(replace(valid, lease=lease), watch)
     return streamed(result) if stream else reply(result, response_format)
 
 

@@ -46,6 +46,7 @@ from app.models.kinds import Generator, ImageGenerator
 from app.observe.history import History
 from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook, LoadLedger
+from app.sched.host_bytes import HostBytes
 
 log = logging.getLogger("vramgate.fleet")
 
@@ -70,6 +71,8 @@ class Fleet:
         self.metrics = lanes[0].metrics
         self.book = lanes[0].book
         self.history = lanes[0].history
+        # uploads and decoded audio of transcriptions waiting or running (max_audio_bytes)
+        self.audio_bytes = HostBytes(settings.max_audio_bytes)
         self._by_id = {lane.device.id: lane for lane in lanes}
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -184,7 +184,8 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
                 "segment timestamps",
                 param="timestamp_granularities",
             )
-        return self._prepared(windows(decode_audio(clip.data, clip.max_seconds), clip.options))
+        samples = decode_audio(clip.data, clip.max_seconds, clip.lease)
+        return self._prepared(windows(samples, clip.options))
 
     def _prepared(self, rows: list[Window]) -> Prepared:
         words = {row.options.words for row in rows}
@@ -302,11 +303,11 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
             return_language=False,
             time_precision=extractor.chunk_length / self._model.config.max_source_positions,
         )
-        timed = []
+        timed, previous = [], 0.0
         for chunk in found.get("chunks", []):
-            start, end = chunk["timestamp"]
-            start, end = placed(start, end if end is not None else start, *window.span)
-            timed.append(Segment(start, end, chunk["text"]))
+            start, end = _stamped(chunk["timestamp"], previous)
+            previous = end
+            timed.append(Segment(*placed(start, end, *window.span), chunk["text"]))
         return text, tuple(timed)
 
     # -- warm-up and probe ---------------------------------------------------------------
@@ -337,6 +338,15 @@ def _with_times(window: Window, tokens: list[int], parts: list[dict[str, Any]]) 
     padded after its end: the padding, which has no times, is cut off."""
     times = torch.cat([part["token_timestamps"].cpu() for part in parts])
     return Decoded(window, tokens[: times.numel()], times)
+
+
+def _stamped(stamp: tuple[float | None, float | None], previous: float) -> tuple[float, float]:
+    """A chunk's (start, end) in its window. Whisper may write text with no timestamp
+    before or after it (audio cut mid-word; transformers then says None and logs "Whisper
+    did not predict an ending timestamp"): a missing start is where the previous chunk
+    ended, a missing end is the start."""
+    start = previous if stamp[0] is None else stamp[0]
+    return start, start if stamp[1] is None else stamp[1]
 
 
 def silent_wav(seconds: float) -> bytes:

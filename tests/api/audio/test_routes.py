@@ -279,6 +279,31 @@ def test_what_is_no_audio_is_a_400_and_nothing_is_queued(live, tmp_path, short_w
     assert post(live, short_wav, response_format="text").status_code == 200  # still serves
 
 
+def test_a_playlist_of_a_local_file_is_the_same_400_whether_the_file_exists(
+    live, client, tmp_path, monkeypatch
+):
+    """ffmpeg's concat demuxer opens the files its list names (relative to the server's
+    working directory): the upload must not be transcribed from them, nor tell which exist."""
+    monkeypatch.chdir(tmp_path)  # the server runs in this process: its working directory
+    (tmp_path / "Music").mkdir()
+    secret = write_wav(tmp_path / "Music" / "secret.wav", tone(2.0, seed=5))
+    before = live.status()
+    errors = []
+    for name in ("secret.wav", "absent.wav"):
+        playlist = f"ffconcat version 1.0\nfile Music/{name}\n".encode()
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.audio.transcriptions.create(model="whisper", file=("list.wav", playlist))
+        errors.append(refused.value.body)
+    assert errors[0] == errors[1] and errors[0]["code"] == "invalid_audio"
+    nothing_queued(live, before)
+    # the valid twin: the file itself, uploaded, is transcribed
+    with secret.open("rb") as file:
+        answer = client.audio.transcriptions.create(
+            model="whisper", file=file, language="en", response_format="verbose_json"
+        )
+    assert answer.duration == 2.0
+
+
 def test_a_file_over_the_limit_is_a_400_naming_both_numbers(tmp_path_factory, folder, tmp_path):
     for live in serve(tmp_path_factory, folder, max_audio_seconds=5):
         path = write_encoded(tmp_path / "long.ogg", tone(8.0))
@@ -289,6 +314,47 @@ def test_a_file_over_the_limit_is_a_400_naming_both_numbers(tmp_path_factory, fo
         assert error["code"] == "audio_too_long"
         assert "8.0 s" in error["message"] and "at most 5 s" in error["message"]
         nothing_queued(live, before)
+
+
+def send_to(client: OpenAI, data: bytes, answers: list[Any]) -> None:
+    """A transcription of `data`; its answer or its error goes to `answers`."""
+    try:
+        text = client.audio.transcriptions.create(
+            model="whisper", file=("half.wav", data), language="en"
+        )
+        answers.append(text)
+    except openai.APIStatusError as exc:
+        answers.append(exc)
+
+
+@pytest.mark.slow
+def test_audio_held_past_max_audio_bytes_is_a_503_with_retry_after(
+    tmp_path_factory, folder, tmp_path
+):
+    """Uploads and their decoded samples count against max_audio_bytes while they wait
+    and run: four 30-second files at once (each 0.96 MB sent, 1.92 MB decoded, twice
+    that while joined) cannot all be held within 5 MiB; those refused are 503s with
+    Retry-After, the rest are served, and every byte comes back."""
+    data = write_wav(tmp_path / "half.wav", tone(30.0, seed=2)).read_bytes()
+    for live in serve(tmp_path_factory, folder, max_audio_bytes=5 * 2**20):
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        answers: list[Any] = []
+        threads = [threading.Thread(target=send_to, args=(client, data, answers)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        refused = [a for a in answers if isinstance(a, openai.APIStatusError)]
+        assert refused, "four files at once were all held"
+        for error in refused:
+            assert error.status_code == 503 and error.body["code"] == "audio_memory_full"
+            assert int(error.response.headers["Retry-After"]) >= 1
+        assert live.fleet.audio_bytes.held == 0
+        # the valid twin: one file alone is served
+        assert client.audio.transcriptions.create(
+            model="whisper", file=("half.wav", data), language="en"
+        ).text
+        assert live.fleet.audio_bytes.held == 0
 
 
 def three_hours_of_silence() -> bytes:

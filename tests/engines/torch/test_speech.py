@@ -26,6 +26,8 @@ from tests.support.random_whisper import (
     CODECS,
     not_audio,
     save_random_whisper,
+    save_scripted_whisper,
+    text_tokens,
     tone,
     write_encoded,
     write_wav,
@@ -260,3 +262,24 @@ def test_a_language_the_model_does_not_know_is_refused(loaded):
     assert loaded.language_refused("en", "transcribe") is None
     refused = loaded.language_refused("xx", "transcribe")
     assert refused is not None and "de, en, es, fr" in refused.message
+
+
+@pytest.mark.slow
+def test_a_segment_without_timestamps_is_placed_where_the_previous_one_ends(tmp_path):
+    """Whisper may end a window with text and no timestamp at all (audio cut mid-word):
+    transformers then gives that chunk (None, None). A model that writes one segment,
+    then a language token and text to its end, loads (its warm-up decodes one) and
+    transcribes, that text placed at the previous segment's end, lasting nothing."""
+    folder = save_random_whisper(tmp_path / "vocab")
+    the, fox = text_tokens(folder, " the"), text_tokens(folder, " fox dog")
+    script = ["<|0.00|>", *the, "<|1.00|>", "<|en|>", *fox, "<|endoftext|>"]
+    folder = save_scripted_whisper(tmp_path / "scripted", script)
+    handler = SpeechHandler(ModelSpec(name="scripted", kind="speech", path=folder))
+    handler.load(CpuDevice())
+    handler.prime()  # the warm-up: it failed with a TypeError before
+    clip = write_wav(tmp_path / "clip.wav", tone(40.0))
+    transcript = transcribe(handler, clip.read_bytes())
+    spans = [(s.start, s.end) for s in transcript.segments]
+    # each 30-second window: (0, 1) " the", then (1, 1) " fox dog"
+    assert spans == [(0.0, 1.0), (1.0, 1.0), (30.0, 31.0), (31.0, 31.0)]
+    assert [s.text for s in transcript.segments][:2] == [" the", " fox dog"]
