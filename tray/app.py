@@ -11,6 +11,7 @@ import logging.handlers
 import signal
 import sys
 import threading
+import webbrowser
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from app.process.ports import port_free
 from tray import single_instance
 from tray.icon import render
 from tray.icon_thread import updates_for
-from tray.menu import Item, TrayActions, build_menu
+from tray.menu import Item, TrayActions, build_menu, page_url
 from tray.messages import port_taken_text, tell
 from tray.monitor import Monitor
 from tray.supervisor import Supervisor, server_command
@@ -180,8 +181,10 @@ def run_tray(config_file: Path | None = None) -> int:
         return EXIT_INVALID_SETTINGS
     configure_tray_logging(settings.resolved_log_dir)
     lock = single_instance.acquire(settings.resolved_data_dir)
-    if lock is None:
-        log.info("vramgate is already running; see its tray icon")
+    if lock is None:  # a second double-click: show the running one (no console to tell)
+        log.info("vramgate is already running; opening its dashboard")
+        token = client_auth.client_token(settings)
+        webbrowser.open(page_url(server_url(settings), "/dashboard", token))
         return 0
     if not port_free(settings.host, settings.port):
         log.error(

@@ -53,6 +53,12 @@ def open_folder(path: Path) -> None:
         subprocess.Popen(["xdg-open", str(path)])
 
 
+def page_url(url: str, path: str, token: str | None) -> str:
+    """A page's address; with a token, one that signs the browser in (the server answers
+    with a cookie and the bare address)."""
+    return url.rstrip("/") + path + (f"?{urlencode({'token': token})}" if token else "")
+
+
 class TrayActions:
     def __init__(
         self,
@@ -100,10 +106,7 @@ class TrayActions:
         self.open_url(self._page("/docs"))
 
     def _page(self, path: str) -> str:
-        """A page's address; with a token, one that signs the browser in (the server
-        answers with a cookie and the bare address)."""
-        token = self.token()
-        return self.url + path + (f"?{urlencode({'token': token})}" if token else "")
+        return page_url(self.url, path, self.token())
 
     def open_logs(self, icon: Any) -> None:
         self.open_path(self.log_dir)
