@@ -229,8 +229,14 @@ def serve(settings: Settings, models_source: ConfigSource | None = None) -> int:
         return EXIT_INVALID_SETTINGS
     config = uvicorn_config(app, settings)
     server = draining_server(config, app.state.fleet.begin_stop)
+    try:  # our listener, not uvicorn's `bind_socket` (SO_REUSEADDR, inheritable)
+        sockets = [listener(settings.host, settings.port)]
+    except OSError as exc:  # taken since the preflight's probe
+        log.error("port %d on %s is already in use: %s", settings.port, settings.host, exc)
+        logging.shutdown()
+        return EXIT_PORT_IN_USE
     extra = ollama_listener(settings)
-    run_until_stopped(server, [config.bind_socket(), extra] if extra else None)
+    run_until_stopped(server, [*sockets, extra] if extra else sockets)
     log.info("vramgate stopped (exit code %d)", exit_code)
     logging.shutdown()
     if exit_code == EXIT_WEDGED:  # a wedged thread would keep the interpreter from exiting

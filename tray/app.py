@@ -11,6 +11,7 @@ import logging.handlers
 import signal
 import sys
 import threading
+import webbrowser
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from app.process import streams
 from app.process.ports import port_free
 from tray import single_instance
 from tray.icon import render
-from tray.menu import Item, TrayActions, build_menu
+from tray.icon_thread import updates_for
+from tray.menu import Item, TrayActions, build_menu, page_url
 from tray.messages import port_taken_text, tell
 from tray.monitor import Monitor
 from tray.supervisor import Supervisor, server_command
@@ -85,6 +87,12 @@ def to_pystray(items: tuple[Item, ...]) -> list[Any]:
     return converted
 
 
+def menu_shows(view: TrayView) -> tuple[object, ...]:
+    """What the menu shows of a view (its status lines, model lines and the pause check);
+    the menu is rebuilt only when this changes."""
+    return (view.lines, view.models, view.paused)
+
+
 class Tray:
     def __init__(
         self,
@@ -107,21 +115,34 @@ class Tray:
             self.view.tooltip,
             menu=pystray.Menu(lambda: to_pystray(build_menu(self.view, self.actions))),
         )
+        self.on_icon_thread = updates_for(self.icon)
         self.monitor = Monitor(url, supervisor, self.show, token=token)
 
     def show(self, view: TrayView, previous: TrayView | None) -> None:
-        """Redraw only what changed."""
-        self.view = view
-        if previous is None or view.icon != previous.icon:
-            self.icon.icon = render(view.icon)
-        if previous is None or view.tooltip != previous.tooltip:
-            self.icon.title = view.tooltip
-        self.icon.update_menu()
+        """Redraw only what changed, on the icon's own thread (called from the monitor's)."""
+        new = previous is None
+        image = render(view.icon) if new or view.icon != previous.icon else None
+        title = view.tooltip if new or view.tooltip != previous.tooltip else None
+        menu = new or menu_shows(view) != menu_shows(previous)
         notice = view.notice
-        if notice is not None and (previous is None or previous.notice != notice):
-            log.info("%s", notice.text)
-            with contextlib.suppress(NotImplementedError):  # not every backend can notify
-                self.icon.notify(notice.text)
+        if notice is not None and not new and previous.notice == notice:
+            notice = None
+
+        def apply() -> None:
+            self.view = view  # read by the menu's builder, on this thread
+            if image is not None:
+                self.icon.icon = image
+            if title is not None:
+                self.icon.title = title
+            if menu:
+                self.icon.update_menu()
+            if notice is not None:
+                log.info("%s", notice.text)
+                with contextlib.suppress(NotImplementedError):  # not every backend notifies
+                    self.icon.notify(notice.text)
+
+        if image is not None or title is not None or menu or notice is not None:
+            self.on_icon_thread(apply)
         if self.supervisor.state == "gave_up" and self.supervisor.last_exit == EXIT_PORT_IN_USE:
             self._quit_after_port_conflict()
 
@@ -160,8 +181,10 @@ def run_tray(config_file: Path | None = None) -> int:
         return EXIT_INVALID_SETTINGS
     configure_tray_logging(settings.resolved_log_dir)
     lock = single_instance.acquire(settings.resolved_data_dir)
-    if lock is None:
-        log.info("vramgate is already running; see its tray icon")
+    if lock is None:  # a second double-click: show the running one (no console to tell)
+        log.info("vramgate is already running; opening its dashboard")
+        token = client_auth.client_token(settings)
+        webbrowser.open(page_url(server_url(settings), "/dashboard", token))
         return 0
     if not port_free(settings.host, settings.port):
         log.error(

@@ -53,6 +53,12 @@ def open_folder(path: Path) -> None:
         subprocess.Popen(["xdg-open", str(path)])
 
 
+def page_url(url: str, path: str, token: str | None) -> str:
+    """A page's address; with a token, one that signs the browser in (the server answers
+    with a cookie and the bare address)."""
+    return url.rstrip("/") + path + (f"?{urlencode({'token': token})}" if token else "")
+
+
 class TrayActions:
     def __init__(
         self,
@@ -100,10 +106,7 @@ class TrayActions:
         self.open_url(self._page("/docs"))
 
     def _page(self, path: str) -> str:
-        """A page's address; with a token, one that signs the browser in (the server
-        answers with a cookie and the bare address)."""
-        token = self.token()
-        return self.url + path + (f"?{urlencode({'token': token})}" if token else "")
+        return page_url(self.url, path, self.token())
 
     def open_logs(self, icon: Any) -> None:
         self.open_path(self.log_dir)
@@ -132,15 +135,15 @@ def _mib(value: int) -> str:
 
 
 def model_label(model: ModelLine) -> str:
-    """ "name (90 MiB, 48%/52% CPU/GPU, ready, unloads in 4m)": its memory, a GGUF's
-    layer split, its state and keep-alive left."""
+    """ "name (90 MiB, 48%/52% CPU/GPU, ready, unloads at 14:32)": its memory, a GGUF's
+    layer split, its state and when its keep-alive ends (a time, not a countdown: the
+    menu is rebuilt only when what it shows changes)."""
     parts = [_mib(model.weights_bytes)] if model.weights_bytes else []
     if model.split:
         parts.append(model.split)
     parts.append(model.state)
-    if model.unloads_in_s is not None:
-        left = model.unloads_in_s
-        parts.append(f"unloads in {left / 60:.0f}m" if left >= 90 else f"unloads in {left:.0f}s")
+    if model.unloads_at is not None:
+        parts.append(f"unloads at {model.unloads_at}")
     return f"{model.name} ({', '.join(parts)})"
 
 

@@ -117,6 +117,7 @@ class Monitor:
             supervisor_message=sup.message,
             restarts=sup.restarts,
             queue_full_delta=max(0, delta),
+            previous=self.view,
         )
         if view != self.view:
             previous, self.view = self.view, view

@@ -1,4 +1,5 @@
-"""One tray per user: a named mutex on Windows, an exclusive lock file elsewhere.
+"""One tray per data folder: a named mutex on Windows (named after the folder), an
+exclusive lock file in the folder elsewhere.
 
 The lock lives as long as the process: the operating system releases it when the
 process ends, however it ends, so a crashed tray never blocks the next start.
@@ -7,13 +8,24 @@ process ends, however it ends, so a crashed tray never blocks the next start.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import ntpath
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-MUTEX_NAME = "Local\\vramgate-tray"
+MUTEX_PREFIX = "Local\\vramgate-tray-"  # Local\: this logon session's namespace
 ERROR_ALREADY_EXISTS = 183
+
+
+def mutex_name(data_dir: str) -> str:
+    """The mutex of the tray of `data_dir` (a Windows path): a hash of the path as Windows
+    compares paths (case-insensitive, either separator, `..` resolved), so the same folder
+    however spelled is one tray and two folders are two. A hash, because a kernel object
+    name allows no backslash past its namespace and a path may be long."""
+    normal = ntpath.normcase(ntpath.normpath(data_dir))
+    return MUTEX_PREFIX + hashlib.sha256(normal.encode("utf-8")).hexdigest()[:32]
 
 
 class InstanceLock:
@@ -24,27 +36,34 @@ class InstanceLock:
         if sys.platform == "win32":
             import ctypes
 
-            ctypes.windll.kernel32.CloseHandle(self._handle)
+            kernel32: Any = ctypes.WinDLL("kernel32")
+            kernel32.CloseHandle.argtypes = (ctypes.c_void_p,)
+            kernel32.CloseHandle(self._handle)
             return
         with contextlib.suppress(OSError):
             self._handle.close()
 
 
 def acquire(lock_dir: Path) -> InstanceLock | None:
-    """The lock, or None when another tray of this user holds it."""
+    """The lock of the data folder `lock_dir`, or None when another tray holds it."""
     if sys.platform == "win32":
-        return _acquire_mutex()
+        return _acquire_mutex(mutex_name(str(lock_dir.resolve())))
     return _acquire_file(lock_dir / "tray.lock")
 
 
-def _acquire_mutex() -> InstanceLock | None:
+def _acquire_mutex(name: str) -> InstanceLock | None:
     if sys.platform != "win32":
         raise OSError("named mutexes are a Windows thing")
     import ctypes
 
-    kernel32 = ctypes.windll.kernel32
-    handle = kernel32.CreateMutexW(None, False, MUTEX_NAME)
-    if not handle or kernel32.GetLastError() == ERROR_ALREADY_EXISTS:
+    # use_last_error: ctypes keeps the call's own last error (GetLastError through windll
+    # may read one that Python's own calls set since)
+    kernel32: Any = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.CreateMutexW.restype = ctypes.c_void_p
+    kernel32.CreateMutexW.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_wchar_p)
+    kernel32.CloseHandle.argtypes = (ctypes.c_void_p,)
+    handle = kernel32.CreateMutexW(None, False, name)
+    if not handle or ctypes.get_last_error() == ERROR_ALREADY_EXISTS:
         if handle:
             kernel32.CloseHandle(handle)
         return None

@@ -25,10 +25,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE, EXIT_WEDGED
-from tray.job_object import KillOnClose
+from app.process.job_object import KillOnClose
 
 log = logging.getLogger("vramgate.tray.supervisor")
 OUTPUT_LOG = "server-output.log"
@@ -230,31 +230,40 @@ class Supervisor:
         flags = 0
         if sys.platform == "win32":  # no console; its own group: a Ctrl+C is the tray's
             flags = subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
+        popen: dict[str, Any] = dict(
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            creationflags=flags,
+            preexec_fn=_die_with_parent(),
+        )
         with self._lock:
             if self._stopping:
                 return None
-            child = subprocess.Popen(
-                self.command,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                creationflags=flags,
-                preexec_fn=_die_with_parent(),
+            job = self._windows_job()
+            # in the job from its first instruction, and so are the runners it starts
+            child = (
+                job.spawn(self.command, **popen) if job else subprocess.Popen(self.command, **popen)
             )
             self._child = child
-        if sys.platform == "win32":  # dies with the tray, however the tray ends
-            try:
-                self._job = self._job or KillOnClose()
-                self._job.assign(child)
-            except OSError as exc:
-                log.warning("the server will not end with the tray: job object: %s", exc)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.write_text(str(child.pid))
         threading.Thread(target=self._copy_output, args=(child.stdout,), daemon=True).start()
         log.info("server started (pid %d): %s", child.pid, " ".join(self.command))
         self._set("running", "")
         return child
+
+    def _windows_job(self) -> KillOnClose | None:
+        """Windows: the job the server runs in and dies with, however the tray ends."""
+        if sys.platform != "win32":
+            return None
+        if self._job is None:
+            try:
+                self._job = KillOnClose()
+            except OSError as exc:
+                log.warning("the server will not end with the tray: job object: %s", exc)
+        return self._job
 
     def _copy_output(self, stream: IO[str] | None) -> None:
         if stream is None:

@@ -5,6 +5,7 @@ Pure: no display, no HTTP. The icon is redrawn only when `IconView` changes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,13 @@ from typing import Any
 STATES = ("starting", "ready", "busy", "overloaded", "paused", "error")
 OVERLOADED_QUEUE_SHARE = 0.8
 GiB = 2**30
+# The icon's gauge is 51 pixels high (tray.icon.gauge_box at 64 px): the VRAM fraction is
+# kept to that resolution, so a figure that moves less than a pixel redraws nothing.
+GAUGE_STEPS = 51
+# A model's keep-alive end, computed at each poll as the poll's time plus /status'
+# `unloads_in_s`, moves by the poll's own jitter (milliseconds): within this it is the
+# same end, and the menu keeps its line.
+DEADLINE_SLACK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -26,8 +34,11 @@ class ModelLine:
     name: str
     state: str
     weights_bytes: int
-    unloads_in_s: float | None = None  # idle: its keep-alive left
+    unloads_at: str | None = None  # idle: when its keep-alive ends, to the minute ("14:32")
     split: str | None = None  # a GGUF's layers between CPU and GPU ("48%/52% CPU/GPU")
+    # that end in epoch seconds; not compared: the menu shows `unloads_at`, which a
+    # countdown changes once a minute at most, where `unloads_in_s` changes every poll
+    deadline: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,29 @@ def image_steps(models: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def gauge_fraction(fraction: float) -> float:
+    """`fraction` (0..1) to the gauge's resolution."""
+    return round(max(0.0, min(1.0, fraction)) * GAUGE_STEPS) / GAUGE_STEPS
+
+
+def model_line(model: dict[str, Any], now: float, previous: ModelLine | None) -> ModelLine:
+    """A /status model as the menu shows it: its keep-alive left as the clock time it ends
+    (a menu is not redrawn while open, and a countdown would rebuild it at every poll)."""
+    left = model.get("unloads_in_s")
+    deadline = None if left is None else now + left
+    if (
+        deadline is not None
+        and previous is not None
+        and previous.deadline is not None
+        and abs(deadline - previous.deadline) < DEADLINE_SLACK_S
+    ):
+        deadline = previous.deadline
+    at = None if deadline is None else time.strftime("%H:%M", time.localtime(deadline))
+    return ModelLine(
+        model["name"], model["state"], model["weights_bytes"], at, model.get("split"), deadline
+    )
+
+
 def view_of(
     status: dict[str, Any] | None,
     *,
@@ -116,8 +150,12 @@ def view_of(
     supervisor_message: str = "",
     restarts: int = 0,
     queue_full_delta: int = 0,
+    now: float | None = None,
+    previous: TrayView | None = None,
 ) -> TrayView:
-    """The tray's view; `status` None means the server is not answering (yet)."""
+    """The tray's view; `status` None means the server is not answering (yet). `now`: the
+    poll's wall-clock time; `previous`: the last view, whose keep-alive ends are kept while
+    they agree with this poll's."""
     if supervisor_state in ("gave_up", "stopped") or status is None:
         state = "error" if supervisor_state == "gave_up" else "starting"
         word = supervisor_message or ("restarting" if restarts else "starting")
@@ -128,9 +166,8 @@ def view_of(
     used = device["used_bytes"]
     state = state_of(status, queue_full_delta)
     gpus = status.get("devices") or []
-    icon = IconView(
-        state, _fullest(gpus) if len(gpus) > 1 else min(1.0, used / total), queue["depth"]
-    )
+    fraction = _fullest(gpus) if len(gpus) > 1 else used / total
+    icon = IconView(state, gauge_fraction(fraction), queue["depth"])
     memory = f"VRAM {_gib(used)} / {_gib(total)} GiB"
     if len(gpus) > 1:  # every GPU's figures: the icon shows the fullest
         memory = (
@@ -161,9 +198,8 @@ def view_of(
     notice = gave_back_notice(status.get("gave_back"))
     if notice is not None:
         lines += (notice.text.removeprefix("vramgate "),)
-    models = tuple(
-        ModelLine(m["name"], m["state"], m["weights_bytes"], m.get("unloads_in_s"), m.get("split"))
-        for m in status.get("models", [])
-    )
+    now = time.time() if now is None else now
+    before = {m.name: m for m in previous.models} if previous is not None else {}
+    models = tuple(model_line(m, now, before.get(m["name"])) for m in status.get("models", []))
     paused = bool(status.get("paused"))
     return TrayView(icon, tooltip, lines, models, paused, restarts, notice)

@@ -42,7 +42,11 @@ def port_free(host: str, port: int) -> bool:
 
 def listener(host: str, port: int) -> socket.socket:
     """A socket listening on (host, port), bound as the probe binds (raises OSError when
-    the port is taken)."""
+    the port is taken). Every port the server listens on is one of these, handed to
+    uvicorn whole: uvicorn's own `bind_socket` sets SO_REUSEADDR on every OS (on Windows,
+    another program could then bind the live port and take its requests) and makes the
+    socket inheritable. Python's sockets are not inheritable (PEP 446), so no child of
+    the server holds the port past it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

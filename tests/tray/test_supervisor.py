@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
@@ -288,3 +289,79 @@ def test_the_bundles_server_child_is_its_console_executable(tmp_path):
         str(tmp_path / "vramgate-cli.exe"), "serve", "--config", str(config)
     ]  # fmt: skip
     assert server_command(None, "/venv/bin/python", frozen=False)[1:] == ["-m", "app", "serve"]
+
+
+TRAY_STAND_IN = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from tray.supervisor import Supervisor, server_command
+    config, log = Path(sys.argv[1]), Path(sys.argv[2])
+    Supervisor(server_command(config), log_dir=log, pid_file=log / "server.pid").start()
+    time.sleep(600)
+""")
+
+
+def _gguf_config(tmp_path: Path, gguf: Path) -> tuple[Path, str]:
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'port = {port}\ndevice = "cpu"\ndata_dir = "{(tmp_path / "d").as_posix()}"\n'
+        f'log_dir = "{(tmp_path / "l").as_posix()}"\n'
+        f'[[models]]\nname = "smol"\nkind = "generation"\npath = "{gguf.as_posix()}"\n'
+        'context_length = 2048\nload = "startup"\n'
+    )
+    return config, f"http://127.0.0.1:{port}"
+
+
+def _runner_pid(url: str) -> int | None:
+    try:
+        models = httpx.get(url + "/status", timeout=5).json()["models"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return next((m.get("runner_pid") for m in models if m["name"] == "smol"), None)
+
+
+def _gone(*processes: psutil.Process) -> bool:
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="the job objects are Windows'")
+def test_killing_the_tray_ends_its_server_and_the_servers_runner(tmp_path, smollm2_gguf):
+    """Windows CI (issue 41, 6): the tray's supervisor, in a process of its own as in
+    the tray (without the icon, which needs a notification area), runs a server that
+    loads a GGUF model in a runner; the tray process is killed (TerminateProcess, no
+    chance to clean up) and the server and its runner end with it: the server was held
+    by the tray's kill-on-close job from its first instruction, the runner born in it.
+    Whatever exit codes Windows gives them (none is documented), they are gone."""
+    config, url = _gguf_config(tmp_path, smollm2_gguf)
+    log = tmp_path / "tray-log"
+    tray = subprocess.Popen([sys.executable, "-c", TRAY_STAND_IN, str(config), str(log)])
+    try:
+        wait_until(lambda: _runner_pid(url) is not None, 300, "the model loaded in its runner")
+        server = psutil.Process(int((log / "server.pid").read_text()))
+        runner = psutil.Process(_runner_pid(url))
+        tray.kill()
+        tray.wait(30)
+        wait_until(lambda: _gone(server, runner), 30, "the server and its runner gone")
+    finally:
+        if tray.poll() is None:
+            tray.kill()
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="the job objects are Windows'")
+def test_a_headless_server_killed_takes_its_runner_with_it(tmp_path, smollm2_gguf):
+    """`vramgate serve` without the tray holds its runners in a job of its own: killed,
+    its runner ends. Windows' os.getppid never changes, so the runner's watch of its
+    parent cannot see it go; the end of its stdin pipe may, where no other process holds
+    that pipe's handle; the job ends it in any case."""
+    config, url = _gguf_config(tmp_path, smollm2_gguf)
+    server = subprocess.Popen([sys.executable, "-m", "app", "serve", "--config", str(config)])
+    try:
+        wait_until(lambda: _runner_pid(url) is not None, 300, "the model loaded in its runner")
+        runner = psutil.Process(_runner_pid(url))
+        server.kill()
+        server.wait(30)
+        wait_until(lambda: _gone(runner), 30, "the runner gone")
+    finally:
+        if server.poll() is None:
+            server.kill()

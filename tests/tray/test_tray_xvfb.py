@@ -171,15 +171,20 @@ def test_real_tray_shows_live_figures_survives_a_killed_server_and_stays_single(
         for thread in load:
             thread.join()
 
-        # A second start finds the first and leaves exactly one server.
+        # A second start finds the first, opens its dashboard and leaves one server.
+        opened = tmp_path / "opened.txt"
+        browser = tmp_path / "browser"
+        browser.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {opened}\n')
+        browser.chmod(0o755)
         second = subprocess.run(
             [sys.executable, "-m", "app", "tray", "--config", str(config)],
-            env=desktop.env,
+            env=desktop.env | {"BROWSER": str(browser)},
             capture_output=True,
             text=True,
             timeout=60,
         )
         assert second.returncode == 0 and "already running" in second.stderr
+        assert opened.read_text().split() == [url + "/dashboard"]
         assert len(servers_for(config)) == 1
 
         # The server is killed; the supervisor brings it back and the icon says so.

@@ -38,7 +38,8 @@ def status(**changes):
 def test_tooltip_gives_the_figures():
     view = view_of(STATUS)
     assert view.tooltip == "VRAM 6.1 / 24.0 GiB · 2 running · 5 waiting"
-    assert view.icon.queued == 5 and view.icon.vram_fraction == pytest.approx(6.1 / 24, 1e-3)
+    assert view.icon.queued == 5
+    assert view.icon.vram_fraction == pytest.approx(6.1 / 24, abs=0.5 / 51)  # to a pixel
     assert view.lines[0] == "Busy on RTX 4090" and view.models[0].name == "m"
 
 
@@ -111,7 +112,7 @@ def test_two_gpus_the_gauge_shows_the_fullest_and_the_tooltip_each():
     doc = status(devices=gpus, device__total_bytes=32 * GiB, device__used_bytes=13 * GiB)
     view = view_of(doc)
     # the sum would read 13/32 = 0.41; the 1080 is 7/8 full, which is what limits work there
-    assert view.icon.vram_fraction == pytest.approx(7 / 8)
+    assert view.icon.vram_fraction == pytest.approx(7 / 8, abs=0.5 / 51)
     assert view.tooltip == "cuda:0 6.0/24.0 · cuda:1 7.0/8.0 GiB · 2 running · 5 waiting"
     assert "cuda:1 GTX 1080: 7.0 of 8.0 GiB · 1 running · 5 waiting" in view.lines
     assert len(view.tooltip) <= 127
@@ -131,3 +132,48 @@ def test_a_running_image_shows_its_step_in_the_tooltip_and_the_menu():
     view = view_of(status(models=[paint, second]))
     assert view.tooltip.endswith("· image 12/30 +1") and "sketch: image" in view.lines
     assert not any("image" in line for line in view_of(STATUS).lines)  # none running
+
+
+def test_the_gauge_fraction_has_the_icons_resolution():
+    """A figure that moves by less than one pixel of the gauge gives an equal icon view
+    (it was redrawn at each poll: used memory moves by a few KiB on a real GPU)."""
+    from tray.icon import gauge_box
+    from tray.view import GAUGE_STEPS
+
+    _, top, _, bottom = gauge_box()
+    assert bottom - top == GAUGE_STEPS
+    used = int(6.1 * GiB)
+    assert (
+        view_of(status(device__used_bytes=used)).icon
+        == view_of(status(device__used_bytes=used + 4096)).icon
+    )
+    one_pixel = 24 * GiB // GAUGE_STEPS
+    assert (
+        view_of(status(device__used_bytes=used)).icon
+        != view_of(status(device__used_bytes=used + one_pixel)).icon
+    )
+
+
+def test_an_idle_models_keep_alive_end_is_a_clock_time_that_stays_put_across_polls():
+    """/status counts `unloads_in_s` down at every poll; the view keeps one end (to the
+    minute) while the polls agree within their jitter, and a model used again gets its
+    new end."""
+    import time
+
+    def idle(left: float) -> dict:
+        return status(models=[{"name": "m", "state": "ready", "weights_bytes": 0,
+                               "unloads_in_s": left}])  # fmt: skip
+
+    start = 1_700_000_000.0 + 59.9  # an end at a minute's edge: jitter would cross it
+    first = view_of(idle(600.0), now=start)
+    view = first
+    for poll in range(1, 11):
+        later = view_of(idle(600.0 - poll), now=start + poll + 0.003 * (-1) ** poll, previous=view)
+        assert later == first
+        view = first  # the monitor keeps the view it has while a new one equals it
+    expected = time.strftime("%H:%M", time.localtime(start + 600.0))
+    assert first.models[0].unloads_at == expected
+    used_again = view_of(idle(600.0), now=start + 120, previous=first)
+    assert used_again != first
+    busy = view_of(status(models=[{"name": "m", "state": "ready", "weights_bytes": 0}]))
+    assert busy.models[0].unloads_at is None

@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from app.process.job_object import popen_held
+
 log = logging.getLogger("vramgate.runner")
 
 MiB = 2**20
@@ -110,7 +112,8 @@ class RunnerProcess:
     def start(self, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Start the runner and hand it `config`; returns its ready line."""
         env = {**os.environ, **(self._env or {})}
-        self._proc = subprocess.Popen(
+        # held by the server's job on Windows: ends with the server however it ends
+        self._proc = popen_held(
             self._argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
