@@ -274,6 +274,23 @@ class Fleet:
     async def load(self, name: str) -> None:
         await asyncio.gather(*(lane.lifecycle.load(name) for lane in self._copies(name)))
 
+    async def ready_for(self, model: str, keep_alive: float | None) -> str:
+        """Ollama's load idiom (a generation with nothing to answer): the model that
+        `model` names loaded (or waited for, as any request waits) and its keep-alive set
+        as a request's, answered once its warm-up is done; nothing is queued. Returns the
+        served name."""
+        served = self.resolve(model)
+        lane = self.lane_for(served)
+        await lane.serving(served, Generator, probe=False, keep_alive=keep_alive)
+        await lane.lifecycle.wait_warmed(served, lane.clock() + self.settings.queue_timeout)
+        return served
+
+    async def expire(self, model: str) -> None:
+        """Ollama's unload idiom (`keep_alive: 0`, nothing to answer): each copy goes once
+        its running requests end, at once where it is idle."""
+        served = self.resolve(model)
+        await asyncio.gather(*(lane.lifecycle.expire(served) for lane in self._copies(served)))
+
     async def unload(self, name: str, wait_s: float) -> int:
         copies = self._copies(name)
         freed = await asyncio.gather(*(lane.lifecycle.unload(name, wait_s) for lane in copies))
