@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from app import __version__
 from app.api import admin
+from app.api.errors import ollama_message
 from app.api.intake import (
     admit_choices,
     client_watch,
@@ -352,7 +353,7 @@ class Answer:
             try:
                 outcome, cost = await self._outcome(generation)
             except VramgateError as exc:
-                yield orjson.dumps({"error": exc.message, "code": exc.code}) + b"\n"
+                yield orjson.dumps({"error": ollama_message(exc), "code": exc.code}) + b"\n"
                 return
             if watch is not None:
                 rest, calls = watch.end()
