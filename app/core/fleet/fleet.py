@@ -10,7 +10,6 @@ only; /status and /metrics show every device, and their sums.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.config.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
+from app.core.fleet.names import aliased, standard_names_of, standard_target
 from app.core.fleet.placement import Load, Placement, Room, Wanted, place, soonest
 from app.core.fleet.status import ModelStatus
 from app.core.lifecycle.registry import ModelRegistry
@@ -86,13 +86,24 @@ class Fleet:
     def resolve(self, model: str) -> str:
         """The served model a request's name means: itself, or the model of the first
         `model_aliases` pattern it matches (Claude Code asks for claude-..., Codex for
-        gpt-...); a name neither serves nor matches stays as is (its lane answers 404)."""
+        gpt-...), or of a standard name (app.core.fleet.names: `dall-e-2`, an empty name
+        for speech to text); a name none of these serve stays as is (its lane answers
+        404)."""
         if any(_serves(lane, model) for lane in self.lanes):
             return model
-        for pattern, served in self.settings.model_aliases.items():
-            if fnmatch.fnmatchcase(model, pattern):
-                return served
-        return model
+        served = aliased(model, self.settings.model_aliases)
+        if served is None:
+            served = standard_target(model, self._capabilities())
+        return model if served is None else served
+
+    def _capabilities(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each served model's capabilities, in config order."""
+        found = []
+        for name in self.placement:
+            lane = next((lane for lane in self.lanes if _serves(lane, name)), None)
+            if lane is not None:
+                found.append((name, lane.registry.entries[name].handler.capabilities()))
+        return found
 
     async def run(self, request: OneShotRequest, watch: ClientWatch) -> InferenceResult:
         """Any one-shot request, on the device that admits it soonest."""
@@ -187,8 +198,11 @@ class Fleet:
         return " | ".join(f"{lane.device.id} {lane.memory_line()}" for lane in self.lanes)
 
     def aliases_of(self, model: str) -> list[str]:
-        """The `model_aliases` patterns that name `model`."""
-        return [p for p, served in self.settings.model_aliases.items() if served == model]
+        """The `model_aliases` patterns that name `model`, and the standard names that
+        reach it."""
+        aliases = self.settings.model_aliases
+        own = [p for p, served in aliases.items() if served == model]
+        return own + standard_names_of(model, self._capabilities(), aliases)
 
     def status(self) -> dict[str, Any]:
         """The /status document: the sums on top, each device under `devices`."""
