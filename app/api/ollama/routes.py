@@ -156,14 +156,26 @@ async def show(request: Request) -> dict[str, Any]:
     if card.context_length:
         info[f"{card.architecture}.context_length"] = card.context_length
         info["vramgate.context_length"] = card.context_length
+    spec = fleet.spec(name)
     return {
         "modelfile": "",
-        "parameters": "",
+        "parameters": _parameters(spec.sampling_defaults()),
+        "system": spec.system or "",
         "template": card.chat_template or "",
         "details": _details(card),
         "model_info": info,
         "capabilities": _capabilities(card),
     }
+
+
+def _parameters(defaults: dict[str, Any]) -> str:
+    """A model's sampling defaults as Ollama's /api/show writes its Modelfile's
+    PARAMETERs: a line each (one per stop string), the name padded to 30."""
+    lines = []
+    for name, value in defaults.items():
+        for one in value if isinstance(value, tuple) else (value,):
+            lines.append(f"{name:<30} {json.dumps(one)}")
+    return "\n".join(lines)
 
 
 @router.get("/ps")
