@@ -97,9 +97,69 @@ class InvalidImageSize(InvalidRequest):
 
 
 class ContextLengthExceeded(InvalidRequest):
-    """OpenAI's code for a prompt the model's context cannot hold."""
+    """A prompt (and the answer it asks room for) its model's context cannot hold, with
+    OpenAI's code, said in the words each API's clients recognise (litellm, so aider,
+    maps them to its context-window error; Claude Code compacts on Anthropic's): OpenAI's
+    message (its API's own wording) on OpenAI's routes, `anthropic_message` on
+    /v1/messages, `ollama_message` on Ollama's. The numbers stay in each: the prompt's
+    tokens, `max_tokens` (None: none asked room for), the context; `advice` is ours."""
 
     code = "context_length_exceeded"
+
+    def __init__(
+        self,
+        *,
+        context: int,
+        prompt: int,
+        max_tokens: int | None = None,
+        advice: str = "",
+        what: str = "messages",
+        param: str | None = None,
+    ) -> None:
+        self.context, self.prompt, self.max_tokens = context, prompt, max_tokens
+        self.advice, self.what = advice, what
+        details = {"context_length": context, "prompt_tokens": prompt}
+        if max_tokens is not None:
+            details["max_tokens"] = max_tokens
+        super().__init__(self._openai(), param=param, details=details)
+
+    def _openai(self) -> str:
+        said = f"This model's maximum context length is {self.context} tokens. However, "
+        if self.max_tokens is None:
+            said += (
+                f"your {self.what} resulted in {self.prompt} tokens. Please reduce the "
+                f"length of the {self.what}."
+            )
+        else:
+            said += (
+                f"you requested {self.prompt + self.max_tokens} tokens ({self.prompt} in "
+                f"the {self.what}, {self.max_tokens} in the completion). Please reduce the "
+                f"length of the {self.what} or completion."
+            )
+        return f"{said} {self.advice}".rstrip()
+
+    @property
+    def anthropic_message(self) -> str:
+        """Anthropic's own words for either case, as its API sends them."""
+        if self.max_tokens is None:
+            said = f"prompt is too long: {self.prompt} tokens > {self.context} maximum"
+        else:
+            said = (
+                f"input length and `max_tokens` exceed context limit: {self.prompt} + "
+                f"{self.max_tokens} > {self.context}, decrease input length or `max_tokens` "
+                "and try again"
+            )
+        return f"{said}. {self.advice}".rstrip() if self.advice else said
+
+    @property
+    def ollama_message(self) -> str:
+        """Ollama's words (its runner's errorInputTooLong), with the numbers."""
+        asked = "" if self.max_tokens is None else f" and {self.max_tokens} to generate"
+        said = (
+            f"the input length exceeds the context length: {self.prompt} tokens{asked}, "
+            f"the context holds {self.context}"
+        )
+        return f"{said}. {self.advice}".rstrip() if self.advice else said
 
 
 class WrongModelKind(InvalidRequest):

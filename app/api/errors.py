@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 
 from app.errors import (
     BodyTooLarge,
+    ContextLengthExceeded,
     InternalError,
     InvalidJson,
     InvalidRequest,
@@ -118,13 +119,25 @@ ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def anthropic_body(error: VramgateError) -> dict[str, Any]:
-    """The error in Anthropic's shape, with our stable code, param and details beside."""
+    """The error in Anthropic's shape, with our stable code, param and details beside; a
+    context overflow in Anthropic's own words ("prompt is too long: N tokens > M maximum",
+    which Claude Code and litellm recognise)."""
     if error.status < 500:
         kind = ANTHROPIC_TYPES.get(error.status, "invalid_request_error")
     else:
         kind = ANTHROPIC_TYPES.get(error.status, "api_error")
     inner = {**error.body()["error"], "type": kind}
+    if isinstance(error, ContextLengthExceeded):
+        inner["message"] = error.anthropic_message
     return {"type": "error", "error": inner}
+
+
+def ollama_message(error: VramgateError) -> str:
+    """The error's message as Ollama's routes say it: a context overflow in Ollama's own
+    words ("the input length exceeds the context length", with the numbers)."""
+    if isinstance(error, ContextLengthExceeded):
+        return error.ollama_message
+    return error.message
 
 
 def error_response(error: VramgateError, path: str = "") -> JSONResponse:
@@ -133,7 +146,7 @@ def error_response(error: VramgateError, path: str = "") -> JSONResponse:
     on Anthropic's (/v1/messages) in Anthropic's, `code` beside its `type`."""
     body = error.body()
     if path.startswith(OLLAMA_PREFIX):
-        body = {"error": error.message, "code": error.code}
+        body = {"error": ollama_message(error), "code": error.code}
     elif path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/"):
         body = anthropic_body(error)
     return JSONResponse(body, status_code=error.status, headers=error.headers())

@@ -19,7 +19,13 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.chat_images import refuse_unseeing
 from app.api.errors import from_validation_errors
-from app.api.openai.schemas import ChatRequest, CompletionRequest, validate_generation_request
+from app.api.openai.schemas import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    validate_generation_request,
+)
+from app.config.model_spec import ModelSpec
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
@@ -121,10 +127,38 @@ def generation_request(
     `fit_context`: a `max_tokens` past the context stops there (Ollama's way) instead
     of being refused."""
     refuse_unseeing(fleet, body.model, images, images_at)
+    body = with_model_defaults(body, fleet.spec(body.model))
     valid = validate_generation_request(body, fleet.settings)
     if fit_context:
         valid = replace(valid, params=replace(valid.params, fit_context=True))
     return valid
+
+
+# the config's names of a model's sampling defaults, as chat's fields (ModelSpec)
+_AS_CHAT_FIELD = {"repeat_penalty": "repetition_penalty"}
+
+
+def with_model_defaults(
+    body: ChatRequest | CompletionRequest, spec: ModelSpec
+) -> ChatRequest | CompletionRequest:
+    """The request with its model's sampling defaults where it leaves them out: each
+    API's request is chat's by now (its `chat_request()`, which sets only what the
+    caller set), so this is the one place they are applied. The model's `system` goes
+    first in a chat that has no system message of its own (as Ollama's SYSTEM)."""
+    asked = body.model_fields_set
+    update: dict[str, Any] = {}
+    for name, value in spec.sampling_defaults().items():
+        field = _AS_CHAT_FIELD.get(name, name)
+        if field not in asked:
+            update[field] = list(value) if name == "stop" else value
+    if (
+        spec.system
+        and isinstance(body, ChatRequest)
+        and not any(m.role in ("system", "developer") for m in body.messages)
+    ):
+        system = ChatMessage(role="system", content=spec.system)
+        update["messages"] = [system, *body.messages]
+    return body.model_copy(update=update) if update else body
 
 
 def choice_requests(valid: ValidGenerationRequest) -> list[ValidGenerationRequest]:

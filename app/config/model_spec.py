@@ -5,7 +5,7 @@ server's own settings are app.config.settings'."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -34,6 +34,12 @@ def is_reserved_name(name: str) -> bool:
     """Windows device names (CON, NUL, COM1...), with or without an extension."""
     return name.split(".")[0].upper() in _RESERVED
 
+
+# the sampling defaults a generation model's config may set, by Ollama's names; `stop`'s
+# bounds are a request's own (app.api.openai.schemas)
+SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "stop")
+MAX_STOP = 4  # stop sequences, in a config or a request (app.api.openai.schemas)
+MAX_STOP_CHARS = 64
 
 # a model's own device: one of the server's (cuda:1, simulated:0, cpu)
 DEVICE_ID_PATTERN = r"^(cpu|cuda:\d{1,2}|simulated:\d{1,2})$"
@@ -90,6 +96,17 @@ class ModelSpec(BaseModel):
     # diffusion, a single-file checkpoint: a diffusers folder holding its pipeline's
     # configs (model_index.json and each component's), so nothing is fetched
     pipeline_config: Path | None = None
+    # generation: sampling defaults a request takes where it leaves them out, on every
+    # API (Ollama's Modelfile PARAMETER and SYSTEM; app.api.intake applies them)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=1_000_000)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    stop: tuple[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)], ...] = Field(
+        default=(), max_length=MAX_STOP
+    )
+    system: str | None = Field(default=None, min_length=1, max_length=100_000)
     # where it runs, of the server's devices (None: where it fits with the most room),
     # and on how many devices a copy of it serves (requests go where they fit soonest)
     device: str | None = Field(default=None, pattern=DEVICE_ID_PATTERN)
@@ -122,6 +139,17 @@ class ModelSpec(BaseModel):
         if self.kind in ("generation", "diffusion", "speech") and self.path is None:
             raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
         return self
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """Its sampling defaults that the config sets, by Ollama's names (`options`)."""
+        found = {name: getattr(self, name) for name in SAMPLING_DEFAULTS}
+        return {name: value for name, value in found.items() if value not in (None, ())}
+
+    def request_defaults(self) -> dict[str, Any]:
+        """What a request that leaves them out takes: its sampling defaults, its system
+        prompt (as /v1/models shows them)."""
+        system = {"system": self.system} if self.system else {}
+        return {**self.sampling_defaults(), **system}
 
     @classmethod
     def parse_cli(cls, text: str) -> ModelSpec:

@@ -164,9 +164,12 @@ class Scheduler:
         self.gate.set_cells(job.model, cells)  # the loaded handler's: a reload may change it
         needs = job.handler.cells_for(job.prepared) if cells else 0
         if cells is not None and needs > cells:  # a reload gave it a smaller pool: never
+            prompt = job.prepared.tokens
             raise ContextLengthExceeded(
-                f"model {job.model!r} now holds {cells} tokens in all; this request needs "
-                f"{needs} (its prompt and max_tokens): ask for fewer",
+                context=cells,
+                prompt=prompt,
+                max_tokens=needs - prompt,
+                advice=f"(model {job.model!r} now holds {cells} tokens in all: ask for fewer)",
                 param="max_tokens",
             )
         ticket = Ticket(

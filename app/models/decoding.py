@@ -117,16 +117,18 @@ def generation_prepared(
         raise InvalidRequest("the prompt is empty", param="prompt")
     if prompt >= context:
         raise ContextLengthExceeded(
-            f"the prompt has {prompt} tokens; model {model!r} has a context of {context} "
-            "tokens and needs room for at least one more",
+            context=context,
+            prompt=prompt,
+            advice=f"(model {model!r} needs room for at least one token to answer)",
             param="messages",
         )
     room = context - prompt
     if params.max_tokens is not None and params.max_tokens > room and not params.fit_context:
         raise ContextLengthExceeded(
-            f"the prompt has {prompt} tokens and max_tokens is {params.max_tokens}: "
-            f"{prompt + params.max_tokens} in all, over model {model!r}'s context of "
-            f"{context} tokens (ask for at most {room}, or set the model's context_length)",
+            context=context,
+            prompt=prompt,
+            max_tokens=params.max_tokens,
+            advice=f"(model {model!r}: ask for at most {room}, or set its context_length)",
             param="max_tokens",
         )
     wanted = params.max_tokens if params.max_tokens is not None else default_cap

@@ -20,15 +20,24 @@ def test_bucket_covers_the_worst_case_and_the_default_cap_is_cut_to_the_context(
 def test_max_tokens_asked_past_the_context_is_refused_naming_both_numbers():
     with pytest.raises(ContextLengthExceeded) as refused:
         generation_prepared("m", [1] * 1000, SamplingParams(max_tokens=500), 1024, 512)
-    message = refused.value.message
-    assert "1000 tokens" in message and "max_tokens is 500" in message
-    assert "context of 1024" in message and "at most 24" in message
-    assert refused.value.param == "max_tokens"
+    message = refused.value.message  # OpenAI's words, which litellm recognises, and ours
+    assert message.startswith("This model's maximum context length is 1024 tokens. However, ")
+    assert "you requested 1500 tokens (1000 in the messages, 500 in the completion)" in message
+    assert "at most 24" in message and refused.value.param == "max_tokens"
+    anthropic = refused.value.anthropic_message  # as Anthropic's API says it
+    assert anthropic.startswith("input length and `max_tokens` exceed context limit: 1000 + 500")
+    assert refused.value.ollama_message.startswith("the input length exceeds the context length")
 
 
 def test_prompt_that_fills_the_context_is_refused_with_the_numbers():
-    with pytest.raises(ContextLengthExceeded, match="1024 tokens; model 'm' has a context of 1024"):
+    with pytest.raises(ContextLengthExceeded) as refused:
         generation_prepared("m", [1] * 1024, SamplingParams(), 1024, 512)
+    assert refused.value.message.startswith(
+        "This model's maximum context length is 1024 tokens. However, your messages resulted "
+        "in 1024 tokens."
+    )
+    anthropic = refused.value.anthropic_message
+    assert anthropic.startswith("prompt is too long: 1024 tokens > 1024 maximum")
 
 
 def test_stop_string_split_across_steps_is_held_back_then_cut():

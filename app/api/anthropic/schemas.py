@@ -259,6 +259,14 @@ class AnthropicOutputConfig(BaseModel):
     format: AnthropicOutputFormat | None = None
 
 
+_SAMPLING_AS_CHAT = {  # Anthropic's sampling fields, as chat's
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop_sequences": "stop",
+}
+
+
 class MessagesRequest(BaseModel):
     """Anthropic's `POST /v1/messages` body (MESSAGES_FIELDS: what each field does)."""
 
@@ -312,11 +320,12 @@ class MessagesRequest(BaseModel):
             "model": self.model,
             "messages": turns,
             "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "stop": self.stop_sequences,
             "stream": self.stream,
+        }
+        chat |= {  # only what the caller set: the model's defaults fill the rest
+            chats: getattr(self, ours)
+            for ours, chats in _SAMPLING_AS_CHAT.items()
+            if ours in self.model_fields_set
         }
         if self.tools:
             chat["tools"] = [tool.as_openai() for tool in self.tools]

@@ -35,7 +35,10 @@ GRANULARITIES = ("segment", "word")
 
 FIELDS: dict[str, Any] = {
     "file": {"type": "string", "format": "binary"},
-    "model": {"type": "string", "pattern": MODEL_NAME_PATTERN},
+    "model": {  # empty or left out: the one speech model served
+        "type": "string",
+        "anyOf": [{"pattern": MODEL_NAME_PATTERN}, {"maxLength": 0}],
+    },
     "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
     "response_format": {"type": "string", "enum": list(FORMATS), "default": "json"},
     "temperature": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
@@ -52,7 +55,7 @@ def _openapi(*, language: bool) -> dict[str, Any]:
             "type": "array",
             "items": {"type": "string", "enum": list(GRANULARITIES)},
         }
-    schema = {"type": "object", "required": ["file", "model"], "properties": properties}
+    schema = {"type": "object", "required": ["file"], "properties": properties}
     return {
         "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
     }
@@ -117,8 +120,8 @@ def _text(form: FormData, name: str, limit: int = 64) -> str | None:
 def _fields(
     form: FormData, task: Task
 ) -> tuple[str, SpeechOptions, ResponseFormat, bool, float | None]:
-    model = _text(form, "model")
-    if not model or not MODEL.match(model):
+    model = _text(form, "model") or ""  # empty: the one speech model (app.core.fleet.names)
+    if model and not MODEL.match(model):
         raise InvalidRequest("`model` must name a served model", param="model")
     language = _text(form, "language") if task == "transcribe" else None
     if language is not None and not LANGUAGE.match(language):

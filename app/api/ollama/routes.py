@@ -7,7 +7,9 @@ Each request is translated into the OpenAI request of the same meaning
 (app.api.ollama.schemas) and goes the same way from there: the guard, validation,
 pricing, the gate, the cost headers. What is not supported is refused with a 400 that
 says so (`suffix`; images to a model that does not see), or accepted and ignored
-(`num_ctx`, `think`).
+(`num_ctx`, `think`). Its load and unload idioms (an empty prompt, no messages, with or
+without `keep_alive: 0`) are answered as Ollama answers them, with nothing generated;
+/api/tags and /api/ps list what Ollama would (models to chat or embed with).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import BaseModel
 
 from app import __version__
 from app.api import admin
+from app.api.errors import ollama_message
 from app.api.intake import (
     admit_choices,
     client_watch,
@@ -76,6 +79,7 @@ def _ns(seconds: float) -> int:
 # -- models ------------------------------------------------------------------------------
 # The card's capabilities Ollama's clients know (its `/api/show` capabilities)
 OLLAMA_CAPABILITIES = ("completion", "tools", "embedding", "vision", "insert", "thinking")
+OLLAMA_LISTED = {"completion", "embedding"}  # what /api/tags and /api/ps list
 
 
 @router.get("/version")
@@ -107,7 +111,7 @@ async def tags(request: Request) -> dict[str, Any]:
     fleet = fleet_of(request)
     models = []
     for status in fleet.models():
-        if status.retired:
+        if status.retired or not _listed(card := fleet.card(status.name)):
             continue
         folder = _folder(fleet, status.name)
         changed = folder.stat().st_mtime if folder is not None and folder.exists() else 0
@@ -118,11 +122,18 @@ async def tags(request: Request) -> dict[str, Any]:
                 "modified_at": datetime.fromtimestamp(changed, UTC).isoformat(),
                 "size": folder_bytes(folder) if folder is not None else 0,
                 "digest": _digest(status),
-                "details": _details(card := fleet.card(status.name)),
+                "details": _details(card),
                 "capabilities": _capabilities(card),
             }
         )
     return {"models": models}
+
+
+def _listed(card: ModelCard) -> bool:
+    """Whether Ollama would list the model (/api/tags, /api/ps): one it can chat or embed
+    with. Image and speech models stay reachable through their own APIs only, so they do
+    not fill chat pickers."""
+    return bool(OLLAMA_LISTED & set(card.capabilities))
 
 
 def _capabilities(card: ModelCard) -> list[str]:
@@ -145,14 +156,26 @@ async def show(request: Request) -> dict[str, Any]:
     if card.context_length:
         info[f"{card.architecture}.context_length"] = card.context_length
         info["vramgate.context_length"] = card.context_length
+    spec = fleet.spec(name)
     return {
         "modelfile": "",
-        "parameters": "",
+        "parameters": _parameters(spec.sampling_defaults()),
+        "system": spec.system or "",
         "template": card.chat_template or "",
         "details": _details(card),
         "model_info": info,
         "capabilities": _capabilities(card),
     }
+
+
+def _parameters(defaults: dict[str, Any]) -> str:
+    """A model's sampling defaults as Ollama's /api/show writes its Modelfile's
+    PARAMETERs: a line each (one per stop string), the name padded to 30."""
+    lines = []
+    for name, value in defaults.items():
+        for one in value if isinstance(value, tuple) else (value,):
+            lines.append(f"{name:<30} {json.dumps(one)}")
+    return "\n".join(lines)
 
 
 @router.get("/ps")
@@ -162,7 +185,7 @@ async def ps(request: Request) -> dict[str, Any]:
     on_gpu = fleet.lanes[0].device.kind == "cuda"
     models = []
     for status in fleet.models():
-        if not status.loaded:
+        if not status.loaded or not _listed(card := fleet.card(status.name)):
             continue
         left = status.unloads_in_s
         if left is None:  # busy: its keep-alive starts when it is idle again
@@ -181,7 +204,7 @@ async def ps(request: Request) -> dict[str, Any]:
                 "size": size,
                 "size_vram": vram if on_gpu else 0,
                 "digest": _digest(status),
-                "details": _details(fleet.card(status.name)),
+                "details": _details(card),
                 "expires_at": expires.isoformat(),
                 "context_length": status.context or 0,
             }
@@ -255,13 +278,41 @@ def _json_response(payload: dict[str, Any], cost: Cost) -> Response:
 @router.post("/chat")
 async def chat(request: Request) -> Response:
     body = await read_parsed(request, ChatBody)
+    if not body.messages:  # how the `ollama` CLI preloads (and with keep_alive 0, stops)
+        return await _load_or_unload(request, body.model, body.keep_alive, chat=True)
     return await _generate(request, body.model, body.chat_request())
 
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     body = await read_parsed(request, GenerateBody)
+    if not body.prompt:  # Ollama's load, and unload (Open WebUI's, with keep_alive 0)
+        return await _load_or_unload(request, body.model, body.keep_alive, chat=False)
     return await _generate(request, body.model, body.chat_request(), chat=False)
+
+
+async def _load_or_unload(
+    request: Request, model: str, keep_alive: float | None, *, chat: bool
+) -> Response:
+    """Ollama's idioms for nothing to answer, answered as its server does
+    (server/routes.go): with `keep_alive` 0 the model goes (once its running requests
+    end; an unloaded one stays so) and the answer says `done_reason: "unload"`; otherwise
+    it is loaded (or waited for) with that keep-alive, and the answer says "load". One
+    JSON object, streamed or not; nothing is queued, nothing generated."""
+    fleet = fleet_of(request)
+    if keep_alive == 0:
+        await fleet.expire(model)
+        reason = "unload"
+    else:
+        await fleet.ready_for(model, keep_alive)
+        reason = "load"
+    answer: dict[str, Any] = {"model": model, "created_at": _now()}
+    if chat:
+        answer["message"] = {"role": "assistant", "content": ""}
+    else:
+        answer["response"] = ""
+    answer |= {"done": True, "done_reason": reason}
+    return Response(orjson.dumps(answer), media_type="application/json")
 
 
 async def _generate(
@@ -314,7 +365,7 @@ class Answer:
             try:
                 outcome, cost = await self._outcome(generation)
             except VramgateError as exc:
-                yield orjson.dumps({"error": exc.message, "code": exc.code}) + b"\n"
+                yield orjson.dumps({"error": ollama_message(exc), "code": exc.code}) + b"\n"
                 return
             if watch is not None:
                 rest, calls = watch.end()

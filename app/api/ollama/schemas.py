@@ -142,7 +142,8 @@ class _Generation(_Body):
 
 
 class ChatBody(_Generation):
-    messages: list[OllamaMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    # none: Ollama's load (and with keep_alive 0, unload) idiom (app.api.ollama.routes)
+    messages: list[OllamaMessage] = Field(default_factory=list, max_length=MAX_MESSAGES)
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
 
     def chat_request(self) -> ChatRequest:

@@ -65,6 +65,8 @@ async def list_models(request: Request) -> dict[str, Any]:
                 "context_length": card.context_length,
                 "state": status.state,
                 "aliases": fleet.aliases_of(status.name),  # names that also reach it
+                # what a request that leaves them out takes (the config's, by Ollama's names)
+                "defaults": fleet.spec(status.name).request_defaults(),
             }
         )
     return {"object": "list", "data": data}

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from app.api.chat_images import check_image_count, url_image
 from app.api.openai.fields import screen
 from app.config.durations import parse_keep_alive
+from app.config.model_spec import MAX_STOP, MAX_STOP_CHARS
 from app.config.settings import MODEL_NAME_PATTERN, Settings
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
@@ -79,8 +80,6 @@ def validate_embedding_request(body: EmbeddingRequest, settings: Settings) -> Va
 # -- text generation ------------------------------------------------------------------------
 MAX_MESSAGES = 512
 MAX_TOKENS_HARD = 1_048_576
-MAX_STOP = 4
-MAX_STOP_CHARS = 64
 MAX_LOGIT_BIAS = 1024
 MAX_CHOICES = 16
 MAX_TOOLS = 128

@@ -368,7 +368,8 @@ def in_responses_terms(error: InvalidRequest) -> InvalidRequest:
     param = _CHAT_PARAMS.get(error.param or "")
     if param is None:
         return error
-    return type(error)(error.message, param=param, details=error.details)
+    error.param = param  # one request's own error: its kind and words stay
+    return error
 
 
 def dumped_items(items: list[InputItem]) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ only; /status and /metrics show every device, and their sums.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.config.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
+from app.core.fleet.names import aliased, standard_names_of, standard_target
 from app.core.fleet.placement import Load, Placement, Room, Wanted, place, soonest
 from app.core.fleet.status import ModelStatus
 from app.core.lifecycle.registry import ModelRegistry
@@ -89,13 +89,24 @@ class Fleet:
     def resolve(self, model: str) -> str:
         """The served model a request's name means: itself, or the model of the first
         `model_aliases` pattern it matches (Claude Code asks for claude-..., Codex for
-        gpt-...); a name neither serves nor matches stays as is (its lane answers 404)."""
+        gpt-...), or of a standard name (app.core.fleet.names: `dall-e-2`, an empty name
+        for speech to text); a name none of these serve stays as is (its lane answers
+        404)."""
         if any(_serves(lane, model) for lane in self.lanes):
             return model
-        for pattern, served in self.settings.model_aliases.items():
-            if fnmatch.fnmatchcase(model, pattern):
-                return served
-        return model
+        served = aliased(model, self.settings.model_aliases)
+        if served is None:
+            served = standard_target(model, self._capabilities())
+        return model if served is None else served
+
+    def _capabilities(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each served model's capabilities, in config order."""
+        found = []
+        for name in self.placement:
+            lane = next((lane for lane in self.lanes if _serves(lane, name)), None)
+            if lane is not None:
+                found.append((name, lane.registry.entries[name].handler.capabilities()))
+        return found
 
     async def run(self, request: OneShotRequest, watch: ClientWatch) -> InferenceResult:
         """Any one-shot request, on the device that admits it soonest."""
@@ -190,8 +201,11 @@ class Fleet:
         return " | ".join(f"{lane.device.id} {lane.memory_line()}" for lane in self.lanes)
 
     def aliases_of(self, model: str) -> list[str]:
-        """The `model_aliases` patterns that name `model`."""
-        return [p for p, served in self.settings.model_aliases.items() if served == model]
+        """The `model_aliases` patterns that name `model`, and the standard names that
+        reach it."""
+        aliases = self.settings.model_aliases
+        own = [p for p, served in aliases.items() if served == model]
+        return own + standard_names_of(model, self._capabilities(), aliases)
 
     def status(self) -> dict[str, Any]:
         """The /status document: the sums on top, each device under `devices`."""
@@ -276,6 +290,23 @@ class Fleet:
 
     async def load(self, name: str) -> None:
         await asyncio.gather(*(lane.lifecycle.load(name) for lane in self._copies(name)))
+
+    async def ready_for(self, model: str, keep_alive: float | None) -> str:
+        """Ollama's load idiom (a generation with nothing to answer): the model that
+        `model` names loaded (or waited for, as any request waits) and its keep-alive set
+        as a request's, answered once its warm-up is done; nothing is queued. Returns the
+        served name."""
+        served = self.resolve(model)
+        lane = self.lane_for(served)
+        await lane.serving(served, Generator, probe=False, keep_alive=keep_alive)
+        await lane.lifecycle.wait_warmed(served, lane.clock() + self.settings.queue_timeout)
+        return served
+
+    async def expire(self, model: str) -> None:
+        """Ollama's unload idiom (`keep_alive: 0`, nothing to answer): each copy goes once
+        its running requests end, at once where it is idle."""
+        served = self.resolve(model)
+        await asyncio.gather(*(lane.lifecycle.expire(served) for lane in self._copies(served)))
 
     async def unload(self, name: str, wait_s: float) -> int:
         copies = self._copies(name)

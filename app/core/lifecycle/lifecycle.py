@@ -82,6 +82,7 @@ class ModelLifecycle:
         self.unload = self._loads.unload
         self.warm = self._loads.warm
         self.wait_loaded = self._loads.wait_loaded
+        self.wait_warmed = self._loads.wait_warmed
         self.ensure_loaded = self._loads.ensure_loaded
         self.away = self._loads.away
         self.apply = self._reconcile.apply
@@ -114,6 +115,20 @@ class ModelLifecycle:
         for name in expired:
             self._loads.evict(name, "keep_alive")
         return expired
+
+    async def expire(self, name: str) -> None:
+        """Ollama's unload (`keep_alive: 0` and nothing to answer): a loaded model goes
+        once its running requests end, at once if it is idle (and this waits for its
+        weights to go); a model that is not loaded is left as it is."""
+        entry = self.registry.entries.get(name)
+        if entry is None or entry.state not in ("loading", "warming", "ready"):
+            return
+        now = self._clock()
+        self.keep_alive.request(name, 0.0, now)
+        if entry.state != "ready" or name in self._loads.freeing:
+            return  # it goes when it is idle and ready (unload_idle)
+        if name in self.keep_alive.expired([name], now):
+            await self._loads.evict(name, "keep_alive")
 
     def reap(self) -> list[str]:
         """Models whose runner process ended by itself: once their last request has

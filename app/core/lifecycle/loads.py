@@ -116,6 +116,12 @@ class ModelLoads:
             self.ensure_loaded(name)
             await asyncio.sleep(LOAD_POLL_S)
 
+    async def wait_warmed(self, name: str, deadline: float) -> None:
+        """Wait while `name` warms up (it serves meanwhile), until `deadline`."""
+        entry = self.registry.entries.get(name)
+        while entry is not None and entry.state == "warming" and self._clock() < deadline:
+            await asyncio.sleep(LOAD_POLL_S)
+
     def ensure_loaded(self, name: str) -> None:
         """A request for an unloaded model starts loading it (and waits: `wait_loaded`)."""
         entry = self.registry.entries.get(name)
@@ -173,9 +179,10 @@ class ModelLoads:
             self.loading.pop(name, None)
 
     # -- unloading ----------------------------------------------------------------------
-    def evict(self, name: str, reason: eviction.Reason) -> None:
+    def evict(self, name: str, reason: eviction.Reason) -> asyncio.Task[None]:
         """Unload an idle model (nothing of it runs): from this moment no request is
-        admitted for it, and those that waited for it wait for its reload instead."""
+        admitted for it, and those that waited for it wait for its reload instead. The
+        task that drops its weights is returned (to wait for, where a caller must)."""
         entry = self.registry.entries[name]
         entry.state = "unloading"
         self._keep_alive.unloaded(name)
@@ -184,6 +191,7 @@ class ModelLoads:
         task = asyncio.create_task(self._drop(name, reason), name=f"unload {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _drop(self, name: str, reason: eviction.Reason) -> None:
         try:

@@ -72,8 +72,10 @@ class LlamaCppEmbedder(LlamaRunnerModel, Embedder):
         for row in ids:
             if len(row) > self.context:
                 raise ContextLengthExceeded(
-                    f"an input has {len(row)} tokens; model {self.name!r} embeds at most "
-                    f"{self.context}",
+                    context=self.context,
+                    prompt=len(row),
+                    advice=f"(model {self.name!r} embeds at most {self.context} per input)",
+                    what="input",
                     param="input",
                 )
         return self._prepared(ids)

@@ -109,6 +109,41 @@ def pipeline_segments(expected: dict[str, Any], duration: float) -> list[tuple[f
     return times
 
 
+def test_an_empty_model_is_the_one_speech_model_served(client, short_wav, expected):
+    """Open WebUI sends `model=""` when its speech to text model field is empty."""
+    with short_wav.open("rb") as file:
+        answer = client.audio.transcriptions.create(model="", file=file, language="en")
+    assert answer.text == expected["text"] and answer.text
+    listed = {m.id: m for m in client.models.list()}
+    assert listed["whisper"].aliases == [""]  # type: ignore[attr-defined]
+
+
+def test_an_empty_model_with_two_speech_models_is_a_400_listing_them(tmp_path_factory, folder):
+    """Which of two it would be is not for the server to guess; `model_aliases` may say."""
+    specs = tuple(ModelSpec(name=n, kind="speech", path=folder) for n in ("whisper", "whisper2"))
+    wav = write_wav(tmp_path_factory.mktemp("audio") / "two.wav", tone(2.0, seed=4))
+
+    def transcribe(client: OpenAI, model: str) -> str:
+        with wav.open("rb") as file:
+            return client.audio.transcriptions.create(model=model, file=file, language="en").text
+
+    root = tmp_path_factory.mktemp("two")
+    with live_server(make_settings(root, device="cpu", models=specs)) as live:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            transcribe(client, "")
+        error = refused.value.body
+        assert error["param"] == "model" and error["models"] == ["whisper", "whisper2"]
+        assert "whisper, whisper2" in error["message"]
+        assert transcribe(client, "whisper2") == transcribe(client, "whisper")  # both served
+    chosen = make_settings(root, device="cpu", models=specs, model_aliases={"": "whisper2"})
+    with live_server(chosen) as live:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        assert transcribe(client, "") == transcribe(client, "whisper2")
+        listed = {m.id: m.aliases for m in client.models.list()}  # type: ignore[attr-defined]
+        assert listed == {"whisper": [], "whisper2": [""]}
+
+
 def test_json_and_text_are_the_pipelines_own_text(client, short_wav, expected):
     with short_wav.open("rb") as file:
         answer = client.audio.transcriptions.create(model="whisper", file=file, language="en")
@@ -525,10 +560,10 @@ def test_the_model_is_listed_with_its_capability(live, client):
     assert "transcription" in listed["whisper"].capabilities  # type: ignore[attr-defined]
     row = next(m for m in live.status()["models"] if m["name"] == "whisper")
     assert row["kind"] == "speech" and row["loaded"]
-    tags = {t["name"]: t for t in httpx.get(live.url + "/api/tags", timeout=30).json()["models"]}
-    # Ollama's clients see a model that offers none of their capabilities: no chat model
-    assert tags["whisper"]["capabilities"] == []
-    assert tags["whisper"]["details"]["family"] == "whisper"
+    tags = httpx.get(live.url + "/api/tags", timeout=30).json()["models"]
+    # Ollama lists what it can chat or embed with: a speech model is not in its pickers,
+    # and is shown when asked for by name
+    assert "whisper" not in [t["name"] for t in tags]
     shown = ollama.Client(host=live.url).show("whisper")
     assert shown.capabilities == [] and shown.details and shown.details.family == "whisper"
     assert shown.modelinfo and shown.modelinfo["vramgate.kind"] == "speech"

@@ -88,6 +88,21 @@ def test_the_openai_client_gets_n_pngs_of_the_asked_size(client, model):
     assert [item.model_extra["seed"] for item in answer.data or []] == [1, 2]  # type: ignore[index]
 
 
+def test_openais_image_model_names_reach_the_default_diffusion_model(client):
+    """Open WebUI's OpenAI image engine sends `dall-e-2` when its model field is empty:
+    OpenAI's image model names reach the first diffusion model configured (sd15)."""
+    common = {"prompt": "a lighthouse", "size": "64x64", "response_format": "b64_json",
+              "extra_body": {"seed": 3, "steps": 2}}  # fmt: skip
+    own = pixels(client.images.generate(model="sd15", **common).data[0].b64_json)
+    for name in ("dall-e-2", "dall-e-3", "gpt-image-1"):
+        drawn = pixels(client.images.generate(model=name, **common).data[0].b64_json)
+        assert np.array_equal(drawn, own), name
+    listed = {m.id: m.aliases for m in client.models.list()}  # type: ignore[attr-defined]
+    assert listed == {"sd15": ["dall-e-*", "gpt-image-*"], "sdxl": []}
+    with pytest.raises(openai.NotFoundError):
+        client.images.generate(model="midjourney", **common)
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_seed_gives_the_pixels_of_the_pipeline_called_directly(client, folders, model):
     def ours(seed: int) -> np.ndarray:

@@ -134,8 +134,69 @@ def test_what_is_not_supported_is_a_400_that_says_so(served):
     with pytest.raises(ResponseError) as images:
         client.chat(model="tiny", messages=[picture])
     assert images.value.status_code == 400 and "images" in images.value.error
-    bad = httpx.post(live.url + "/api/chat", json={"model": "tiny", "messages": []})
+    bad = httpx.post(live.url + "/api/chat", json={"model": "tiny", "messages": "hi"})
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+
+
+def _served_and_loaded(live: Live, client: Client) -> tuple[int, list[str]]:
+    served = live.status()["counters"]["served_by_model"].get("tiny", 0)
+    return served, [m.model for m in client.ps().models]
+
+
+def test_load_and_unload_idioms_answer_as_ollama_and_generate_nothing(served):
+    """Open WebUI's unload (`/api/generate`, empty prompt, keep_alive 0), Ollama's load
+    (empty prompt) and the `ollama` CLI's (`/api/chat`, no messages), plain and streamed:
+    answered as Ollama's server answers them (server/routes.go: done, done_reason "load"
+    or "unload", no text, no counts), the model loaded or gone as /api/ps then says, and
+    nothing queued or generated: no request is served for it beside the warm-up each load
+    runs (an idiom for a model already loaded serves nothing)."""
+    live, client, _ = served
+    gone = client.generate(model="tiny", prompt="", keep_alive=0)
+    assert (gone.done, gone.done_reason, gone.response) == (True, "unload", "")
+    assert gone.eval_count is None and gone.prompt_eval_count is None
+    assert "tiny" not in _served_and_loaded(live, client)[1]
+    loaded = client.generate(model="tiny", prompt="")
+    assert (loaded.done, loaded.done_reason, loaded.response) == (True, "load", "")
+    served, running = _served_and_loaded(live, client)
+    assert "tiny" in running
+    chat = client.chat(model="tiny", messages=[])  # loaded already: nothing to do
+    assert (chat.done_reason, chat.message.role, chat.message.content) == ("load", "assistant", "")
+    (streamed,) = list(client.generate(model="tiny", prompt="", stream=True))
+    assert streamed.done_reason == "load" and streamed.eval_count is None
+    assert _served_and_loaded(live, client) == (served, [MINILM, "tiny"])
+    (unloaded,) = list(client.generate(model="tiny", prompt="", keep_alive=0, stream=True))
+    assert unloaded.done_reason == "unload"
+    assert _served_and_loaded(live, client) == (served, [MINILM])
+    assert client.chat(model="tiny", messages=[], keep_alive="5m").done_reason == "load"
+    served, running = _served_and_loaded(live, client)
+    assert "tiny" in running
+    (chat_gone,) = list(client.chat(model="tiny", messages=[], keep_alive=0, stream=True))
+    assert chat_gone.done_reason == "unload" and chat_gone.eval_count is None
+    assert _served_and_loaded(live, client) == (served, [MINILM])
+    # the positive control: a prompt is answered (loading the model again), and counted
+    answer = client.generate(model="tiny", prompt="Hi", options={"num_predict": 2})
+    assert answer.done_reason == "length" and answer.eval_count == 2
+    assert _served_and_loaded(live, client)[0] > served
+    with pytest.raises(ResponseError) as embedder:  # Ollama: it "does not support generate"
+        client.generate(model=MINILM, prompt="")
+    assert embedder.value.status_code == 400
+
+
+def test_tags_and_ps_list_only_what_ollama_would(tmp_path):
+    """Ollama lists the models it can chat or embed with; an image model (a simulated
+    one here: its API needs no GPU to be listed) stays reachable through its own API."""
+    models = (
+        ModelSpec(name="sim", kind="simulated"),
+        ModelSpec(name="painter", kind="simulated", images={"steps": 2}),
+    )
+    settings = make_settings(tmp_path, device="simulated:1GiB", models=models)
+    with live_server(settings) as live:
+        client = Client(host=live.url)
+        assert [m.model for m in client.list().models] == ["sim"]
+        assert [m.model for m in client.ps().models] == ["sim"]
+        listed = OpenAI(base_url=live.url + "/v1", api_key="x").models.list().data
+        assert [m.id for m in listed] == ["sim", "painter"]
+        assert client.show("painter").modelinfo["vramgate.kind"] == "simulated"
 
 
 def test_pull_with_progress_then_delete(served, tmp_path):
@@ -347,4 +408,4 @@ def test_num_predict_past_the_context_stops_at_it_as_ollama_does(served):
     with pytest.raises(openai_errors.BadRequestError) as refused:
         openai.chat.completions.create(model="tiny", messages=ASK, max_tokens=5000)
     assert refused.value.body["code"] == "context_length_exceeded"
-    assert "max_tokens is 5000" in refused.value.body["message"]
+    assert "5000 in the completion" in refused.value.body["message"]

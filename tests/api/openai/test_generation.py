@@ -109,7 +109,8 @@ def test_prompt_longer_than_the_context_gets_a_400_that_says_so(tiny):
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded"
-    assert f"context of {CONTEXT} tokens" in error["message"]
+    assert error["message"].startswith(f"This model's maximum context length is {CONTEXT} tokens")
+    assert error["context_length"] == CONTEXT and error["prompt_tokens"] >= CONTEXT
     assert tiny.status()["queue"]["depth"] == 0
 
 

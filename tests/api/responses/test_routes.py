@@ -281,8 +281,8 @@ def test_a_prompt_over_the_context_is_a_400_naming_both_numbers(live):
     body = {"model": MODEL, "input": "word " * (context + 200)}
     error = refused(live, body, 400, "context_length_exceeded")
     assert str(context) in error["message"] and error["param"] == "input"
-    prompt = int(error["message"].split("the prompt has ")[1].split()[0])
-    assert prompt > context
+    prompt = int(error["message"].split("your messages resulted in ")[1].split()[0])
+    assert prompt > context and error["prompt_tokens"] == prompt
 
 
 def test_with_truncation_auto_the_oldest_turns_go_until_it_fits(client, live):

@@ -1,0 +1,76 @@
+"""The names apps send that no served model has, and the model each reaches: first the
+`model_aliases` setting's patterns (first match wins: a person's own choice), then the
+standard names below, what apps send when their model field is left empty. Open WebUI's
+OpenAI image engine sends `dall-e-2`, its speech to text an empty `model`: each reaches
+the served model of its kind.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from app.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class StandardName:
+    pattern: str  # a glob, as `model_aliases`' ("" matches the empty name only)
+    capability: str  # what the model it reaches does (a card's capability)
+    # with several such models: the first configured (the default one), or a 400 that
+    # lists them (a name that cannot choose between them)
+    several: Literal["first", "refuse"]
+    what: str  # the kind, for people
+
+
+STANDARD_NAMES = (
+    StandardName("dall-e-*", "image_generation", "first", "image"),  # OpenAI's image models
+    StandardName("gpt-image-*", "image_generation", "first", "image"),
+    StandardName("", "transcription", "refuse", "speech to text"),  # an empty `model`
+    # text to speech: OpenAI's `tts-*` joins here once a kind that speaks is served
+)
+
+
+def aliased(name: str, aliases: Mapping[str, str]) -> str | None:
+    """The served model the first `model_aliases` pattern matching `name` names."""
+    for pattern, served in aliases.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return served
+    return None
+
+
+def standard_target(name: str, models: Sequence[tuple[str, tuple[str, ...]]]) -> str | None:
+    """The served model a standard name reaches, of `models` (name and capabilities, in
+    config order): None when `name` is no standard name or no model of its kind is
+    served; a 400 listing them when several are and the name cannot choose."""
+    for standard in STANDARD_NAMES:
+        if not fnmatch.fnmatchcase(name, standard.pattern):
+            continue
+        found = [model for model, capabilities in models if standard.capability in capabilities]
+        if len(found) > 1 and standard.several == "refuse":
+            asked = f"model {name!r}" if name else "an empty `model`"
+            raise InvalidRequest(
+                f"{asked} names no {standard.what} model of the {len(found)} served: name one "
+                f"of {', '.join(found)} (or map it to one in model_aliases)",
+                param="model",
+                details={"models": found},
+            )
+        return found[0] if found else None
+    return None
+
+
+def standard_names_of(
+    model: str, models: Sequence[tuple[str, tuple[str, ...]]], aliases: Mapping[str, str]
+) -> list[str]:
+    """The standard names that reach `model` (those `model_aliases` does not take)."""
+    names = []
+    for standard in STANDARD_NAMES:
+        if standard.pattern in aliases:
+            continue
+        found = [name for name, capabilities in models if standard.capability in capabilities]
+        one = len(found) == 1 or (found and standard.several == "first")
+        if one and found[0] == model:
+            names.append(standard.pattern)
+    return names
