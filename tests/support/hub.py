@@ -1,0 +1,142 @@
+"""A Hugging Face hub of our own on loopback (point `HF_ENDPOINT` at `Hub.url`): the routes
+huggingface_hub calls to list a repo (`/api/models/ORG/NAME[/revision/REV]` with its
+files' sizes, and its tree) and to fetch a file (`/ORG/NAME/resolve/REV/PATH`, HEAD and
+GET, with HTTP Range). It counts the bytes it sends per file and keeps the Range headers
+it was sent; a file can be set to stall after N bytes (a pull killed there resumes)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import re
+import threading
+from collections import Counter
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.repos: dict[str, dict[str, bytes]] = {}
+        self.sent: Counter[str] = Counter()  # "ORG/NAME/PATH": body bytes sent
+        self.ranges: list[tuple[str, str]] = []  # (ORG/NAME/PATH, Range header)
+        self.paths: list[str] = []  # every request's path
+        self.stall: dict[str, int] = {}  # "ORG/NAME/PATH": bytes sent before it stalls
+        self._release = threading.Event()
+        hub = self
+
+        class Handler(HubHandler):
+            pass
+
+        Handler.hub = hub
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def add(self, repo: str, files: dict[str, bytes]) -> None:
+        self.repos[repo] = files
+
+    def commit(self, repo: str) -> str:
+        digest = hashlib.sha1()
+        for path, content in sorted(self.repos[repo].items()):
+            digest.update(path.encode() + hashlib.sha1(content).digest())
+        return digest.hexdigest()
+
+    def reset(self) -> None:
+        self.sent.clear()
+        self.ranges.clear()
+        self.paths.clear()
+        self.stall.clear()
+
+    def __enter__(self) -> Hub:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()  # stalled answers end
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class HubHandler(http.server.BaseHTTPRequestHandler):
+    hub: Hub
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _missing(self, what: str) -> None:
+        self._json(404, {"error": f"{what} not found"}, {"X-Error-Code": "RepoNotFound"})
+
+    def do_GET(self) -> None:
+        path = unquote(urlsplit(self.path).path)
+        self.hub.paths.append(path)
+        api = re.match(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?$", path)
+        if api is not None:
+            repo, what = api[1], api[2]
+            if repo not in self.hub.repos:
+                return self._missing(f"Repository {repo}")
+            files = self.hub.repos[repo]
+            if what == "tree":
+                return self._json(200, [
+                    {"type": "file", "oid": hashlib.sha1(c).hexdigest(), "size": len(c), "path": p}
+                    for p, c in sorted(files.items())
+                ])  # fmt: skip
+            siblings = [
+                {"rfilename": p, "size": len(c), "blobId": hashlib.sha1(c).hexdigest()}
+                for p, c in sorted(files.items())
+            ]
+            return self._json(200, {
+                "id": repo, "modelId": repo, "sha": self.hub.commit(repo), "private": False,
+                "tags": ["gguf"], "siblings": siblings,
+            })  # fmt: skip
+        resolve = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+        if resolve is None or resolve[1] not in self.hub.repos:
+            return self._missing(path)
+        repo, file = resolve[1], resolve[3]
+        if file not in self.hub.repos[repo]:
+            return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+        self._file(repo, file, self.hub.repos[repo][file])
+
+    do_HEAD = do_GET
+
+    def _file(self, repo: str, file: str, content: bytes) -> None:
+        key = f"{repo}/{file}"
+        start = 0
+        wanted = self.headers.get("Range")
+        if wanted is not None:
+            self.hub.ranges.append((key, wanted))
+            start = int(re.match(r"bytes=(\d+)-", wanted)[1])  # type: ignore[index]
+        body = content[start:]
+        self.send_response(206 if wanted else 200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{hashlib.sha1(content).hexdigest()}"')
+        self.send_header("X-Repo-Commit", self.hub.commit(repo))
+        if wanted:
+            self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        stall = self.hub.stall.get(key)
+        if stall is not None and start < stall:
+            self.wfile.write(body[: stall - start])
+            self.wfile.flush()
+            self.hub.sent[key] += stall - start
+            self.hub._release.wait()  # until the hub stops: the client is killed meanwhile
+            return
+        self.wfile.write(body)
+        self.hub.sent[key] += len(body)
