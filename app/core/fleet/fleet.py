@@ -51,6 +51,10 @@ log = logging.getLogger("vramgate.fleet")
 
 PRICES_FILE = "prices.json"
 H = TypeVar("H", bound=ModelHandler)
+T = TypeVar("T")
+# OpenAI's text-to-speech model names (Open WebUI sends tts-1): where no `model_aliases`
+# pattern names them, they mean the first speech_synthesis model served
+KIND_ALIASES = (("tts-*", "speech_synthesis"), ("gpt-4o-mini-tts*", "speech_synthesis"))
 # a model's state across its copies: the first of these that one of them is in
 _STATE_ORDER = ["ready", "warming", "loading", "unloading", "unloaded", "waiting", "failed"]
 
@@ -86,13 +90,30 @@ class Fleet:
     def resolve(self, model: str) -> str:
         """The served model a request's name means: itself, or the model of the first
         `model_aliases` pattern it matches (Claude Code asks for claude-..., Codex for
-        gpt-...); a name neither serves nor matches stays as is (its lane answers 404)."""
+        gpt-...), or OpenAI's name of a kind (tts-1: the first speech_synthesis model); a
+        name none of these serves or matches stays as is (its lane answers 404)."""
         if any(_serves(lane, model) for lane in self.lanes):
             return model
         for pattern, served in self.settings.model_aliases.items():
             if fnmatch.fnmatchcase(model, pattern):
                 return served
+        for pattern, kind in KIND_ALIASES:
+            if fnmatch.fnmatchcase(model, pattern):
+                return self._first_of_kind(kind) or model
         return model
+
+    def _first_of_kind(self, kind: str) -> str | None:
+        """The first model of `kind` in the config's order, if one is served."""
+        for name in self.placement:
+            entry = self.lane_for(name).registry.entries.get(name)
+            if entry is not None and entry.handler.spec.kind == kind:
+                return name
+        return None
+
+    async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        """CPU work a route must not do on the event loop (encoding audio), on the first
+        device's CPU pool."""
+        return await self.lanes[0].executor.run_cpu(fn, *args)
 
     async def run(self, request: OneShotRequest, watch: ClientWatch) -> InferenceResult:
         """Any one-shot request, on the device that admits it soonest."""
