@@ -19,10 +19,11 @@ from app.core.requests import ValidSpeech
 from app.core.watch import ClientWatch
 from app.core.work import InferenceResult
 
-PART_CHARS = 400  # a part's most characters (sentences are joined up to this)
+PART_CHARS = 200  # a part's most characters (sentences are joined up to this)
 AHEAD = 4  # parts queued at once: they may share a forward
-# a sentence ends at . ! ? … (and their CJK forms), or a line break, before white space
-SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+|\s*\n\s*")
+# a sentence ends at . ! ? … before white space, at CJK's 。！？ (written without), or at
+# a line break
+SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])\s*|\s*\n\s*")
 
 
 def split_parts(text: str, limit: int = PART_CHARS) -> list[str]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import av
 import httpx
@@ -36,9 +38,7 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, folder) -> Iterator[Live]:
-    spec = ModelSpec(
-        name="vits", kind="speech_synthesis", path=folder, max_batch=8, load="startup"
-    )
+    spec = ModelSpec(name="vits", kind="speech_synthesis", path=folder, max_batch=8, load="startup")
     settings = make_settings(
         tmp_path_factory.mktemp("server"),
         device="cpu",
@@ -171,3 +171,62 @@ def test_a_model_that_does_not_speak_is_refused_by_name(live):
         OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0).audio.speech.create(
             model="nobody", input="Hi.", voice="alloy"
         )
+
+
+def test_the_model_is_listed_and_its_parts_batch_and_learn_their_price(live, client):
+    listed = {m.id: m for m in client.models.list()}
+    assert "speech" in listed["vits"].capabilities  # type: ignore[attr-defined]
+    answer = client.audio.speech.create(model="vits", input=TEXT, voice="alloy")
+    headers = answer.response.headers
+    assert headers["X-Vramgate-Batch"] == "2"  # the two sentences shared one forward
+    row = next(m for m in live.status()["models"] if m["name"] == "vits")
+    assert row["kind"] == "speech_synthesis"
+    prices = {p["bucket"]: p for p in row["prices"]}
+    assert prices[headers["X-Vramgate-Bucket"]]["source"] == "learned", prices
+
+
+LONG = " ".join(f"Sentence number {i} is spoken here, and then more words." for i in range(25))
+
+
+@pytest.fixture
+def rows_spoken(live) -> Iterator[list[int]]:
+    """The rows each forward of the served model speaks (its real forward, counted)."""
+    handler = live.service.registry.get("vits")
+    forward, counts = handler.forward, []
+
+    def counted(prepared: Any) -> Any:
+        counts.append(prepared.count)
+        return forward(prepared)
+
+    handler.forward = counted
+    yield counts
+    del handler.forward
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_stops_the_parts_not_yet_run(live, rows_spoken):
+    """25 sentences: 9 parts, 4 queued at once. A client that leaves while the first
+    runs: the parts on the device finish, the others never run; its valid twin, heard
+    to the end, runs all 9."""
+    assert len(split_parts(LONG)) == 9
+    body = {"model": "vits", "input": LONG, "response_format": "pcm"}
+    with pytest.raises(httpx.ReadTimeout):  # gone before the first part is spoken
+        httpx.post(live.url + "/v1/audio/speech", json=body, timeout=httpx.Timeout(60, read=1))
+    wait_idle(live)
+    assert 1 <= sum(rows_spoken) <= 4, rows_spoken
+    rows_spoken.clear()
+    whole = httpx.post(live.url + "/v1/audio/speech", json=body, timeout=300)
+    assert whole.status_code == 200 and whole.headers["X-Vramgate-Parts"] == "9"
+    wait_idle(live)
+    assert sum(rows_spoken) == 9, rows_spoken
+
+
+def wait_idle(live: Live) -> None:
+    from tests.support.live import wait_until
+
+    def idle() -> bool:
+        queue = live.status()["queue"]
+        return queue["running"] == 0 and queue["depth"] == 0
+
+    time.sleep(1.5)  # the watch notices the leave within a quarter second
+    wait_until(idle, timeout=120, what="an idle queue")
