@@ -28,6 +28,7 @@ class ModelLine:
     weights_bytes: int
     unloads_in_s: float | None = None  # idle: its keep-alive left
     split: str | None = None  # a GGUF's layers between CPU and GPU ("48%/52% CPU/GPU")
+    kind: str = ""  # /status models' `kind`: embedding, speech, speech_synthesis, ...
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,14 @@ def view_of(
     if notice is not None:
         lines += (notice.text.removeprefix("vramgate "),)
     models = tuple(
-        ModelLine(m["name"], m["state"], m["weights_bytes"], m.get("unloads_in_s"), m.get("split"))
+        ModelLine(
+            m["name"],
+            m["state"],
+            m["weights_bytes"],
+            m.get("unloads_in_s"),
+            m.get("split"),
+            m.get("kind", ""),
+        )
         for m in status.get("models", [])
     )
     paused = bool(status.get("paused"))
