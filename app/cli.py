@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--name", default=None, help="model name (default: from the source)")
     pull.add_argument(
         "--kind",
-        choices=("embedding", "generation", "rerank", "diffusion", "speech"),
+        choices=("embedding", "generation", "rerank", "diffusion", "speech", "speech_synthesis"),
         default=None,
         help="model kind (default: detected from the files)",
     )

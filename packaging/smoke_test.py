@@ -6,12 +6,14 @@ in a runner process the bundle's executable starts); with `--whisper FOLDER --au
 `pull` takes that Whisper folder as a speech model and `serve` transcribes the file (PyAV
 decoding it, transformers' Whisper running); with `--diffusion FOLDER`, a diffusers
 folder is pulled and draws one 64x64 image; with `--vision FOLDER`, a vision-language
-folder is pulled and answers a chat with an image in it; it stops cleanly. Standard
-library only, so CI on any runner can run it right after the build.
+folder is pulled and answers a chat with an image in it; with `--tts FOLDER`, a VITS
+folder is pulled as text to speech and speaks one sentence (transformers' VITS running,
+PyAV encoding); it stops cleanly. Standard library only, so CI on any runner can run it
+right after the build.
 
     python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf]
         [--whisper tiny-whisper --audio clip.flac] [--diffusion tiny-sd] [--vision tiny-vl]
-        [--timeout 300]
+        [--tts tiny-tts] [--timeout 300]
 
 Prints one JSON line with the figures; exit status 1 on any failure.
 """
@@ -152,6 +154,21 @@ def transcribe(url: str, model: str, audio: Path) -> dict:
         raise RuntimeError(f"transcription: {error.code} {error.read()[:2000]!r}") from None
 
 
+def spoken_seconds(url: str, model: str) -> float:
+    """The seconds of one sentence spoken through /v1/audio/speech, as OpenAI's `pcm`
+    (24 kHz, 16-bit mono: two bytes a sample)."""
+    body = json.dumps({"model": model, "input": "Hello from the bundle.", "voice": "alloy",
+                       "response_format": "pcm"}).encode()  # fmt: skip
+    request = urllib.request.Request(
+        url + "/v1/audio/speech", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return len(response.read()) / 2 / 24_000
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"speech: {error.code} {error.read()[:2000]!r}") from None
+
+
 def image_bytes(url: str, model: str) -> int:
     """The size of one 64x64 PNG drawn in 2 steps through /v1/images/generations."""
     body = {"model": model, "prompt": "a red fox", "size": "64x64", "steps": 2}
@@ -232,6 +249,7 @@ def smoke(
     speech: tuple[Path, Path] | None = None,
     diffusion: Path | None = None,
     vision: Path | None = None,
+    tts: Path | None = None,
 ) -> dict:
     suffix = ".exe" if sys.platform == "win32" else ""
     cli = bundle / f"vramgate-cli{suffix}"
@@ -257,6 +275,8 @@ def smoke(
         figures["diffusion_kind"] = pulled_kind(cli, diffusion, config, models)
     if vision is not None:
         figures["vision_kind"] = pulled_kind(cli, vision, config, models)
+    if tts is not None:
+        figures["tts_kind"] = pulled_kind(cli, tts, config, models)
     log = scratch / "output.txt"
     with log.open("w") as output:  # a file: an unread pipe could block the server
         server = subprocess.Popen(
@@ -282,6 +302,8 @@ def smoke(
                 figures["image_bytes"] = image_bytes(url, diffusion.name)
             if vision is not None:
                 figures["vision_finish"] = chat_with_an_image(url, vision.name)
+            if tts is not None:
+                figures["speech_seconds"] = round(spoken_seconds(url, tts.name), 3)
             figures["exit_code"] = shut_down(server, url)
             return figures
         finally:
@@ -299,12 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None, help="a file it transcribes")
     parser.add_argument("--diffusion", type=Path, default=None, help="a diffusers folder to pull")
     parser.add_argument("--vision", type=Path, default=None, help="a vision-language folder")
+    parser.add_argument("--tts", type=Path, default=None, help="a VITS folder to pull and hear")
     args = parser.parse_args(argv)
     if (args.whisper is None) != (args.audio is None):
         parser.error("--whisper and --audio go together")
     speech = None if args.whisper is None else (args.whisper, args.audio)
     try:
-        figures = smoke(args.bundle, args.timeout, args.gguf, speech, args.diffusion, args.vision)
+        figures = smoke(
+            args.bundle, args.timeout, args.gguf, speech, args.diffusion, args.vision, args.tts
+        )
     except RuntimeError as error:
         print(f"smoke test FAILED: {error}", file=sys.stderr)
         return 1

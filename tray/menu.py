@@ -134,11 +134,18 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:.0f} MiB"
 
 
+# the kinds a model's name does not tell apart (a Whisper and a VITS are both "speech")
+KIND_WORDS = {"speech": "speech to text", "speech_synthesis": "text to speech"}
+
+
 def model_label(model: ModelLine) -> str:
-    """ "name (90 MiB, 48%/52% CPU/GPU, ready, unloads at 14:32)": its memory, a GGUF's
-    layer split, its state and when its keep-alive ends (a time, not a countdown: the
-    menu is rebuilt only when what it shows changes)."""
-    parts = [_mib(model.weights_bytes)] if model.weights_bytes else []
+    """ "name (text to speech, 90 MiB, 48%/52% CPU/GPU, ready, unloads at 14:32)": what it
+    does where its kind needs saying, its memory, a GGUF's layer split, its state and when
+    its keep-alive ends (a time, not a countdown: the menu is rebuilt only when what it
+    shows changes)."""
+    parts = [KIND_WORDS[model.kind]] if model.kind in KIND_WORDS else []
+    if model.weights_bytes:
+        parts.append(_mib(model.weights_bytes))
     if model.split:
         parts.append(model.split)
     parts.append(model.state)

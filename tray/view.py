@@ -39,6 +39,7 @@ class ModelLine:
     # that end in epoch seconds; not compared: the menu shows `unloads_at`, which a
     # countdown changes once a minute at most, where `unloads_in_s` changes every poll
     deadline: float | None = field(default=None, compare=False)
+    kind: str = ""  # /status models' `kind`: embedding, speech, speech_synthesis, ...
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,13 @@ def model_line(model: dict[str, Any], now: float, previous: ModelLine | None) ->
         deadline = previous.deadline
     at = None if deadline is None else time.strftime("%H:%M", time.localtime(deadline))
     return ModelLine(
-        model["name"], model["state"], model["weights_bytes"], at, model.get("split"), deadline
+        model["name"],
+        model["state"],
+        model["weights_bytes"],
+        at,
+        model.get("split"),
+        deadline,
+        model.get("kind", ""),
     )
 
 

@@ -113,7 +113,10 @@ class PullBody(BaseModel):
         min_length=1, max_length=4096, description="as `vramgate pull`'s SOURCE, on this machine"
     )
     name: str | None = Field(None, max_length=64, pattern=MODEL_NAME_PATTERN)
-    kind: Literal["embedding", "generation", "rerank", "diffusion", "speech"] | None = None
+    kind: (
+        Literal["embedding", "generation", "rerank", "diffusion", "speech", "speech_synthesis"]
+        | None
+    ) = None
     force: bool = False
 
 

@@ -18,6 +18,7 @@ from app.api.a1111 import routes as a1111_routes
 from app.api.a1111.jobs import A1111Jobs
 from app.api.anthropic import routes as anthropic_routes
 from app.api.audio import routes as audio_routes
+from app.api.audio import speech as speech_routes
 from app.api.errors import (
     ANTHROPIC_ERROR_RESPONSES,
     ERROR_RESPONSES,
@@ -28,6 +29,7 @@ from app.api.guard import RequestGuard
 from app.api.hot import HotRoutes
 from app.api.images import files as images_files
 from app.api.images import routes as images_routes
+from app.api.intake import request_schemas
 from app.api.ollama import routes as ollama_routes
 from app.api.openai import routes as openai_routes
 from app.api.rerank import routes as rerank_routes
@@ -118,6 +120,7 @@ def create_app(
         images_files.router,
         a1111_routes.router,
         audio_routes.router,
+        speech_routes.router,
     )
     for router in routers:
         errors = OLLAMA_ERROR_RESPONSES if router is ollama_routes.router else ERROR_RESPONSES
@@ -167,4 +170,5 @@ class VramgateApp(FastAPI):
             schemas.update(openai_routes.openai_schemas())
             schemas.update(anthropic_routes.anthropic_schemas())
             schemas.update(responses_routes.responses_schemas())
+            schemas.update(request_schemas((speech_routes.SpeechRequest,)))
         return super().openapi()

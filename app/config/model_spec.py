@@ -45,13 +45,24 @@ MAX_STOP_CHARS = 64
 DEVICE_ID_PATTERN = r"^(cpu|cuda:\d{1,2}|simulated:\d{1,2})$"
 
 
+# the kinds whose model is always a folder or file of its own (no embedded default)
+PATH_KINDS = ("generation", "diffusion", "speech", "speech_synthesis")
+
+
 class ModelSpec(BaseModel):
     """One model to serve. `kind` picks the handler; `path` None means the embedded model."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=MODEL_NAME_PATTERN)
     kind: Literal[
-        "embedding", "generation", "vision", "rerank", "diffusion", "speech", "simulated"
+        "embedding",
+        "generation",
+        "vision",
+        "rerank",
+        "diffusion",
+        "speech",
+        "speech_synthesis",
+        "simulated",
     ] = "embedding"
     path: Path | None = None  # a folder; for generation also a .gguf file
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
@@ -136,7 +147,7 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _generation_needs_a_path(self) -> ModelSpec:
 
-        if self.kind in ("generation", "diffusion", "speech") and self.path is None:
+        if self.kind in PATH_KINDS and self.path is None:
             raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
         return self
 

@@ -22,7 +22,9 @@ from app.models.kinds import (
     ImageModel,
     OneShotModel,
     Reranker,
+    SpeechSynthesizer,
     Transcriber,
+    Utterance,
 )
 from app.models.transcript import Transcript
 from app.sched.host_bytes import HostLease
@@ -180,3 +182,37 @@ class ValidTranscription(OneShotRequest):
 
     def finish(self, handler: Transcriber, result: InferenceResult) -> InferenceResult:
         return replace(result, output=Transcript.of(list(result.output)))
+
+
+@dataclass(frozen=True)
+class ValidSpeech(OneShotRequest):
+    """One part of a text to speak (app.api.audio.speech splits a long input at sentence
+    ends and sends each part as a request of its own, so the parts batch together and
+    the first is heard before the last is spoken). `whole`: the request's whole input, on
+    its first part only, so that an input with nothing its model can speak is a 400
+    before anything is queued."""
+
+    model: str
+    utterance: Utterance
+    whole: str | None = None
+    keep_alive: float | None = None
+    capability: ClassVar[type[OneShotModel[Any]]] = SpeechSynthesizer
+
+    def items(self) -> list[Any]:
+        return [self.utterance]
+
+    def refusal(self, handler: SpeechSynthesizer) -> VramgateError | None:
+        if self.whole is not None and not handler.speakable(self.whole):
+            return InvalidRequest(
+                f"model {self.model!r} can speak none of the input's characters",
+                param="input",
+            )
+        return handler.voice_refused(self.utterance.voice)
+
+    def finish(self, handler: SpeechSynthesizer, result: InferenceResult) -> InferenceResult:
+        """Its speech, and where its model has one voice, that the voice asked for was
+        not used."""
+        if handler.speakers > 1:
+            return result
+        said = f"voice {self.utterance.voice!a} is ignored: model {self.model!r} has one voice."
+        return replace(result, warnings=(*result.warnings, said))

@@ -70,6 +70,12 @@ def _speech(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
     return SpeechHandler(spec)
 
 
+def _speech_synthesis(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
+    from app.engines.torch.speech_synthesis import SpeechSynthesisHandler
+
+    return SpeechSynthesisHandler(spec)
+
+
 def _llama_generation(spec: ModelSpec, bounds: Bounds) -> ModelHandler:
     from app.engines.llama_cpp.generation import LlamaCppHandler
 
@@ -90,6 +96,7 @@ HANDLERS: dict[tuple[str, str], Callable[[ModelSpec, Bounds], ModelHandler]] = {
     ("torch", "embedding"): _embedding,
     ("torch", "diffusion"): _diffusion,
     ("torch", "speech"): _speech,
+    ("torch", "speech_synthesis"): _speech_synthesis,
     ("llama.cpp", "generation"): _llama_generation,
     ("llama.cpp", "embedding"): _llama_embedding,
 }

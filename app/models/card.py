@@ -10,7 +10,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelCard:
-    kind: str  # embedding | generation | rerank | vision | diffusion | speech | simulated
+    # embedding | generation | rerank | vision | diffusion | speech | speech_synthesis |
+    # simulated
+    kind: str
     engine: str  # torch | llama.cpp | simulated
     # what it can be asked for, in Ollama's words where Ollama has them: completion, tools,
     # vision (a chat model that sees images), embedding; else ours: rerank, image (an image

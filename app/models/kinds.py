@@ -7,6 +7,7 @@
 - `Reranker`: (query, document) pairs → relevance scores (`/v1/rerank`).
 - `ImageGenerator`: prompts → encoded images (`/v1/images/generations`).
 - `Transcriber`: audio files → timed text (`/v1/audio/transcriptions`, `/translations`).
+- `SpeechSynthesizer`: texts → speech samples (`/v1/audio/speech`).
 
 A request to any model passes the stages of app.models.stages: prepared (tokenised or
 decoded, bucketed), started (the only stage that holds device memory), finished. Where
@@ -23,7 +24,7 @@ import contextlib
 import threading
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -308,6 +309,83 @@ class Generator(ModelHandler):
         return Exercises(prompts=tuple(prompts))
 
 
+# OpenAI's voice names, in the order they map to a many-speaker model's speaker ids
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
+    "verse", "marin", "cedar",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """A text to speak (one part of a request's input): the voice asked for, its speed
+    (1.0: the model's own) and the seed of its noise (the same seed, the same speech)."""
+
+    text: str
+    voice: str = "alloy"
+    speed: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Speech:
+    """An utterance spoken: mono float32 samples in [-1, 1] at `rate` Hz."""
+
+    samples: np.ndarray
+    rate: int
+
+    @property
+    def seconds(self) -> float:
+        return self.samples.size / self.rate
+
+
+class SpeechSynthesizer(OneShotModel[Utterance]):
+    """Texts to speech (VITS, MMS-TTS): one row per `Utterance`, and `postprocess` gives
+    each row's `Speech`, in order."""
+
+    capability_names = ("speech",)
+
+    speakers = 1  # its voices: one, or a speaker id per voice
+
+    def speakable(self, text: str) -> bool:
+        """Whether `text` holds anything this model speaks (its tokenizer drops the
+        characters it does not know)."""
+        return bool(text.strip())
+
+    def speaker_of(self, voice: str) -> int:
+        """The speaker id a voice names: OpenAI's names in order, or the id itself
+        ("0", "1", ...); a one-speaker model speaks every voice with its one."""
+        if self.speakers <= 1:
+            return 0
+        if voice.isdigit() and int(voice) < self.speakers:
+            return int(voice)
+        if voice in OPENAI_VOICES[: self.speakers]:
+            return OPENAI_VOICES.index(voice)
+        raise self._unknown_voice(voice)
+
+    def voice_refused(self, voice: str) -> InvalidRequest | None:
+        """Why this model cannot speak `voice` (None: it can, or it has one voice)."""
+        try:
+            self.speaker_of(voice)
+        except InvalidRequest as exc:
+            return exc
+        return None
+
+    def _unknown_voice(self, voice: str) -> InvalidRequest:
+        names = ", ".join(OPENAI_VOICES[: self.speakers])
+        return InvalidRequest(
+            f"model {self.name!r} has {self.speakers} voices: {names} (or their speaker ids "
+            f"0 to {self.speakers - 1}); it has no voice {voice!r}",
+            param="voice",
+        )
+
+    def warmup_inputs(self) -> list[list[Utterance]]:
+        return [[Utterance("warm up.")]]
+
+    def probe_input(self) -> list[Utterance]:
+        return [Utterance("ok")]
+
+
 # What a model lacks, said when a route asks it for a capability it does not have.
 LACKING: dict[type[ModelHandler], str] = {
     Embedder: "it has no embeddings",
@@ -316,6 +394,7 @@ LACKING: dict[type[ModelHandler], str] = {
     Reranker: "it does not rerank (it is no cross-encoder)",
     ImageGenerator: "it does not generate images",
     Transcriber: "it does not transcribe audio",
+    SpeechSynthesizer: "it does not speak text (it is no text-to-speech model)",
 }
 CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)
 ONE_SHOT = frozenset(c for c in CAPABILITIES if issubclass(c, OneShotModel))

@@ -135,6 +135,7 @@ def _pull_into(
     model = locate(fetched)
     if model.is_dir() and not (model / "model_index.json").is_file():
         check_servable(model)  # a transformers family (a pipeline's are diffusers')
+    kind = kind or detect_kind(model)  # a folder of no kind is refused before it is copied
     name = name or named or default_name(model)
     if not re.match(MODEL_NAME_PATTERN, name):
         raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
@@ -156,7 +157,7 @@ def _pull_into(
         path = target / kept.name
     else:
         copy_model(model, staging, progress)
-    spec = ModelSpec(name=name, kind=kind or detect_kind(model), path=path)
+    spec = ModelSpec(name=name, kind=kind, path=path)
     gc.collect()  # a mapped file (a GGUF reader's) closes when collected; Windows moves none
     with moved_in(staging, target, aside=scratch / "replaced"):
         add_to_config(config_file, spec, settings.models)

@@ -9,10 +9,16 @@ from pathlib import Path
 from typing import Literal
 
 from app.config.settings import MODEL_NAME_PATTERN
-from app.engines.torch.families import SPEECH_FAMILIES, sees_images
+from app.engines.torch.families import (
+    EMBEDDING_FAMILIES,
+    SPEECH_FAMILIES,
+    SPEECH_SYNTHESIS_FAMILIES,
+    sees_images,
+)
 from app.store.sources import PullError
 
-Kind = Literal["embedding", "generation", "rerank", "diffusion", "speech"]
+Kind = Literal["embedding", "generation", "rerank", "diffusion", "speech", "speech_synthesis"]
+KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
 
 
 SINGLE_FILES = (".gguf", ".safetensors")  # a GGUF model, or a diffusion checkpoint
@@ -63,6 +69,8 @@ def shards_of(gguf: Path) -> list[Path]:
 
 
 def detect_kind(model: Path) -> Kind:
+    """The kind a model is, from its files; never a guess: a folder of a transformers
+    architecture no kind serves is refused, naming it and the kinds there are."""
     if model.suffix.lower() == ".gguf":
         return "generation"
     if model.suffix.lower() == ".safetensors" or (model / "model_index.json").is_file():
@@ -75,11 +83,20 @@ def detect_kind(model: Path) -> Kind:
         return "embedding"
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return "generation"
-    if config.get("model_type") in SPEECH_FAMILIES:
+    model_type = config.get("model_type")
+    if model_type in SPEECH_FAMILIES:
         return "speech"  # Whisper: speech to text (app.engines.torch.speech)
+    if model_type in SPEECH_SYNTHESIS_FAMILIES:
+        return "speech_synthesis"  # VITS, MMS-TTS (app.engines.torch.speech_synthesis)
     if sees_images(model):
         return "generation"  # a vision-language model: chat with images
-    return "embedding"
+    if model_type in EMBEDDING_FAMILIES:
+        return "embedding"  # an encoder without sentence-transformers' files: mean pooled
+    architecture = ", ".join(architectures) or "none named"
+    raise PullError(
+        f"{model.name} is a {architecture} (model_type {model_type!r}), which no kind of "
+        f"model vramgate serves: {', '.join(KINDS)}. Pass --kind where it is one of them"
+    )
 
 
 def check_servable(folder: Path) -> None:

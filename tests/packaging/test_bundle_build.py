@@ -20,6 +20,7 @@ from tests.support.random_models import (
     save_random_llava,
     save_random_sd15,
 )
+from tests.support.random_vits import save_random_vits
 from tests.support.random_whisper import save_random_whisper, tone, write_encoded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +73,8 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     diffusion = save_random_sd15(tmp_path / "tiny-sd")
     vision = save_random_llava(tmp_path / "tiny-vl")
     speech = ["--whisper", str(whisper), "--audio", str(audio), "--diffusion", str(diffusion)]
-    speech += ["--vision", str(vision)]
+    tts = save_random_vits(tmp_path / "tiny-tts")
+    speech += ["--vision", str(vision), "--tts", str(tts)]
     smoke = subprocess.run(
         [sys.executable, "packaging/smoke_test.py", str(bundle), "--gguf", str(gguf), *speech],
         cwd=ROOT,
@@ -91,6 +93,8 @@ def test_cpu_bundle_builds_checks_serves_embeddings_and_chats_with_a_pulled_gguf
     assert figures["diffusion_kind"] == "diffusion" and figures["image_bytes"] > 100
     # a LLaVA (its CLIP vision tower and image processor, imported by name) sees a PNG
     assert figures["vision_kind"] == "generation" and figures["vision_finish"] == "length"
+    # a VITS (transformers.models.vits, collected through FAMILIES) speaks a sentence
+    assert figures["tts_kind"] == "speech_synthesis" and figures["speech_seconds"] > 0.2
     print(
         f"\nbundle: built in {build_s:.0f}s; {check.stdout.splitlines()[0]}; "
         f"ready in {figures['time_to_ready_s']}s; GGUF pulled in {figures['gguf_pull_s']}s"
@@ -116,7 +120,7 @@ def test_windows_workflow_runs_the_same_steps_and_lints_clean():
     for command in STEPS:
         assert any(command in run for run in runs), command
     smoke = next(run for run in runs if "packaging/smoke_test.py" in run)
-    for option in ("--gguf", "--whisper", "--audio", "--diffusion", "--vision"):
+    for option in ("--gguf", "--whisper", "--audio", "--diffusion", "--vision", "--tts"):
         assert option in smoke, option  # the CUDA bundle is smoke-tested as this one is
     assert workflow["jobs"]["bundle"]["runs-on"].startswith("windows")
     actionlint = shutil.which("actionlint", path=os.path.dirname(sys.executable))

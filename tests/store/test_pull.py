@@ -657,3 +657,50 @@ def test_a_whisper_folder_is_pulled_as_a_speech_model_and_transcribes(tmp_path):
             model="tiny-whisper", file=file, response_format="verbose_json"
         )
     assert answer.duration == 3.0
+
+
+def test_a_vits_folder_is_pulled_as_a_speech_synthesis_model_and_speaks(tmp_path):
+    """VitsModel is no embedder (before, its folder was pulled as `embedding` and failed
+    to load): its model_type says text to speech. The entry pull writes serves
+    /v1/audio/speech."""
+    from openai import OpenAI
+
+    from tests.support.random_vits import save_random_vits
+
+    folder = save_random_vits(tmp_path / "src" / "tiny-tts")
+    config = tmp_path / "config.toml"
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(folder), settings, config)
+    assert (spec.name, spec.kind) == ("tiny-tts", "speech_synthesis")
+    entry = next(m for m in load_settings({}, config).models if m.name == "tiny-tts")
+    assert entry.kind == "speech_synthesis"
+    serving = make_settings(tmp_path / "serve", device="cpu", models=(entry,), cpu_threads=1)
+    with live_server(serving) as live:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.audio.speech.create(
+            model="tiny-tts", input="Hello.", voice="alloy", response_format="wav"
+        )
+    assert answer.content[:4] == b"RIFF"
+
+
+def test_a_folder_of_an_architecture_no_kind_serves_is_refused_naming_it(tmp_path):
+    """A transformers family vramgate has no kind for (T5, a text-to-text model) is
+    refused before a byte is copied, naming its architecture and the kinds there are;
+    before, it was pulled as an embedding model and failed at load. Its twin of a served
+    family (BERT) is pulled."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
+    T5ForConditionalGeneration(config).save_pretrained(tmp_path / "src" / "tiny-t5")
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    with pytest.raises(PullError) as refused:
+        pull(str(tmp_path / "src" / "tiny-t5"), settings, tmp_path / "config.toml")
+    said = str(refused.value)
+    assert "T5ForConditionalGeneration" in said and "'t5'" in said, said
+    for kind in ("embedding", "generation", "rerank", "speech", "speech_synthesis"):
+        assert kind in said, said
+    assert list((tmp_path / "models").iterdir()) == []
+    assert not (tmp_path / "config.toml").exists()
+    bert = save_random_bert(tmp_path / "src" / "tiny-bert", hidden=32, layers=1, heads=2,
+                            max_seq=64)  # fmt: skip
+    assert pull(str(bert), settings, tmp_path / "config.toml").kind == "embedding"

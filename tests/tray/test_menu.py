@@ -177,3 +177,28 @@ def test_a_gguf_models_layer_split_is_in_its_menu_line():
     }  # fmt: skip
     view = view_of(status)
     assert model_label(view.models[0]) == "big (600 MiB, 48%/52% CPU/GPU, ready)"
+
+
+def test_a_speech_models_menu_line_says_which_way_it_speaks():
+    from tray.menu import model_label
+
+    status = {
+        "state": "ready",
+        "ready": True,
+        "device": {"name": "GPU", "total_bytes": 8 * 2**30, "used_bytes": 2**30,
+                   "used_by_us_bytes": 2**29, "kind": "cuda", "warnings": []},
+        "queue": {"running": 0, "depth": 0, "max": 256},
+        "counters": {"served": 0},
+        "models": [
+            {"name": "mms", "kind": "speech_synthesis", "state": "ready",
+             "weights_bytes": 140 * 2**20, "unloads_in_s": None},
+            {"name": "whisper", "kind": "speech", "state": "unloaded", "weights_bytes": 0},
+            {"name": "minilm", "kind": "embedding", "state": "ready", "weights_bytes": 2**20},
+        ],
+    }  # fmt: skip
+    labels = [model_label(m) for m in view_of(status).models]
+    assert labels == [
+        "mms (text to speech, 140 MiB, ready)",
+        "whisper (speech to text, unloaded)",
+        "minilm (1 MiB, ready)",
+    ]

@@ -52,6 +52,9 @@ log = logging.getLogger("vramgate.fleet")
 
 PRICES_FILE = "prices.json"
 H = TypeVar("H", bound=ModelHandler)
+T = TypeVar("T")
+# OpenAI's text-to-speech model names (Open WebUI sends tts-1): where no `model_aliases`
+# pattern names them, they mean the first speech_synthesis model served
 # a model's state across its copies: the first of these that one of them is in
 _STATE_ORDER = ["ready", "warming", "loading", "unloading", "unloaded", "waiting", "failed"]
 
@@ -107,6 +110,11 @@ class Fleet:
             if lane is not None:
                 found.append((name, lane.registry.entries[name].handler.capabilities()))
         return found
+
+    async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        """CPU work a route must not do on the event loop (encoding audio), on the first
+        device's CPU pool."""
+        return await self.lanes[0].executor.run_cpu(fn, *args)
 
     async def run(self, request: OneShotRequest, watch: ClientWatch) -> InferenceResult:
         """Any one-shot request, on the device that admits it soonest."""

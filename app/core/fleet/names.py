@@ -1,8 +1,8 @@
 """The names apps send that no served model has, and the model each reaches: first the
 `model_aliases` setting's patterns (first match wins: a person's own choice), then the
 standard names below, what apps send when their model field is left empty. Open WebUI's
-OpenAI image engine sends `dall-e-2`, its speech to text an empty `model`: each reaches
-the served model of its kind.
+OpenAI image engine sends `dall-e-2`, its speech to text an empty `model`, its text to
+speech `tts-1`: each reaches the served model of its kind.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ STANDARD_NAMES = (
     StandardName("dall-e-*", "image_generation", "first", "image"),  # OpenAI's image models
     StandardName("gpt-image-*", "image_generation", "first", "image"),
     StandardName("", "transcription", "refuse", "speech to text"),  # an empty `model`
-    # text to speech: OpenAI's `tts-*` joins here once a kind that speaks is served
+    StandardName("tts-*", "speech", "first", "text to speech"),  # OpenAI's speech models
+    StandardName("gpt-4o-mini-tts*", "speech", "first", "text to speech"),
 )
 
 

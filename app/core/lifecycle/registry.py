@@ -75,10 +75,7 @@ class ModelRegistry:
 
     def get(self, name: str) -> ModelHandler:
         """The handler for `name` if it is ready to serve."""
-        entry = self.entries.get(name)
-        if entry is None or entry.retired:
-            known = ", ".join(sorted(n for n, e in self.entries.items() if not e.retired))
-            raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
+        entry = self.entry(name)
         if entry.state not in ("warming", "ready"):
             if entry.state in ("unloading", "unloaded"):
                 raise ModelLoading(f"model {name!r} is not loaded yet; loading it", retry_after=2)
@@ -93,9 +90,11 @@ class ModelRegistry:
         return required(self.get(name), capability, name)
 
     def entry(self, name: str) -> ModelEntry:
+        """`name`'s entry, loaded or not; a 404 that lists the served models."""
         entry = self.entries.get(name)
         if entry is None or entry.retired:
-            raise ModelNotFound(f"model {name!r} does not exist", param="model")
+            known = ", ".join(sorted(n for n, e in self.entries.items() if not e.retired))
+            raise ModelNotFound(f"model {name!r} does not exist (served: {known})", param="model")
         return entry
 
     def load(self, name: str) -> bool:

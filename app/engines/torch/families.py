@@ -31,12 +31,20 @@ GENERATION_FAMILIES = (
 )  # fmt: skip
 # speech to text (app.engines.torch.speech: Whisper and its fine-tunes, distil-whisper)
 SPEECH_FAMILIES = ("whisper",)
+# text to speech (app.engines.torch.speech_synthesis: VITS, Meta's MMS-TTS)
+SPEECH_SYNTHESIS_FAMILIES = ("vits",)
 # chat with images (app.engines.torch.generation.vision_language: image-text-to-text with a
 # processor)
 VISION_LANGUAGE_FAMILIES = (
     "llava", "llava_next", "smolvlm", "idefics3", "qwen2_vl", "qwen2_5_vl",
 )  # fmt: skip
-FAMILIES = EMBEDDING_FAMILIES + GENERATION_FAMILIES + SPEECH_FAMILIES + VISION_LANGUAGE_FAMILIES
+FAMILIES = (
+    EMBEDDING_FAMILIES
+    + GENERATION_FAMILIES
+    + SPEECH_FAMILIES
+    + SPEECH_SYNTHESIS_FAMILIES
+    + VISION_LANGUAGE_FAMILIES
+)
 # what diffusers pipelines load from transformers by class name (Stable Diffusion's and
 # SDXL's text encoders and tokenizers): bundled, though `pull` takes no such folder alone
 DIFFUSION_TEXT_FAMILIES = ("clip",)

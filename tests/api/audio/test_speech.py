@@ -1,0 +1,232 @@
+"""POST /v1/audio/speech on a tiny random VITS built here, served on the CPU, through the
+official `openai` client and as Open WebUI sends it: every format decodes (PyAV) to the
+audio transformers' own VitsModel speaks for each sentence, resampled to 24 kHz; a
+streamed answer is the same audio as it is spoken; OpenAI's `sse` events carry it too;
+what is wrong is a 400 before anything is queued."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from app.api.audio.parts import split_parts
+from app.config.settings import ModelSpec
+from tests.support.live import Live, live_server, make_settings
+from tests.support.random_vits import save_random_vits
+
+TEXT = "Hello there, this is a test. A second sentence follows the first one!"
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+OUT_RATE = 24_000
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return save_random_vits(tmp_path_factory.mktemp("vits"))
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, folder) -> Iterator[Live]:
+    spec = ModelSpec(name="vits", kind="speech_synthesis", path=folder, max_batch=8, load="startup")
+    settings = make_settings(
+        tmp_path_factory.mktemp("server"),
+        device="cpu",
+        models=(spec,),
+        health_interval=3600,
+        cpu_threads=1,
+        max_batch_wait_ms=100,
+    )
+    with live_server(settings) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live) -> OpenAI:
+    return OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def expected_seconds(folder) -> float:
+    """transformers' own VitsModel on each sentence (seed 0, as the server's default):
+    the seconds of audio the answer must hold."""
+    import torch
+    from transformers import VitsModel, VitsTokenizer
+
+    tokenizer = VitsTokenizer.from_pretrained(folder)
+    model = VitsModel.from_pretrained(folder).eval()
+    samples = 0
+    for part in split_parts(TEXT):
+        torch.manual_seed(0)
+        with torch.inference_mode():
+            samples += model(**tokenizer(part, return_tensors="pt")).waveform.shape[-1]
+    return samples / model.config.sampling_rate
+
+
+def decoded_seconds(data: bytes, response_format: str) -> float:
+    if response_format == "pcm":  # 24 kHz, 16-bit signed little-endian, mono
+        return len(data) / 2 / OUT_RATE
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        assert stream.channels == 1
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples / stream.rate
+
+
+@pytest.mark.parametrize("response_format", FORMATS)
+def test_every_format_decodes_to_the_models_speech(client, expected_seconds, response_format):
+    answer = client.audio.speech.create(
+        model="vits", input=TEXT, voice="alloy", response_format=response_format
+    )
+    seconds = decoded_seconds(answer.content, response_format)
+    # lossy codecs pad to whole frames (mp3: 1,152 samples and its encoder's delay; AAC's
+    # 1,024-sample priming): within 0.15 s; the lossless ones to the sample at 24 kHz
+    tolerance = 0.15 if response_format in ("mp3", "opus", "aac") else 1 / OUT_RATE
+    assert abs(seconds - expected_seconds) <= tolerance, (seconds, expected_seconds)
+    assert answer.response.headers["X-Vramgate-Parts"] == "2"
+    assert answer.response.headers["X-Vramgate-Bucket"].startswith("s")
+
+
+def test_a_streamed_answer_is_the_same_audio_as_it_is_spoken(client):
+    whole = client.audio.speech.create(
+        model="vits", input=TEXT, voice="alloy", response_format="pcm"
+    ).content
+    with client.audio.speech.with_streaming_response.create(
+        model="vits", input=TEXT, voice="alloy", response_format="pcm"
+    ) as response:
+        assert response.headers["content-type"] == "audio/pcm"
+        chunks = list(response.iter_bytes())
+    assert b"".join(chunks) == whole and whole
+    pcm = np.frombuffer(whole, dtype="<i2")
+    assert np.abs(pcm).max() > 1000  # speech, not silence
+
+
+def test_sse_events_carry_the_audio_and_the_usage(live, client):
+    whole = client.audio.speech.create(
+        model="vits", input=TEXT, voice="alloy", response_format="wav"
+    ).content
+    body = {"model": "vits", "input": TEXT, "response_format": "wav", "stream_format": "sse"}
+    with httpx.stream("POST", live.url + "/v1/audio/speech", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert deltas and events[-1]["type"] == "speech.audio.done"
+    assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == whole
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] > len(TEXT) and usage["total_tokens"] == usage["input_tokens"]
+
+
+def test_open_webuis_request_reaches_the_speech_model_through_tts_1(live):
+    """Open WebUI's OpenAI TTS engine (backend/open_webui/routers/audio.py, `speech`): its
+    page's {"input", "voice"} with "model" set to its TTS model (tts-1 by default),
+    posted as JSON with a bearer key; the whole body read and saved as an .mp3."""
+    payload = {"input": "Hello from Open WebUI.", "voice": "alloy", "model": "tts-1"}
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-unused"}
+    reply = httpx.post(live.url + "/v1/audio/speech", json=payload, headers=headers, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"] == "audio/mpeg"
+    with av.open(io.BytesIO(reply.content)) as container:
+        assert container.format.name == "mp3"
+        assert decoded_seconds(reply.content, "mp3") > 0.2
+    assert "ignored" in reply.headers["X-Vramgate-Warning"]  # one voice: alloy unused
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": "x" * 4097}, "input"),
+        ({"speed": 4.5}, "speed"),
+        ({"speed": 0.2}, "speed"),
+        ({"response_format": "ogg"}, "response_format"),
+        ({"stream_format": "chunks"}, "stream_format"),
+        ({"input": "¿¡ 🙂 !?"}, "input"),  # nothing the model's vocabulary has
+    ],
+)
+def test_bad_input_is_a_400_and_nothing_is_queued(live, client, change, param):
+    served = live.status()["counters"]["served"]
+    body = {"model": "vits", "input": "Fine.", "voice": "alloy", **change}
+    reply = httpx.post(live.url + "/v1/audio/speech", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["code"], error
+    assert live.status()["counters"]["served"] == served
+    ok = client.audio.speech.create(model="vits", input="Fine.", voice="alloy")
+    assert ok.content  # the valid twin is served
+
+
+def test_a_model_that_does_not_speak_is_refused_by_name(live):
+    with pytest.raises(openai.NotFoundError):
+        OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0).audio.speech.create(
+            model="nobody", input="Hi.", voice="alloy"
+        )
+
+
+def test_the_model_is_listed_and_its_parts_batch_and_learn_their_price(live, client):
+    listed = {m.id: m for m in client.models.list()}
+    assert "speech" in listed["vits"].capabilities  # type: ignore[attr-defined]
+    answer = client.audio.speech.create(model="vits", input=TEXT, voice="alloy")
+    headers = answer.response.headers
+    assert headers["X-Vramgate-Batch"] == "2"  # the two sentences shared one forward
+    row = next(m for m in live.status()["models"] if m["name"] == "vits")
+    assert row["kind"] == "speech_synthesis"
+    prices = {p["bucket"]: p for p in row["prices"]}
+    assert prices[headers["X-Vramgate-Bucket"]]["source"] == "learned", prices
+
+
+LONG = " ".join(f"Sentence number {i} is spoken here, and then more words." for i in range(25))
+
+
+@pytest.fixture
+def rows_spoken(live) -> Iterator[list[int]]:
+    """The rows each forward of the served model speaks (its real forward, counted)."""
+    handler = live.service.registry.get("vits")
+    forward, counts = handler.forward, []
+
+    def counted(prepared: Any) -> Any:
+        counts.append(prepared.count)
+        return forward(prepared)
+
+    handler.forward = counted
+    yield counts
+    del handler.forward
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_stops_the_parts_not_yet_run(live, rows_spoken):
+    """25 sentences: 9 parts, 4 queued at once. A client that leaves while the first
+    runs: the parts on the device finish, the others never run; its valid twin, heard
+    to the end, runs all 9."""
+    assert len(split_parts(LONG)) == 9
+    body = {"model": "vits", "input": LONG, "response_format": "pcm"}
+    with pytest.raises(httpx.ReadTimeout):  # gone before the first part is spoken
+        httpx.post(live.url + "/v1/audio/speech", json=body, timeout=httpx.Timeout(60, read=1))
+    wait_idle(live)
+    assert 1 <= sum(rows_spoken) <= 4, rows_spoken
+    rows_spoken.clear()
+    whole = httpx.post(live.url + "/v1/audio/speech", json=body, timeout=300)
+    assert whole.status_code == 200 and whole.headers["X-Vramgate-Parts"] == "9"
+    wait_idle(live)
+    assert sum(rows_spoken) == 9, rows_spoken
+
+
+def wait_idle(live: Live) -> None:
+    from tests.support.live import wait_until
+
+    def idle() -> bool:
+        queue = live.status()["queue"]
+        return queue["running"] == 0 and queue["depth"] == 0
+
+    time.sleep(1.5)  # the watch notices the leave within a quarter second
+    wait_until(idle, timeout=120, what="an idle queue")
