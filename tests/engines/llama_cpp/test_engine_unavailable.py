@@ -38,6 +38,18 @@ NO_DRIVER = textwrap.dedent(f"""
 """)
 
 
+def smoke_test():
+    """packaging/smoke_test.py (a script, not a package: loaded from its path)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "packaging" / "smoke_test.py"
+    spec = importlib.util.spec_from_file_location("smoke_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def gguf_row(url: str) -> dict:
     models = httpx.get(url + "/status", timeout=30).json()["models"]
     return next(m for m in models if m["name"] == "smol")
@@ -74,6 +86,8 @@ def test_without_the_driver_the_embedder_serves_and_the_gguf_model_is_refused_sa
         with pytest.raises(openai.NotFoundError) as refused:
             client.chat.completions.create(**chat)
         assert WINDOWS_TEXT in str(refused.value) and "NVIDIA driver" in str(refused.value)
+        # The bundle's smoke test in the mode a runner without the driver allows.
+        assert "NVIDIA driver" in smoke_test().refused_chat(server.url, "smol", timeout=30)
         # Loading it again is refused at once, with the same reason, no runner started.
         again = httpx.post(server.url + "/admin/models/smol/load", timeout=60)
         assert gguf_row(server.url)["error"] == error, again.text
