@@ -34,6 +34,7 @@ WINDOWS_LIBRARIES: tuple[tuple[str, str], ...] = (
     ("cufft", "cufft*64_*.dll"),
     ("curand", "curand64_*.dll"),
     ("cusolver", "cusolver*64_*.dll"),
+    ("cusparseLt", "cusparseLt*.dll"),  # cusparseLt.dll; cusparseLt_13.dll (CUDA 13)
     ("cusparse", "cusparse*64_*.dll"),
     ("cupti", "cupti64_*.dll"),
     ("nvtx", "nvToolsExt64_*.dll"),

@@ -2,7 +2,9 @@
 prints; the bundled pip runs; with `--gguf FILE`, `pull` keeps that GGUF in the models
 folder; `serve` answers /health, gives a real embedding from the embedded model and (with
 a GGUF) streams a chat from the pulled model through the engine it names (llama.cpp's,
-in a runner process the bundle's executable starts); with `--whisper FOLDER --audio FILE`,
+in a runner process the bundle's executable starts; with `--gguf-refused`, where
+llama.cpp's CUDA engine cannot load for want of the NVIDIA driver, the chat must be
+refused saying so, the rest still served); with `--whisper FOLDER --audio FILE`,
 `pull` takes that Whisper folder as a speech model and `serve` transcribes the file (PyAV
 decoding it, transformers' Whisper running); with `--diffusion FOLDER`, a diffusers
 folder is pulled and draws one 64x64 image; with `--vision FOLDER`, a vision-language
@@ -11,7 +13,7 @@ folder is pulled as text to speech and speaks one sentence (transformers' VITS r
 PyAV encoding); it stops cleanly. Standard library only, so CI on any runner can run it
 right after the build.
 
-    python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf]
+    python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf [--gguf-refused]]
         [--whisper tiny-whisper --audio clip.flac] [--diffusion tiny-sd] [--vision tiny-vl]
         [--tts tiny-tts] [--timeout 300]
 
@@ -123,6 +125,23 @@ def streamed_chat(url: str, model: str) -> int:
     if not done or chunks < 2:
         raise RuntimeError(f"the chat stream ended after {chunks} chunks without [DONE]")
     return chunks
+
+
+def refused_chat(url: str, model: str, timeout: float = 120) -> str:
+    """A chat with a GGUF model that the server refuses because llama.cpp's engine cannot
+    load there (xllamacpp's CUDA build on a runner without the NVIDIA driver): 503 while
+    it tries the load, then a 404 that says why. Its message."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, answer = call(url + "/v1/chat/completions", body, timeout=timeout)
+        message = str((answer.get("error") or {}).get("message", ""))
+        if status == 404 and "llama.cpp's engine (xllamacpp) cannot load here" in message:
+            return message
+        if status != 503:
+            raise RuntimeError(f"the GGUF chat was not refused for its engine: {status} {answer}")
+        time.sleep(0.5)
+    raise RuntimeError(f"the GGUF model was neither served nor refused within {timeout:.0f}s")
 
 
 def transcribe(url: str, model: str, audio: Path) -> dict:
@@ -250,6 +269,7 @@ def smoke(
     diffusion: Path | None = None,
     vision: Path | None = None,
     tts: Path | None = None,
+    gguf_refused: bool = False,
 ) -> dict:
     suffix = ".exe" if sys.platform == "win32" else ""
     cli = bundle / f"vramgate-cli{suffix}"
@@ -291,7 +311,9 @@ def smoke(
         try:
             figures["time_to_ready_s"] = round(wait_ready(server, url, log, timeout), 1)
             figures["embedding_dims"] = embedding_dims(url)
-            if gguf is not None:
+            if gguf is not None and gguf_refused:
+                figures["gguf_refused"] = refused_chat(url, gguf.stem)
+            elif gguf is not None:
                 figures["chat_chunks"] = streamed_chat(url, gguf.stem)
                 figures["gguf_engine"] = engine_of(url, gguf.stem)
             if speech is not None:
@@ -322,13 +344,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diffusion", type=Path, default=None, help="a diffusers folder to pull")
     parser.add_argument("--vision", type=Path, default=None, help="a vision-language folder")
     parser.add_argument("--tts", type=Path, default=None, help="a VITS folder to pull and hear")
+    parser.add_argument(
+        "--gguf-refused",
+        action="store_true",
+        help="expect the GGUF model refused, saying why (a CUDA build without the driver)",
+    )
     args = parser.parse_args(argv)
     if (args.whisper is None) != (args.audio is None):
         parser.error("--whisper and --audio go together")
     speech = None if args.whisper is None else (args.whisper, args.audio)
     try:
         figures = smoke(
-            args.bundle, args.timeout, args.gguf, speech, args.diffusion, args.vision, args.tts
+            args.bundle,
+            args.timeout,
+            args.gguf,
+            speech,
+            args.diffusion,
+            args.vision,
+            args.tts,
+            args.gguf_refused,
         )
     except RuntimeError as error:
         print(f"smoke test FAILED: {error}", file=sys.stderr)

@@ -5,7 +5,9 @@ thread, on every pystray backend.
   on the calling thread, while the icon's thread may be tracking that menu in
   `TrackPopupMenuEx` (pystray#60, open). An update is posted to the icon's window as a
   message of ours instead; pystray's window procedure looks each message up in the icon's
-  `_message_handlers` and runs it on the icon's thread, between the menu's messages.
+  `_message_handlers` and runs it on the icon's thread. The menu's own modal loop
+  dispatches posted messages too, so while pystray's click handler is showing the menu
+  the updates wait, and run when it returns.
 - GTK and AppIndicator: pystray runs every update from the GLib main loop already
   (`GObject.idle_add`, pystray#59).
 - xorg: pystray hands every update to its mainloop thread already (`tray.xorg_icon`
@@ -24,6 +26,7 @@ Update = Callable[[], None]
 # winuser.h: private window messages from WM_USER (0x400) up; pystray uses WM_USER + 10
 # (stop) and WM_USER + 11 (its notify-icon callback).
 WM_USER = 0x400
+WM_PYSTRAY_NOTIFY = WM_USER + 11  # the icon's clicks; a right click shows the menu
 WM_VRAMGATE_UPDATE = WM_USER + 0x40
 
 
@@ -34,7 +37,23 @@ class Win32Updates:
         self.icon = icon
         self._post = post  # PostMessageW
         self._pending: queue.SimpleQueue[Update] = queue.SimpleQueue()
-        icon._message_handlers[WM_VRAMGATE_UPDATE] = self._run_pending
+        self._in_click = False  # in pystray's click handler (the menu may be showing)
+        handlers = icon._message_handlers
+        handlers[WM_VRAMGATE_UPDATE] = self._run_pending
+        clicked = handlers.get(WM_PYSTRAY_NOTIFY)
+        if clicked is not None:
+            handlers[WM_PYSTRAY_NOTIFY] = self._click_handler(clicked)
+
+    def _click_handler(self, clicked: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+        def handle(wparam: int, lparam: int) -> Any:
+            self._in_click = True
+            try:
+                return clicked(wparam, lparam)  # returns once the menu is closed
+            finally:
+                self._in_click = False
+                self._run_pending(0, 0)
+
+        return handle
 
     def __call__(self, update: Update) -> None:
         hwnd = getattr(self.icon, "_hwnd", None)
@@ -45,6 +64,8 @@ class Win32Updates:
         self._post(hwnd, WM_VRAMGATE_UPDATE, 0, 0)
 
     def _run_pending(self, _wparam: int, _lparam: int) -> int:
+        if self._in_click:  # dispatched by the menu's modal loop: after it, not under it
+            return 0
         while True:
             try:
                 update = self._pending.get_nowait()

@@ -132,8 +132,12 @@ class KillOnClose:
             self.assign(child)
         except OSError as exc:
             log.warning("%s runs outside the job object: %s", argv[0], exc)
-        finally:
+        try:
             self._resume(child.pid)
+        except OSError:  # never leave a child suspended for good
+            child.kill()
+            child.wait()
+            raise
         return child
 
     def _resume(self, pid: int) -> None:

@@ -127,3 +127,38 @@ def test_windows_workflow_runs_the_same_steps_and_lints_clean():
     assert actionlint, "actionlint comes with the test extras"
     lint = subprocess.run([actionlint, str(WORKFLOW)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
+
+
+def test_windows_workflow_ships_a_release_that_can_be_published():
+    """Issue 41, 7: the multi-GB job ran on every pull request, pinned neither torch nor
+    xllamacpp, never checked that the CUDA xllamacpp imports (or fails only for want of
+    the driver on a GPU-less runner), published nothing, and its tests ran with
+    PYTHONUTF8=1, which the frozen app never has."""
+    text = WORKFLOW.read_text()
+    workflow = yaml.safe_load(text)
+    header = text.split("\nname:", 1)[0]
+    for variable in ("TORCH_CUDA_INDEX_URL", "XLLAMACPP_CUDA_INDEX_URL"):
+        assert variable in header, variable
+        assert variable in (ROOT / "packaging" / "README.md").read_text(), variable
+    jobs = workflow["jobs"]
+    assert "PYTHONUTF8" not in json.dumps(jobs["tests"])
+    heavy = jobs["bundle"]["if"]
+    assert "workflow_dispatch" in heavy and "refs/tags/" in heavy and "pull_request" not in heavy
+    pins = workflow["env"]
+    assert pins["TORCH_VERSION"].count(".") == 2 and pins["XLLAMACPP_VERSION"]
+    runs = [step.get("run", "") for step in jobs["bundle"]["steps"]]
+    torch_step = next(r for r in runs if "--index-url $env:TORCH_INDEX" in r)
+    assert "torch==$env:TORCH_VERSION" in torch_step
+    wheel = next(i for i, r in enumerate(runs) if "$env:XLLAMACPP_INDEX" in r)
+    assert "xllamacpp==$env:XLLAMACPP_VERSION" in runs[wheel]
+    imports = next(r for r in runs[wheel + 1 :] if "import xllamacpp" in r)
+    assert "DLL load failed while importing xllamacpp" in imports  # the driver, and only it
+    smoke = next(r for r in runs if "packaging/smoke_test.py" in r)
+    assert "--gguf-refused" in smoke  # in the mode a GPU-less runner allows
+    assets = next(r for r in runs if "packaging/release_assets.py" in r)
+    assert "dist/vramgate" in assets
+    release = jobs["release"]
+    assert release["if"] == "startsWith(github.ref, 'refs/tags/v')"
+    assert release["permissions"] == {"contents": "write"}
+    published = " ".join(step.get("run", "") for step in release["steps"])
+    assert "gh release create" in published and "SHA256SUMS.txt" in published

@@ -168,6 +168,11 @@ def test_cpu_only_has_nothing_to_carry(tmp_path):
         ("libcuda.so.1", "linux", None),
         ("cudnn.lib", "windows", None),
         ("libcudnn_ops.so.9", "linux", "cudnn"),
+        # cuSPARSELt (torch's CUDA build, 150 MiB): nvidia/cusparselt/bin, its CUDA 13
+        # name since 0.10 (cuda-python's pathfinder knows both)
+        ("cusparseLt.dll", "windows", "cusparseLt"),
+        ("cusparseLt_13.dll", "windows", "cusparseLt"),
+        ("libcusparseLt.so.0", "linux", "cusparse"),
     ],
 )
 def test_classify(name, platform, group):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from rthook_cuda_paths import configure, library_folders
@@ -46,3 +47,22 @@ def test_linux_is_a_no_op(tmp_path):
 def test_folders_without_dlls_are_left_out(tmp_path):
     root = fake_bundle(tmp_path)
     assert root / "nvidia/cudnn/include" not in library_folders(root)
+
+
+def test_a_release_part_not_extracted_is_named(tmp_path):
+    """The CUDA release comes in zip parts (release_assets.py): the app's part lists
+    them; a part whose marker is missing is named, so the person knows what to extract."""
+    from rthook_cuda_paths import missing_parts, missing_parts_text
+
+    internal = tmp_path / "_internal"
+    (internal / "vramgate-parts").mkdir(parents=True)
+    assert missing_parts(internal) == []  # built and run in place: no manifest
+    parts = ["vramgate-windows-cuda", "vramgate-windows-cuda-runtime-1"]
+    (internal / "vramgate-parts.json").write_text(json.dumps(parts))
+    (internal / "vramgate-parts" / "vramgate-windows-cuda.txt").write_text("x")
+    assert missing_parts(internal) == ["vramgate-windows-cuda-runtime-1.zip"]
+    assert "extract vramgate-windows-cuda-runtime-1.zip into the same folder" in (
+        missing_parts_text(missing_parts(internal))
+    )
+    (internal / "vramgate-parts" / "vramgate-windows-cuda-runtime-1.txt").write_text("x")
+    assert missing_parts(internal) == []

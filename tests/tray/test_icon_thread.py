@@ -7,7 +7,14 @@ import re
 import threading
 from pathlib import Path
 
-from tray.icon_thread import WM_USER, WM_VRAMGATE_UPDATE, Win32Updates, direct, updates_for
+from tray.icon_thread import (
+    WM_PYSTRAY_NOTIFY,
+    WM_USER,
+    WM_VRAMGATE_UPDATE,
+    Win32Updates,
+    direct,
+    updates_for,
+)
 
 
 class Win32IconStandIn:
@@ -47,6 +54,7 @@ def test_our_window_message_is_none_of_pystrays():
     source = (Path(spec.submodule_search_locations[0]) / "_util" / "win32.py").read_text()
     theirs = {WM_USER + int(n) for n in re.findall(r"= WM_USER \+ (\d+)", source)}
     assert theirs and WM_VRAMGATE_UPDATE not in theirs
+    assert f"WM_NOTIFY = WM_USER + {WM_PYSTRAY_NOTIFY - WM_USER}" in source  # its clicks
 
 
 def test_backends_that_marshal_their_own_updates_are_called_directly():
@@ -54,3 +62,25 @@ def test_backends_that_marshal_their_own_updates_are_called_directly():
         pass
 
     assert updates_for(XorgLike()) is direct
+
+
+def test_win32_an_update_dispatched_while_the_menu_shows_waits_until_it_closes():
+    """TrackPopupMenuEx's modal loop dispatches posted messages: our update could run on
+    the icon's thread inside pystray's click handler, while the menu it would destroy is
+    open. It waits for the handler to return."""
+    icon = Win32IconStandIn()
+    events: list[str] = []
+
+    def click(wparam: int, lparam: int) -> int:  # pystray's _on_notify, menu open
+        events.append("menu open")
+        updates(lambda: events.append("menu rebuilt"))
+        icon._message_handlers[WM_VRAMGATE_UPDATE](0, 0)  # the modal loop dispatches it
+        events.append("menu closed")
+        return 0
+
+    icon._message_handlers[WM_PYSTRAY_NOTIFY] = click
+    posted: list[tuple[int, int, int, int]] = []
+    updates = Win32Updates(icon, lambda *message: posted.append(message))
+    icon._thread = None  # the update comes from another thread: posted
+    icon._message_handlers[WM_PYSTRAY_NOTIFY](0, 0x205)  # WM_RBUTTONUP
+    assert events == ["menu open", "menu closed", "menu rebuilt"]

@@ -45,6 +45,11 @@ class RunnerFailed(RuntimeError):
     """A runner that could not start, or ended; the message has the engine's last words."""
 
 
+class EngineUnavailable(RunnerFailed):
+    """llama.cpp's engine (xllamacpp) cannot be imported here at all: no runner of any
+    model can start in this process's life (the message says why and what to do)."""
+
+
 @dataclass(frozen=True)
 class Footprint:
     """What a runner allocated, as its engine reported it: bytes on the accelerator and
@@ -79,6 +84,18 @@ def footprint_of(lines: list[str]) -> Footprint:
         elif (offloaded := _OFFLOADED.search(line)) is not None:
             on_device, layers = int(offloaded.group(1)), int(offloaded.group(2))
     return Footprint(device, host, on_device, layers)
+
+
+def engine_unavailable_text(error: str) -> str:
+    """Why no GGUF model can load, and what to do, from the runner's import error."""
+    text = f"llama.cpp's engine (xllamacpp) cannot load here: {error}"
+    if "DLL load failed" in error or "libcuda" in error:
+        text += (
+            ". Its CUDA build needs the NVIDIA driver (nvcuda.dll, libcuda): install the "
+            "driver, or install xllamacpp's CPU build in its place; GGUF models are "
+            "refused until then, every other model is served"
+        )
+    return text
 
 
 def runner_argv(module: str, frozen_command: str) -> list[str]:
@@ -131,6 +148,9 @@ class RunnerProcess:
         self._proc.stdin.write(json.dumps(config) + "\n")
         self._proc.stdin.flush()
         ready = self._ready_line(timeout_s)
+        if ready.get("engine") is False:
+            self.stop(grace_s=1.0)
+            raise EngineUnavailable(engine_unavailable_text(str(ready.get("error"))))
         if "address" not in ready:
             self.stop(grace_s=1.0)
             raise RunnerFailed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")

@@ -77,7 +77,13 @@ def main() -> int:
     config = json.loads(sys.stdin.readline())
     try:
         import xllamacpp as xlc
-
+    except ImportError as exc:  # the engine itself cannot load here (e.g. CUDA's driver)
+        # Windows' words for a CUDA build without the NVIDIA driver (delvewheel leaves
+        # nvcuda.dll out): "DLL load failed while importing xllamacpp: The specified
+        # module could not be found." (CPython's Python/dynload_win.c)
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "engine": False}), flush=True)
+        return 1
+    try:
         server = xlc.Server(params_of(config))
     except Exception as exc:  # the cause is on stderr; the parent reads it from there
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)

@@ -28,7 +28,12 @@ from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.kv_pool import KvPool, plan_pool
 from app.engines.llama_cpp.layer_split import LayerSplit, plan_split
-from app.engines.llama_cpp.process import Footprint, RunnerProcess, runner_argv
+from app.engines.llama_cpp.process import (
+    EngineUnavailable,
+    Footprint,
+    RunnerProcess,
+    runner_argv,
+)
 from app.engines.llama_cpp.runner_main import RUNNER_COMMAND
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.base import ModelHandler
@@ -43,6 +48,12 @@ STOP_GRACE_S = 5.0
 SLOT_CONTEXT = 4096  # a request's cells where neither the setting nor the file names any
 CACHE_REUSE = 256  # llama.cpp --cache-reuse: the least chunk reused by shifting its KV
 PROMPT_CACHE_MAX = 2**30  # the default host prompt cache's largest size
+
+
+# Set once a runner could not import the engine: every later load is refused at once,
+# with the same reason, without starting a runner (the import cannot succeed later in
+# this process's life: a driver installed since needs a restart anyway).
+_engine_unavailable: list[str] = []
 
 
 def llama_cpp_available() -> bool:
@@ -221,6 +232,8 @@ class LlamaRunnerModel(ModelHandler):
 
     # -- load and unload ---------------------------------------------------------------
     def load(self, device: Device) -> None:
+        if _engine_unavailable:
+            raise EngineUnavailable(_engine_unavailable[0])
         self._ended_because = None  # a new runner: whatever ended the last is no longer so
         free = self._room  # what the gate planned the load for
         if device.kind != "cpu":  # and what the device has now
@@ -237,7 +250,12 @@ class LlamaRunnerModel(ModelHandler):
         runner = RunnerProcess(self.name, argv, env)
         started = time.perf_counter()
         free_before = device.snapshot().free
-        ready = runner.start(config, LOAD_TIMEOUT_S)
+        try:
+            ready = runner.start(config, LOAD_TIMEOUT_S)
+        except EngineUnavailable as exc:
+            _engine_unavailable[:] = [str(exc)]
+            log.error("GGUF models cannot load: %s", exc)
+            raise
         self._runner, self._device = runner, device
         try:  # a load that fails past here ends its runner: nothing is left running
             self._serving(device, ready, key, free_before)
