@@ -148,9 +148,11 @@ def model_name(repo: str, quant: str | None) -> str:
     return f"{base[: 63 - len(quant)]}-{quant}"
 
 
-def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, str]:
+def fetch_hub(
+    source: Source, scratch: Path, progress: Progress, check_name: Callable[[str], object]
+) -> tuple[Path, str]:
     """The repo's model on this disk, under `scratch`, and its name: the repo's, with the
-    GGUF quantisation's label."""
+    GGUF quantisation's label. `check_name` refuses a taken name before the download."""
     info = list_repo(source.ref)
     sizes = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
     quants = quants_of(sizes)
@@ -160,6 +162,7 @@ def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, 
                 f"{source.ref} has no GGUF files; :{source.quant} names one of a GGUF repo's "
                 "quantisations"
             )
+        check_name(model_name(source.ref, None))
         snapshot = download_snapshot(source.ref, sizes, scratch / "hub", progress)
         return snapshot, model_name(source.ref, None)
     quant, why = choose(quants, source.quant, source.ref)
@@ -167,10 +170,13 @@ def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, 
     extra = projector(sizes)
     if extra is not None:
         files.append(extra)
+    label = quant.label if QUANT.search(quant.label) else None
+    name = model_name(source.ref, label)
+    check_name(name)
     progress.step(
         f"{source.ref} has {len(quants)} quantisation{'s' if len(quants) > 1 else ''}; "
         f"fetching {quant.label}: {why}; {len(files)} file{'s' if len(files) > 1 else ''}: "
-        + ", ".join(files)
+        f"{', '.join(files)}; served as {name}"
     )
     commit = str(info.sha)
     partial = partial_folder(scratch.parent, source.ref, commit)
@@ -183,8 +189,7 @@ def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, 
     shutil.rmtree(partial.parent)
     if not any(partial.parent.parent.iterdir()):
         partial.parent.parent.rmdir()
-    label = quant.label if QUANT.search(quant.label) else None
-    return fetched, model_name(source.ref, label)
+    return fetched, name
 
 
 def list_repo(repo: str) -> Any:

@@ -131,19 +131,27 @@ def _pull_into(
     )
 
     models_dir = settings.resolved_models_dir
-    fetched, named = fetch(source, scratch, progress)
+
+    def check_target(chosen: str) -> Path:
+        """The model folder `chosen` names, refused while the name is taken (the hub asks
+        this before its download: a taken name costs no gigabytes)."""
+        chosen = name or chosen
+        if not re.match(MODEL_NAME_PATTERN, chosen):
+            raise PullError(f"{chosen!r} is not a model name (letters, digits, . _ -)")
+        target = models_dir / chosen
+        if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
+            raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
+        if target.exists() and not force:
+            raise PullError(f"{target} exists; pass --force to replace it")
+        check_name_free(config_file, chosen, settings.models)  # before anything is written
+        return target
+
+    fetched, named = fetch(source, scratch, progress, check_target)
     model = locate(fetched)
     if model.is_dir() and not (model / "model_index.json").is_file():
         check_servable(model)  # a transformers family (a pipeline's are diffusers')
-    name = name or named or default_name(model)
-    if not re.match(MODEL_NAME_PATTERN, name):
-        raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
-    target = models_dir / name
-    if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
-        raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
-    if target.exists() and not force:
-        raise PullError(f"{target} exists; pass --force to replace it")
-    check_name_free(config_file, name, settings.models)  # before anything is written
+    target = check_target(named or default_name(model))
+    name = target.name
     staging = scratch / "model"
     path = target
     if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):

@@ -204,6 +204,9 @@ def test_a_download_that_would_not_fit_is_refused_before_a_byte(
     monkeypatch.setattr(app.store.hub, "free_bytes", lambda folder: needed)  # the twin: fits
     spec = pull(f"hf:{REPO}", settings, tmp_path / "config.toml")
     assert spec.name == "Tiny-Chat-Q4_K_M" and sum(fresh.sent.values()) == needed
+    with pytest.raises(PullError, match="Tiny-Chat-Q4_K_M exists; pass --force"):
+        pull(f"hf:{REPO}", settings, tmp_path / "config.toml")  # taken: refused before
+    assert sum(fresh.sent.values()) == needed  # its download, not after
 
 
 def test_ollamas_client_pulls_one_quant_with_byte_progress_and_speed(
