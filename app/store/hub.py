@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -31,7 +32,8 @@ from app.store.sources import PullError, Source
 
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 QUANT = re.compile(
-    r"(?:^|[-._])((?:UD-)?(?:I?Q[1-8](?:_[0-9A-Z]+)*|TQ[12]_0|BF16|FP16|F16|F32|MXFP4(?:_MOE)?))$",
+    r"(?:^|[-._])((?:UD-)?(?:I?Q[1-8](?:_[0-9A-Z]+)*|TQ[12]_0|BF16|FP16|F16|F32|MXFP4(?:_MOE)?))"
+    r"(?=$|[-.])",
     re.IGNORECASE,
 )
 DEFAULT_QUANT = "Q4_K_M"
@@ -61,10 +63,11 @@ class Quant:
 
 def quant_of(path: str) -> str:
     """The quantisation a GGUF file's name says (`Llama-3.2-3B-Instruct-Q4_K_M.gguf`:
-    Q4_K_M; a shard's suffix left out), or its name where it says none."""
+    Q4_K_M; the last such word, a shard's suffix left out), or its name where it says
+    none."""
     stem = SHARD.sub("", PurePosixPath(path).name.removesuffix(".gguf").removesuffix(".GGUF"))
-    match = QUANT.search(stem)
-    return match[1].upper() if match else stem
+    found = QUANT.findall(stem)
+    return found[-1].upper() if found else stem
 
 
 def is_gguf(path: str) -> bool:
@@ -76,20 +79,27 @@ def is_projector(path: str) -> bool:
 
 
 def quants_of(sizes: dict[str, int]) -> dict[str, Quant]:
-    """The repo's quantisations by upper-case label, from its files and their sizes."""
-    grouped: dict[str, list[str]] = {}
+    """The repo's quantisations by upper-case label, from its files and their sizes: a
+    whole file, or the shards of one split file, each. Two that say the same quantisation
+    (`-Q4_K_M.gguf`, `-Q4_K_M-imat.gguf`) are told apart by their names."""
+    sets: dict[str, list[str]] = {}  # by path, a shard's suffix left out
     for path in sorted(sizes):
         if is_gguf(path) and not is_projector(path):
-            grouped.setdefault(quant_of(path).upper(), []).append(path)
-    return {
-        label: Quant(label, tuple(files), sum(sizes[f] for f in files))
-        for label, files in grouped.items()
-    }
+            sets.setdefault(SHARD.sub("", path[: -len(".gguf")]), []).append(path)
+    labels = Counter(quant_of(files[0]).upper() for files in sets.values())
+    quants = {}
+    for stem, files in sets.items():
+        label = quant_of(files[0]).upper()
+        if labels[label] > 1:
+            label = PurePosixPath(stem).name.upper()
+        quants[label] = Quant(label, tuple(files), sum(sizes[f] for f in files))
+    return quants
 
 
 def bits_per_weight(label: str) -> float:
-    """From llama.cpp's list; a label it lacks, from its digit (Q5_X: 5.5); none: last."""
-    label = label.upper().removeprefix("UD-")
+    """From llama.cpp's list; a label it lacks, from its digit (Q5_X: 5.5); none: last.
+    A label that is a file's name (two files said one quantisation): the one it says."""
+    label = quant_of(label).upper().removeprefix("UD-")
     if label in BITS:
         return BITS[label]
     digit = re.match(r"^I?Q(\d)", label)
@@ -97,7 +107,9 @@ def bits_per_weight(label: str) -> float:
 
 
 def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Quant, str]:
-    """The quantisation to fetch, and why it was chosen."""
+    """The quantisation to fetch, and why it was chosen. Without the one named or the
+    default: the nearest to it in bits per weight, then the shortest label, then the
+    smallest."""
     listed = ", ".join(q.label for q in sorted(quants.values(), key=lambda q: q.size))
     if wanted is not None:
         if wanted.upper() in quants:
@@ -108,8 +120,13 @@ def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Qua
     if len(quants) == 1:
         return next(iter(quants.values())), "the repo's only one"
     target = BITS[DEFAULT_QUANT]
-    quant = min(quants.values(), key=lambda q: (abs(bits_per_weight(q.label) - target), q.size))
+    quant = min(
+        quants.values(),
+        key=lambda q: (abs(bits_per_weight(q.label) - target), len(q.label), q.size),
+    )
     bits = bits_per_weight(quant.label)
+    if bits >= 1000:
+        return quant, f"no file names a quantisation llama.cpp has; the smallest (of {listed})"
     return quant, (
         f"the repo has no {DEFAULT_QUANT}; {quant.label} is the nearest to it in bits per "
         f"weight ({bits:g} against {target:g}; it has {listed})"

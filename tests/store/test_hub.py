@@ -292,6 +292,8 @@ def test_the_free_disk_check(tmp_path, needed, free, refused):
         ("gemma-3-4b-it-f16.gguf", "F16"),
         ("Model-BF16.gguf", "BF16"),
         ("model.gguf", "model"),
+        ("Qwen2.5-7B-Instruct-Q4_K_M-imat.gguf", "Q4_K_M"),
+        ("mistral-7b-instruct-v0.2.Q5_K_S.gguf", "Q5_K_S"),
     ],
 )
 def test_the_quantisation_a_file_name_says(path, quant):
@@ -306,6 +308,18 @@ def test_without_q4_k_m_the_nearest_in_bits_per_weight_is_chosen_and_said():
     assert choose(quants_of(sizes), "iq3_m", "o/m")[0].files == ("m-IQ3_M.gguf",)
     with pytest.raises(PullError, match="has no quantisation Q2_K; it has IQ3_M, Q5_K_M, Q8_0"):
         choose(quants_of(sizes), "Q2_K", "o/m")
+
+
+def test_files_that_say_one_quantisation_are_told_apart_and_shards_are_one():
+    sizes = {"m-Q4_K_M.gguf": 4, "m-Q4_K_M-imat.gguf": 4, "m-Q6_K-00001-of-00002.gguf": 3,
+             "m-Q6_K-00002-of-00002.gguf": 3, "other.gguf": 1, "more.gguf": 2}  # fmt: skip
+    quants = quants_of(sizes)
+    assert sorted(quants) == ["M-Q4_K_M", "M-Q4_K_M-IMAT", "MORE", "OTHER", "Q6_K"]
+    assert quants["Q6_K"].files == ("m-Q6_K-00001-of-00002.gguf", "m-Q6_K-00002-of-00002.gguf")
+    assert quants["Q6_K"].size == 6
+    assert choose(quants, None, "o/m")[0].label == "M-Q4_K_M"  # says Q4_K_M, of the two
+    quant, why = choose(quants_of({"a.gguf": 5, "b.gguf": 2}), None, "o/m")
+    assert quant.files == ("b.gguf",) and "the smallest" in why
 
 
 def test_the_f16_projector_is_kept_of_several():
