@@ -37,8 +37,9 @@ QUANT = re.compile(
     re.IGNORECASE,
 )
 DEFAULT_QUANT = "Q4_K_M"
-# Bits per weight of llama.cpp's quantisations (its `llama-quantize --help` list, Llama-3
-# 8B): how near one is to the default where a repo has no Q4_K_M.
+# About the bits per weight of llama.cpp's quantisation mixes on a Llama-3 8B (within a
+# few tenths; a mix's size varies with the model): how near one is to the default where a
+# repo has no Q4_K_M. Only their order and distances matter here.
 BITS = {
     "IQ1_S": 1.56, "IQ1_M": 1.75, "TQ1_0": 1.69, "TQ2_0": 2.06, "IQ2_XXS": 2.06,
     "IQ2_XS": 2.31, "IQ2_S": 2.5, "IQ2_M": 2.7, "Q2_K": 2.96, "Q2_K_S": 2.96,

