@@ -269,6 +269,18 @@ def test_a_safetensors_repo_comes_as_a_snapshot_as_before(hub, tmp_path_factory,
     assert (entry.path / "model.safetensors").read_bytes() == files["model.safetensors"]
 
 
+@pytest.mark.parametrize("path", ["../evil-Q4_K_M.gguf", "a/../../evil.gguf", "/tmp/evil.gguf"])
+def test_a_repo_file_path_leaving_the_download_folder_is_refused(tmp_path, path):
+    """The hub's listing names the files: one that would land outside the folder they
+    gather in is refused before a request is made or a folder written."""
+    from app.store.hub import download_files
+    from app.store.progress import Progress
+
+    with pytest.raises(PullError, match="names a file outside itself"):
+        download_files("o/m", "0" * 40, {path: 1}, tmp_path / "partial", tmp_path, Progress())
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("needed", "free", "refused"),
     [(10, 10, False), (11, 10, True), (0, 0, False), (5 * 2**30, 2**30, True)],
