@@ -141,6 +141,7 @@ def test_a_named_split_quant_comes_whole_and_llama_cpp_serves_it(fresh, files, t
     assert [m["engine"] for m in status["models"] if m["name"] == "Tiny-Chat-Q6_K"] == ["llama.cpp"]
 
 
+@pytest.mark.slow
 def test_a_killed_pull_resumes_with_a_range_for_the_rest(fresh, files, tmp_path):
     """The hub stalls the file after 100 kB; the pull is killed there. The next pull asks
     for the rest (a Range from byte 100000) and the file is whole: each byte sent once."""
@@ -252,6 +253,7 @@ def test_ollamas_client_pulls_one_quant_with_byte_progress_and_speed(
     }
 
 
+@pytest.mark.slow
 def test_a_safetensors_repo_comes_as_a_snapshot_as_before(hub, tmp_path_factory, tmp_path):
     """A repo without GGUF files: its model files (no pickles) fetched through
     huggingface_hub's snapshot, as before; named after the repo (before: `hub`, the
