@@ -88,7 +88,7 @@ def quants_of(sizes: dict[str, int]) -> dict[str, Quant]:
         if is_gguf(path) and not is_projector(path):
             sets.setdefault(SHARD.sub("", path[: -len(".gguf")]), []).append(path)
     labels = Counter(quant_of(files[0]).upper() for files in sets.values())
-    quants = {}
+    quants: dict[str, Quant] = {}
     for stem, files in sets.items():
         label = quant_of(files[0]).upper()
         if labels[label] > 1:
@@ -240,7 +240,7 @@ def download_files(
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers
 
-    have = {}
+    have: dict[str, int] = {}
     for path, size in sizes.items():
         local = into / path
         if not local.resolve().is_relative_to(into.resolve()):
