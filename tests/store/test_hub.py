@@ -141,6 +141,7 @@ def test_a_named_split_quant_comes_whole_and_llama_cpp_serves_it(fresh, files, t
     assert [m["engine"] for m in status["models"] if m["name"] == "Tiny-Chat-Q6_K"] == ["llama.cpp"]
 
 
+@pytest.mark.slow
 def test_a_killed_pull_resumes_with_a_range_for_the_rest(fresh, files, tmp_path):
     """The hub stalls the file after 100 kB; the pull is killed there. The next pull asks
     for the rest (a Range from byte 100000) and the file is whole: each byte sent once."""
@@ -204,6 +205,9 @@ def test_a_download_that_would_not_fit_is_refused_before_a_byte(
     monkeypatch.setattr(app.store.hub, "free_bytes", lambda folder: needed)  # the twin: fits
     spec = pull(f"hf:{REPO}", settings, tmp_path / "config.toml")
     assert spec.name == "Tiny-Chat-Q4_K_M" and sum(fresh.sent.values()) == needed
+    with pytest.raises(PullError, match="Tiny-Chat-Q4_K_M exists; pass --force"):
+        pull(f"hf:{REPO}", settings, tmp_path / "config.toml")  # taken: refused before
+    assert sum(fresh.sent.values()) == needed  # its download, not after
 
 
 def test_ollamas_client_pulls_one_quant_with_byte_progress_and_speed(
@@ -249,6 +253,7 @@ def test_ollamas_client_pulls_one_quant_with_byte_progress_and_speed(
     }
 
 
+@pytest.mark.slow
 def test_a_safetensors_repo_comes_as_a_snapshot_as_before(hub, tmp_path_factory, tmp_path):
     """A repo without GGUF files: its model files (no pickles) fetched through
     huggingface_hub's snapshot, as before; named after the repo (before: `hub`, the
@@ -264,6 +269,18 @@ def test_a_safetensors_repo_comes_as_a_snapshot_as_before(hub, tmp_path_factory,
     entry = load_settings({}, tmp_path / "config.toml").models[-1]
     assert (entry.name, entry.kind) == ("tiny-chat", "generation")
     assert (entry.path / "model.safetensors").read_bytes() == files["model.safetensors"]
+
+
+@pytest.mark.parametrize("path", ["../evil-Q4_K_M.gguf", "a/../../evil.gguf", "/tmp/evil.gguf"])
+def test_a_repo_file_path_leaving_the_download_folder_is_refused(tmp_path, path):
+    """The hub's listing names the files: one that would land outside the folder they
+    gather in is refused before a request is made or a folder written."""
+    from app.store.hub import download_files
+    from app.store.progress import Progress
+
+    with pytest.raises(PullError, match="names a file outside itself"):
+        download_files("o/m", "0" * 40, {path: 1}, tmp_path / "partial", tmp_path, Progress())
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -289,6 +306,8 @@ def test_the_free_disk_check(tmp_path, needed, free, refused):
         ("gemma-3-4b-it-f16.gguf", "F16"),
         ("Model-BF16.gguf", "BF16"),
         ("model.gguf", "model"),
+        ("Qwen2.5-7B-Instruct-Q4_K_M-imat.gguf", "Q4_K_M"),
+        ("mistral-7b-instruct-v0.2.Q5_K_S.gguf", "Q5_K_S"),
     ],
 )
 def test_the_quantisation_a_file_name_says(path, quant):
@@ -303,6 +322,18 @@ def test_without_q4_k_m_the_nearest_in_bits_per_weight_is_chosen_and_said():
     assert choose(quants_of(sizes), "iq3_m", "o/m")[0].files == ("m-IQ3_M.gguf",)
     with pytest.raises(PullError, match="has no quantisation Q2_K; it has IQ3_M, Q5_K_M, Q8_0"):
         choose(quants_of(sizes), "Q2_K", "o/m")
+
+
+def test_files_that_say_one_quantisation_are_told_apart_and_shards_are_one():
+    sizes = {"m-Q4_K_M.gguf": 4, "m-Q4_K_M-imat.gguf": 4, "m-Q6_K-00001-of-00002.gguf": 3,
+             "m-Q6_K-00002-of-00002.gguf": 3, "other.gguf": 1, "more.gguf": 2}  # fmt: skip
+    quants = quants_of(sizes)
+    assert sorted(quants) == ["M-Q4_K_M", "M-Q4_K_M-IMAT", "MORE", "OTHER", "Q6_K"]
+    assert quants["Q6_K"].files == ("m-Q6_K-00001-of-00002.gguf", "m-Q6_K-00002-of-00002.gguf")
+    assert quants["Q6_K"].size == 6
+    assert choose(quants, None, "o/m")[0].label == "M-Q4_K_M"  # says Q4_K_M, of the two
+    quant, why = choose(quants_of({"a.gguf": 5, "b.gguf": 2}), None, "o/m")
+    assert quant.files == ("b.gguf",) and "the smallest" in why
 
 
 def test_the_f16_projector_is_kept_of_several():

@@ -271,6 +271,26 @@ def test_a_local_gguf_is_kept_as_it_is_with_its_projector_for_llama_cpp(tmp_path
     assert 'path = "' + str(spec.path) in (tmp_path / "config.toml").read_text()
 
 
+def test_a_local_split_gguf_is_kept_with_all_its_shards_and_refused_without_one(tmp_path, llama):
+    """llama.cpp loads a split GGUF from its first file and finds the others beside it by
+    their names: all are copied, under those names; a missing one is named. Before, only
+    the first file was copied."""
+    source = tmp_path / "src"
+    source.mkdir()
+    first = save_random_llama_gguf(llama, source / "tiny-split.gguf", split_max_tensors=12)
+    shards = sorted(p.name for p in source.iterdir())
+    assert shards == ["tiny-split-00001-of-00002.gguf", "tiny-split-00002-of-00002.gguf"]
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(first), settings, tmp_path / "config.toml")
+    assert spec.name == "tiny-split" and spec.path is not None
+    assert sorted(p.name for p in spec.path.parent.iterdir()) == shards
+    for name in shards:
+        assert (spec.path.parent / name).read_bytes() == (source / name).read_bytes()
+    (source / shards[1]).unlink()
+    with pytest.raises(PullError, match=f"one of 2 files; missing: {shards[1]}"):
+        pull(str(first), settings, tmp_path / "config.toml", name="again")
+
+
 def test_a_local_gguf_is_converted_checked_and_matches_the_model_it_was_written_from(
     tmp_path, llama
 ):
