@@ -50,11 +50,25 @@ def transformers_own(
     handler: SpeechSynthesisHandler, row: Utterance, speaker: int | None = None
 ) -> np.ndarray:
     model, tokenizer = handler._model, handler._tokenizer
-    torch.manual_seed(row.seed)
-    with torch.inference_mode():
-        out = model(**tokenizer(row.text, return_tensors="pt"), speaker_id=speaker,
-                    speaking_rate=row.speed)  # fmt: skip
+    # the speed as the model's own attribute: transformers 5.0 (the lowest allowed) reads
+    # only that (its forward swallows a `speaking_rate` argument unread); later ones read
+    # the argument and, when it is left out, the attribute
+    default, model.speaking_rate = model.speaking_rate, row.speed
+    try:
+        torch.manual_seed(row.seed)
+        with torch.inference_mode():
+            out = model(**tokenizer(row.text, return_tensors="pt"), speaker_id=speaker)
+    finally:
+        model.speaking_rate = default
     return out.waveform[0].numpy()
+
+
+def assert_same_speech(together: np.ndarray, alone: np.ndarray) -> None:
+    """A row batched is the row alone but for float sums in another order: a few samples
+    off by up to 3e-4 (1.1e-4 seen under transformers 5.0; one 16-bit step is 3.1e-5),
+    and no drift on average (padding leaking into a row shifts many samples, not a few)."""
+    np.testing.assert_allclose(together, alone, atol=3e-4, rtol=0)
+    assert float(np.mean(np.abs(together - alone))) < 1e-5  # a third of a 16-bit step
 
 
 @pytest.mark.parametrize("speed", [1.0, 0.5, 2.0])
@@ -75,8 +89,8 @@ def test_rows_batched_are_each_the_speech_they_are_alone(one_voice):
     assert merged is not None and merged.count == 3 and merged.bucket.label.endswith("xb4")
     together = [s.samples for s in one_voice.postprocess(one_voice.forward(merged))]
     assert [a.shape for a in alone] == [t.shape for t in together]
-    for a, t in zip(alone, together, strict=True):  # float sums in another order: 1e-4
-        np.testing.assert_allclose(t, a, atol=1e-4, rtol=0)
+    for a, t in zip(alone, together, strict=True):
+        assert_same_speech(t, a)
 
 
 def test_voice_names_map_to_speakers_and_batch_as_alone(three_voices):
@@ -89,7 +103,7 @@ def test_voice_names_map_to_speakers_and_batch_as_alone(three_voices):
     assert not np.array_equal(alone[0][: alone[1].size], alone[1][: alone[0].size])
     together = spoken(three_voices, rows)
     for a, t in zip(alone, together, strict=True):
-        np.testing.assert_allclose(t, a, atol=1e-4, rtol=0)
+        assert_same_speech(t, a)
     refused = three_voices.voice_refused("coral")  # OpenAI's fourth name: no fourth speaker
     assert isinstance(refused, InvalidRequest) and refused.param == "voice"
     assert "alloy, ash, ballad" in refused.message
