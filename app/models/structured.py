@@ -5,7 +5,14 @@ newlines until `max_tokens`: SmolLM2 on llama.cpp's own whitespace-flexible gram
 377 of them for a recipe schema). A schema llguidance cannot enforce (a look-ahead
 `pattern`, say) is a 400 naming the field it came in, before anything is queued, on
 every engine. The torch engine compiles the grammar against its tokenizer; llama.cpp's
-runner, whose builds carry llguidance, takes it as a `%llguidance` grammar."""
+runner, whose builds carry llguidance, takes it as a `%llguidance` grammar.
+
+An object schema that lists `properties` and says nothing of `additionalProperties` is
+closed: no keys but the listed ones, as llama.cpp's own `json_schema_to_grammar` (and so
+Ollama) compiles it and as OpenAI's strict schemas require. llguidance follows JSON
+Schema's letter there (other keys allowed), and a small model given that freedom invents
+keys until `max_tokens` (SmolLM2 on the recipe schema: `"unit_type_name"` over and over,
+cut inside a string). A schema that writes `additionalProperties` keeps its own word."""
 
 from __future__ import annotations
 
@@ -18,11 +25,41 @@ from app.errors import InvalidRequest
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions
 
 
+# the keywords whose values are schemas (one, a list, or a map of names to schemas): the
+# walk that closes objects goes through these only, never into `properties` maps as if
+# they were schemas (a property may be called "properties")
+ONE_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that lists `properties` and leaves
+    `additionalProperties` unsaid closed to other keys (a new value; the caller's stays
+    as it was)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ONE_SCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(item) for item in out[key]]
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(item) for name, item in out[key].items()}
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def json_grammar(schema: str) -> str:
-    """llguidance's grammar of a JSON schema (JSON text), compact."""
+    """llguidance's grammar of a JSON schema (JSON text), compact, objects closed."""
     import llguidance
 
-    return str(llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS))
+    compact = json.dumps(closed(json.loads(schema)))
+    return str(llguidance.LLMatcher.grammar_from_json_schema(compact, JSON_OPTIONS))
 
 
 def refusal(schema: str, param: str) -> InvalidRequest | None:
@@ -49,5 +86,5 @@ def lark_grammar(schema: str) -> str:
     """The same grammar as llama.cpp's llguidance takes it in a request's `grammar`: its
     `%json` rule over the schema with the same options (what llama.cpp's own
     `json_schema_to_grammar` writes, less the free whitespace)."""
-    compact = {**json.loads(schema), "x-guidance": JSON_OPTIONS}
+    compact = {**closed(json.loads(schema)), "x-guidance": JSON_OPTIONS}
     return "%llguidance {}\nstart: %json " + json.dumps(compact)
