@@ -34,7 +34,7 @@ def _bytes_tokenizer():
         eos_token_id = 256
         bos_token_id = None
         tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
-        special_token_ids = [256]
+        special_token_ids = (256,)
 
         def __call__(self, text):
             return list(text.encode() if isinstance(text, str) else text)
