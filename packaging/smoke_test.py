@@ -224,7 +224,10 @@ def chat_with_an_image(url: str, model: str) -> str:
         {"type": "text", "text": "What is this?"},
         {"type": "image_url", "image_url": {"url": image}},
     ]
-    body = {"model": model, "messages": [{"role": "user", "content": parts}], "max_tokens": 4}
+    # greedy: at OpenAI's default temperature of 1 a random model's end-of-text token,
+    # one of ~400 near-equal choices, ended one CI run's four tokens early
+    message = {"role": "user", "content": parts}
+    body = {"model": model, "messages": [message], "max_tokens": 4, "temperature": 0}
     status, answer = call(url + "/v1/chat/completions", body, timeout=600)
     if status != 200:
         raise RuntimeError(f"chat with an image: {status} {answer}")

@@ -26,6 +26,7 @@ CREATE_SUSPENDED = 0x4  # winbase.h
 TH32CS_SNAPTHREAD = 0x4  # tlhelp32.h
 THREAD_SUSPEND_RESUME = 0x2  # winnt.h
 INVALID_HANDLE_VALUE = ctypes.c_void_p(-1).value
+RESUME_FAILED = 0xFFFFFFFF  # ResumeThread's (DWORD)-1
 
 
 class IoCounters(ctypes.Structure):
@@ -142,23 +143,42 @@ class KillOnClose:
 
     def _resume(self, pid: int) -> None:
         """Resume the threads of `pid` (a process created suspended has one; Popen closed
-        its handle, so it is found by a snapshot of the system's threads)."""
+        its handle, so it is found by a snapshot of the system's threads). Raises OSError
+        unless at least one thread was found and every one found was resumed: a thread
+        that cannot be opened or resumed would leave the child suspended for good."""
         k = self._kernel32
         snapshot = k.CreateToolhelp32Snapshot(TH32CS_SNAPTHREAD, 0)
         if not snapshot or snapshot == INVALID_HANDLE_VALUE:
-            raise ctypes.WinError(ctypes.get_last_error())  # type: ignore[attr-defined]
+            raise last_error("CreateToolhelp32Snapshot")
+        resumed = 0
         try:
             entry = ThreadEntry32(dwSize=ctypes.sizeof(ThreadEntry32))
             more = k.Thread32First(snapshot, ctypes.byref(entry))
             while more:
                 if entry.th32OwnerProcessID == pid:
                     thread = k.OpenThread(THREAD_SUSPEND_RESUME, False, entry.th32ThreadID)
-                    if thread:
-                        k.ResumeThread(thread)
+                    if not thread:
+                        raise last_error(f"OpenThread of thread {entry.th32ThreadID}")
+                    try:
+                        if k.ResumeThread(thread) == RESUME_FAILED:
+                            raise last_error(f"ResumeThread of thread {entry.th32ThreadID}")
+                    finally:
                         k.CloseHandle(thread)
+                    resumed += 1
                 more = k.Thread32Next(snapshot, ctypes.byref(entry))
         finally:
             k.CloseHandle(snapshot)
+        if not resumed:
+            raise OSError(f"no thread of process {pid} was found to resume")
+
+
+def last_error(call: str) -> OSError:
+    """The error of the Win32 `call` that just failed, from the thread's last error
+    (Windows only has it: elsewhere, as on a test's stand-in kernel32, just the call)."""
+    if sys.platform != "win32":
+        return OSError(f"{call} failed")
+    code = ctypes.get_last_error()  # type: ignore[attr-defined]
+    return OSError(code, f"{call} failed: {ctypes.FormatError(code)}")  # type: ignore[attr-defined]
 
 
 _own: list[KillOnClose | None] = []  # this process's job for its children, made once

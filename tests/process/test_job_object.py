@@ -82,3 +82,91 @@ def test_a_held_child_is_in_the_job_from_birth():
     finally:
         child.kill()
         child.wait(10)
+
+
+class StandInKernel32:
+    """What `KillOnClose._resume` calls of kernel32, as the Win32 documentation defines
+    each (a snapshot handle, THREADENTRY32 rows filled one by one, OpenThread NULL on
+    failure, ResumeThread (DWORD)-1 on failure), over a list of (thread id, owner pid)
+    rows: Windows' own cannot run here. It counts the handles left open."""
+
+    def __init__(self, threads: list[tuple[int, int]], *, opens: bool = True, resumes: bool = True):
+        self.threads, self.opens, self.resumes = threads, opens, resumes
+        self.open_handles: set[int] = set()
+        self.resumed: list[int] = []
+        self._thread_of: dict[int, int] = {}  # an open handle: its thread (0: the snapshot)
+        self._next_handle, self._row = 100, 0
+
+    def _handle(self, thread: int = 0) -> int:
+        self._next_handle += 1
+        self.open_handles.add(self._next_handle)
+        self._thread_of[self._next_handle] = thread
+        return self._next_handle
+
+    def CreateToolhelp32Snapshot(self, flags: int, pid: int) -> int:
+        assert flags == 0x4 and pid == 0
+        return self._handle()
+
+    def _fill(self, entry: ctypes._CArgObject) -> int:  # type: ignore[name-defined]
+        if self._row >= len(self.threads):
+            return 0
+        row = entry._obj  # the ThreadEntry32 behind byref
+        assert row.dwSize == ctypes.sizeof(ThreadEntry32)
+        row.th32ThreadID, row.th32OwnerProcessID = self.threads[self._row]
+        self._row += 1
+        return 1
+
+    def Thread32First(self, snapshot: int, entry: ctypes._CArgObject) -> int:  # type: ignore[name-defined]
+        self._row = 0
+        return self._fill(entry)
+
+    def Thread32Next(self, snapshot: int, entry: ctypes._CArgObject) -> int:  # type: ignore[name-defined]
+        return self._fill(entry)
+
+    def OpenThread(self, access: int, inherit: bool, thread: int) -> int | None:
+        assert access == 0x2
+        return self._handle(thread) if self.opens else None
+
+    def ResumeThread(self, handle: int) -> int:
+        assert handle in self.open_handles
+        if not self.resumes:
+            return 0xFFFFFFFF
+        self.resumed.append(self._thread_of[handle])
+        return 1  # the previous suspend count of a thread created suspended
+
+    def CloseHandle(self, handle: int) -> int:
+        self.open_handles.remove(handle)
+        return 1
+
+
+def resume_with(kernel32: StandInKernel32, pid: int) -> None:
+    from app.process.job_object import KillOnClose
+
+    job = object.__new__(KillOnClose)  # its __init__ creates a real job: Windows only
+    job._kernel32 = kernel32
+    job._resume(pid)
+
+
+def test_the_suspended_childs_own_thread_is_resumed_and_every_handle_closed():
+    kernel32 = StandInKernel32([(7, 40), (8, 41), (9, 41), (10, 42)])
+    resume_with(kernel32, 41)
+    assert kernel32.resumed == [8, 9] and kernel32.open_handles == set()
+
+
+@pytest.mark.parametrize(
+    ("threads", "opens", "resumes", "said"),
+    [
+        ([(7, 40), (10, 42)], True, True, "no thread of process 41"),
+        ([(8, 41)], False, True, "OpenThread of thread 8"),
+        ([(8, 41)], True, False, "ResumeThread of thread 8"),
+    ],
+    ids=["no-thread-found", "open-fails", "resume-fails"],
+)
+def test_a_child_that_cannot_be_resumed_is_an_error_not_a_child_left_suspended(
+    threads: list[tuple[int, int]], opens: bool, resumes: bool, said: str
+):
+    """`spawn` kills the child on this error; before, each case returned as if resumed."""
+    kernel32 = StandInKernel32(threads, opens=opens, resumes=resumes)
+    with pytest.raises(OSError, match=said):
+        resume_with(kernel32, 41)
+    assert kernel32.open_handles == set() and kernel32.resumed == []
