@@ -7,7 +7,9 @@ cudart, each cuDNN sub-library, ...) is in the bundle at its package-relative pl
 every flavour: both executables are there, no driver library is, the size is reported,
 and (unless --skip-modules) the bundle's Python archive holds the configuration, modeling
 and tokenization modules of every transformers family `pull` accepts
-(app.engines.torch.families), read from the archive PyInstaller built, as the bundle imports them.
+(app.engines.torch.families), read from the archive PyInstaller built, as the bundle imports them,
+and every shared library xllamacpp installed (its extension; on Windows the DLLs delvewheel
+put in xllamacpp.libs) at its site-packages-relative place.
 Exit status 1 on any problem.
 """
 
@@ -122,6 +124,39 @@ def check_modules(bundle: Path, platform: Platform, report: Report) -> None:
     report.family_modules = len(expected) - len(missing)
 
 
+NATIVE_SUFFIXES = (".dll", ".pyd", ".so", ".dylib")
+NATIVE_DISTRIBUTIONS = ("xllamacpp",)  # llama.cpp's engine: its extension and, on Windows,
+# the DLLs delvewheel put beside it in xllamacpp.libs (PyInstaller's analysis does not
+# follow delvewheel's directory: app.spec collects it by name)
+
+
+def native_files(distribution: str, site: list[str] | None = None) -> list[str]:
+    """The shared libraries and extension modules a distribution installed (its RECORD),
+    as paths relative to site-packages; none if it is not installed. `site`: where to
+    look, else `sys.path`."""
+    from importlib.metadata import Distribution
+
+    found = next(iter(Distribution.discover(name=distribution, path=site or sys.path)), None)
+    listed = (found.files or []) if found is not None else []
+    return sorted(
+        str(path) for path in listed if path.suffix in NATIVE_SUFFIXES or ".so." in path.name
+    )
+
+
+def missing_native_files(bundle: Path, expected: list[str]) -> list[str]:
+    root = contents_dir(bundle)
+    return [path for path in expected if not (root / path).is_file()]
+
+
+def check_native(bundle: Path, report: Report) -> None:
+    for distribution in NATIVE_DISTRIBUTIONS:
+        missing = missing_native_files(bundle, native_files(distribution))
+        if missing:
+            report.errors.append(
+                f"{distribution}'s libraries missing from the bundle: {', '.join(missing)}"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
@@ -132,11 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=("windows", "linux"),
         default="windows" if sys.platform == "win32" else "linux",
     )
-    parser.add_argument("--skip-modules", action="store_true", help="skip the family check")
+    parser.add_argument(
+        "--skip-modules",
+        action="store_true",
+        help="skip the checks against the build environment's packages (transformers' "
+        "family modules, xllamacpp's libraries)",
+    )
     args = parser.parse_args(argv)
     report = check(args.bundle, args.flavour, args.site, args.platform)
     if not args.skip_modules:
         check_modules(args.bundle, args.platform, report)
+        check_native(args.bundle, report)
     print(report.text())
     return 1 if report.errors else 0
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from check_bundle import check, family_modules, main, missing_family_modules
+from check_bundle import (
+    check,
+    family_modules,
+    main,
+    missing_family_modules,
+    missing_native_files,
+    native_files,
+)
 
 from tests.packaging.test_cuda_libs import CUDNN_LINUX, tree
 
@@ -113,3 +120,45 @@ def test_the_module_check_names_a_family_the_bundle_lacks():
     assert missing_family_modules(expected, set(expected)) == []
     lacking = set(expected) - {"transformers.models.mpnet.modeling_mpnet"}
     assert missing_family_modules(expected, lacking) == ["transformers.models.mpnet.modeling_mpnet"]
+
+
+def delvewheel_site(tmp_path: Path) -> Path:
+    """A site-packages holding a Windows xllamacpp as delvewheel repairs it: its
+    extension in the package, the DLLs it links in xllamacpp.libs beside it (RECORD's
+    rows as a win_amd64 wheel lists them)."""
+    site = tmp_path / "site"
+    info = site / "xllamacpp-2026.10.11549.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: xllamacpp\nVersion: 2026.10.11549\n"
+    )
+    rows = [
+        "xllamacpp/__init__.py",
+        "xllamacpp/xllamacpp.cp311-win_amd64.pyd",
+        "xllamacpp.libs/ggml-base-3f9a1c2e.dll",
+        "xllamacpp.libs/cublas64_12-8d2e0f4a.dll",
+        "xllamacpp.libs/.load-order-xllamacpp-2026.10.11549",
+        "xllamacpp-2026.10.11549.dist-info/RECORD",
+    ]
+    (info / "RECORD").write_text("".join(f"{row},,\n" for row in rows))
+    return site
+
+
+def test_xllamacpps_dlls_are_read_from_its_record(tmp_path):
+    site = str(delvewheel_site(tmp_path))
+    assert native_files("xllamacpp", [site]) == [
+        "xllamacpp.libs/cublas64_12-8d2e0f4a.dll",
+        "xllamacpp.libs/ggml-base-3f9a1c2e.dll",
+        "xllamacpp/xllamacpp.cp311-win_amd64.pyd",
+    ]
+    assert native_files("no-such-distribution", [site]) == []
+
+
+def test_a_bundle_without_a_dll_delvewheel_put_beside_xllamacpp_fails(tmp_path):
+    expected = native_files("xllamacpp", [str(delvewheel_site(tmp_path))])
+    bundle = tree(tmp_path / "vramgate", {".": ["vramgate.exe", "vramgate-cli.exe"]})
+    tree(bundle / "_internal", {"xllamacpp": ["xllamacpp.cp311-win_amd64.pyd"]})
+    tree(bundle / "_internal", {"xllamacpp.libs": ["ggml-base-3f9a1c2e.dll"]})
+    assert missing_native_files(bundle, expected) == ["xllamacpp.libs/cublas64_12-8d2e0f4a.dll"]
+    tree(bundle / "_internal", {"xllamacpp.libs": ["cublas64_12-8d2e0f4a.dll"]})
+    assert missing_native_files(bundle, expected) == []  # the whole set: nothing missing
