@@ -104,7 +104,9 @@ def create_app(
     app.state.models_source = models_source
     app.state.pulling = None  # the pull under way (one at a time)
     app.state.responses = ResponseStore(  # the Responses API's stored answers
-        settings.resolved_data_dir / "responses", settings.max_stored_responses
+        settings.resolved_data_dir / "responses",
+        settings.max_stored_responses,
+        int(settings.max_stored_response_bytes),
     )
     app.state.image_files = images_files.ImageFiles(settings.image_url_ttl_s)  # url answers
     app.state.a1111 = A1111Jobs()  # AUTOMATIC1111's checkpoint and current job

@@ -252,6 +252,11 @@ class Settings(BaseSettings):
         description="Responses API answers kept in DATA_DIR/responses for "
         "previous_response_id and GET /v1/responses/{id}; the oldest go beyond it (0: none)",
     )
+    max_stored_response_bytes: ByteSize = Field(
+        ByteSize(256 * 2**20),
+        description="what the stored Responses API answers may take on disk together; the "
+        "oldest go beyond it, and an answer bigger than this alone is not stored",
+    )
     log_dir: Path | None = Field(None, description="rotating log files (default: user log dir)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 

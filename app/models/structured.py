@@ -62,9 +62,20 @@ def json_grammar(schema: str) -> str:
     return str(llguidance.LLMatcher.grammar_from_json_schema(compact, JSON_OPTIONS))
 
 
+MAX_SCHEMA_CHARS = 256 * 1024  # a schema's JSON text: generous for any real one (OpenAI's
+# structured outputs stop at 5,000 properties and 120,000 characters of names and values);
+# the grammar is compiled from it on every engine, cached, and echoed in stored responses
+
+
 def refusal(schema: str, param: str) -> InvalidRequest | None:
     """Why `schema` cannot be enforced (a 400 naming `param`), or None: it can. Checked
-    without a tokenizer: what llguidance refuses for any vocabulary."""
+    without a tokenizer: what llguidance refuses for any vocabulary, and its size."""
+    if len(schema) > MAX_SCHEMA_CHARS:
+        return InvalidRequest(
+            f"{param}: this JSON schema is {len(schema):,} characters as JSON; at most "
+            f"{MAX_SCHEMA_CHARS:,} are taken",
+            param=param,
+        )
     problem = _problem(schema)
     if problem is None:
         return None

@@ -66,7 +66,9 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "max_output_tokens": _done(),
     "temperature": _done(),
     "top_p": _done(),
-    "store": _done("kept in DATA_DIR/responses, up to max_stored_responses"),
+    "store": _done(
+        "kept in DATA_DIR/responses, up to max_stored_responses and max_stored_response_bytes"
+    ),
     "previous_response_id": _done("its input and output come before this input"),
     "metadata": _done("up to 16 pairs; stored and echoed"),
     "truncation": _done("disabled: a prompt over the context is a 400; auto: oldest turns go"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ from app.models.decoding import DecodeResult
 from app.models.tools import CallWatch, ToolCall, read_calls
 
 Item = dict[str, Any]
-OnDone = Callable[[dict[str, Any]], None]  # given the finished Response object
+OnDone = Callable[[dict[str, Any]], Awaitable[None]]  # given the finished Response object
 
 
 def message_item(text: str, status: str = "completed") -> Item:
@@ -225,7 +225,7 @@ async def events(
                 yield event
             output.append(called)
         finished = draft.finished(output, outcome)
-        on_done(finished)
+        await on_done(finished)
         kind = "response.completed" if finished["status"] == "completed" else "response.incomplete"
         yield emit(kind, response=finished)
     except VramgateError as exc:

@@ -5,6 +5,7 @@ as chat (app.api.openai.schemas, app.api.openai.replies) → a Response object o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Literal
 
@@ -78,7 +79,7 @@ async def create_response(request: Request) -> Response:
     raw = await read_body(request)
     body = parsed(ResponsesRequest, raw)
     _log_ignored(raw)
-    items = [*_previous(store, body.previous_response_id), *body.items()]
+    items = [*await _previous(store, body.previous_response_id), *body.items()]
     if has_image(items):
         card = fleet.card(body.model)  # 404 for a model not served
         if "vision" in card.capabilities:
@@ -96,9 +97,9 @@ async def create_response(request: Request) -> Response:
         items, valid, generation = await _admitted(fleet, body, items, watch)
         draft = ResponseDraft(body, valid)
 
-        def on_done(finished: dict[str, Any]) -> None:
-            if body.store:
-                _save(store, StoredResponse(finished, dumped_items(items)))
+        async def on_done(finished: dict[str, Any]) -> None:
+            if body.store:  # a thread: the file can be megabytes of JSON
+                await asyncio.to_thread(_save, store, StoredResponse(finished, dumped_items(items)))
 
         if not body.stream:
             watch.on_leave(generation.close)
@@ -106,7 +107,7 @@ async def create_response(request: Request) -> Response:
                 finished, cost = await whole(draft, generation)
             finally:
                 generation.close()
-            on_done(finished)
+            await on_done(finished)
             return Response(
                 orjson.dumps(finished), media_type="application/json", headers=cost.headers()
             )
@@ -121,13 +122,13 @@ async def create_response(request: Request) -> Response:
 
 @router.get("/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> dict[str, Any]:
-    return _stored(_store(request), response_id).response
+    return (await _stored(_store(request), response_id)).response
 
 
 @router.delete("/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
     check_response_id(response_id, "response_id")
-    if not _store(request).delete(response_id):
+    if not await asyncio.to_thread(_store(request).delete, response_id):
         raise _not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -141,7 +142,7 @@ async def list_input_items(
     after: str | None = Query(None, max_length=128),
 ) -> dict[str, Any]:
     """The items the model was shown before its answer, newest first unless `asc`."""
-    items = _stored(_store(request), response_id).input
+    items = (await _stored(_store(request), response_id)).input
     items = items if order == "asc" else items[::-1]
     if after is not None:
         ids = [item.get("id") for item in items]
@@ -157,17 +158,17 @@ async def list_input_items(
 
 
 def _save(store: ResponseStore, stored: StoredResponse) -> None:
-    """Stored, or said in the log: the answer is given either way (a later
-    previous_response_id naming it is a 404 then)."""
+    """Stored, or said in the log (as the store says one too big): the answer is given
+    either way (a later previous_response_id naming it is a 404 then)."""
     try:
         store.save(stored)
     except OSError as exc:
         log.error("response %s could not be stored in %s: %s", stored.id, store.folder, exc)
 
 
-def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
+async def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
     check_response_id(response_id, "response_id")
-    stored = store.load(response_id)
+    stored = await asyncio.to_thread(store.load, response_id)
     if stored is None:
         raise _not_found(response_id)
     return stored
@@ -176,21 +177,22 @@ def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
 def _not_found(response_id: str) -> ResponseNotFound:
     return ResponseNotFound(
         f"no response {response_id!r} is stored here (never stored, deleted, or the "
-        "oldest beyond max_stored_responses)",
+        "oldest beyond max_stored_responses or max_stored_response_bytes)",
         param="response_id",
     )
 
 
-def _previous(store: ResponseStore, response_id: str | None) -> list[InputItem]:
+async def _previous(store: ResponseStore, response_id: str | None) -> list[InputItem]:
     """The conversation `previous_response_id` continues: its input, then its output."""
     if response_id is None:
         return []
     check_response_id(response_id, "previous_response_id")
-    stored = store.load(response_id)
+    stored = await asyncio.to_thread(store.load, response_id)
     if stored is None:
         raise PreviousResponseNotFound(
             f"previous response {response_id!r} is not stored here (never stored, "
-            "deleted, or the oldest beyond max_stored_responses)",
+            "deleted, or the oldest beyond max_stored_responses or "
+            "max_stored_response_bytes)",
             param="previous_response_id",
         )
     return ITEMS.validate_python(stored.conversation())

@@ -6,11 +6,12 @@ A file holds the Response object as it was answered and the conversation's items
 its output (the previous responses' input and output, then this request's input, each as
 the model was shown it). Files are written whole to a temporary name and renamed, so a
 reader never sees half of one. Ids begin with the time they were made (hexadecimal
-nanoseconds), so their names sort oldest first; beyond `limit` files the oldest go.
+nanoseconds), so their names sort oldest first; beyond `limit` files, or `max_bytes` of
+them together, the oldest go, and an answer bigger than `max_bytes` alone is not kept.
 
-Every call runs on the event loop, one at a time: a file of a conversation that fits a
-model's context is written in well under a millisecond, and no other writer can be under
-way while one prunes.
+The routes call it from worker threads (a conversation can be megabytes of JSON: never
+on the event loop); one lock makes its calls one at a time, so no writer is under way
+while another prunes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,28 +67,43 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, folder: Path, limit: int) -> None:
+    def __init__(self, folder: Path, limit: int, max_bytes: int = 256 * 2**20) -> None:
         """`folder`: created when the first response is saved; `limit`: files kept (0:
-        nothing is stored)."""
+        nothing is stored); `max_bytes`: what they may take together."""
         self.folder = folder
         self.limit = limit
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()  # one call at a time: a save never races a prune
 
-    def save(self, stored: StoredResponse) -> None:
+    def save(self, stored: StoredResponse) -> bool:
+        """Kept (True), or not: storing is off, or this answer alone is over `max_bytes`
+        (said in the log)."""
         if self.limit <= 0:
-            return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        target = self._path(stored.id)
-        partial = target.with_name(target.name + _PARTIAL)
-        data = {"response": stored.response, "input": stored.input}
-        partial.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        os.replace(partial, target)
-        self._prune()
+            return False
+        data = json.dumps({"response": stored.response, "input": stored.input}, ensure_ascii=False)
+        encoded = data.encode("utf-8")
+        if len(encoded) > self.max_bytes:
+            log.warning(
+                "response %s is not stored: %d bytes, over max_stored_response_bytes (%d)",
+                stored.id, len(encoded), self.max_bytes,
+            )  # fmt: skip
+            return False
+        with self._lock:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            target = self._path(stored.id)
+            partial = target.with_name(target.name + _PARTIAL)
+            partial.write_bytes(encoded)
+            os.replace(partial, target)
+            self._prune()
+        return True
 
     def load(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None (not stored, pruned, deleted, or unreadable)."""
         path = self._path(response_id)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with self._lock:
+                text = path.read_text(encoding="utf-8")
+            data = json.loads(text)
             return StoredResponse(dict(data["response"]), list(data["input"]))
         except FileNotFoundError:
             return None
@@ -95,10 +112,12 @@ class ResponseStore:
             return None
 
     def delete(self, response_id: str) -> bool:
-        try:
-            self._path(response_id).unlink()
-        except FileNotFoundError:
-            return False
+        path = self._path(response_id)
+        with self._lock:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return False
         return True
 
     def ids(self) -> list[str]:
@@ -114,10 +133,21 @@ class ResponseStore:
         return self.folder / (check_response_id(response_id, "response_id") + _SUFFIX)
 
     def _prune(self) -> None:
-        """The oldest files beyond `limit` go, and any partial file a crash left."""
+        """The oldest files beyond `limit` or past `max_bytes` together go, and any
+        partial file a crash left."""
         for name in os.listdir(self.folder):
             if name.endswith(_PARTIAL):
                 (self.folder / name).unlink(missing_ok=True)
         ids = self.ids()
-        for response_id in ids[: max(0, len(ids) - self.limit)]:
+        sizes: dict[str, int] = {}
+        for response_id in ids:
+            try:
+                sizes[response_id] = self._path(response_id).stat().st_size
+            except FileNotFoundError:
+                sizes[response_id] = 0
+        total = sum(sizes.values())
+        for index, response_id in enumerate(ids):
+            if len(ids) - index <= self.limit and total <= self.max_bytes:
+                break
             self._path(response_id).unlink(missing_ok=True)
+            total -= sizes[response_id]

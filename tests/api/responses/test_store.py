@@ -5,7 +5,10 @@ answers, and the conversations they carry, survive a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
+import threading
 from pathlib import Path
 
 import openai
@@ -87,6 +90,30 @@ def test_delete_and_unreadable_files(tmp_path):
     assert store.load(second) is None  # unreadable: as if absent (and said in the log)
 
 
+def test_the_oldest_go_once_the_files_pass_max_bytes_together(tmp_path):
+    """A count bound alone let 1,000 answers that each echo a big schema fill the disk."""
+    folder = tmp_path / "responses"
+    made = ids(4)
+    size = len(json.dumps({"response": stored(made[0]).response, "input": stored(made[0]).input}))
+    store = ResponseStore(folder, 100, max_bytes=2 * size + size // 2)  # room for two
+    for response_id in made:
+        assert store.save(stored(response_id))
+    assert store.ids() == made[2:]
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= store.max_bytes
+    roomy = ResponseStore(tmp_path / "roomy", 100, max_bytes=10 * size)  # the control
+    for response_id in made:
+        roomy.save(stored(response_id))
+    assert roomy.ids() == made
+
+
+def test_an_answer_over_max_bytes_alone_is_not_stored_and_the_others_stay(tmp_path):
+    store = ResponseStore(tmp_path / "responses", 100, max_bytes=4096)
+    small, big = ids(2)
+    assert store.save(stored(small))
+    assert not store.save(stored(big, "x" * 5000))
+    assert store.ids() == [small] and store.load(big) is None
+
+
 def test_a_limit_of_zero_stores_nothing(tmp_path):
     store = ResponseStore(tmp_path / "responses", 0)
     store.save(stored(ids(1)[0]))
@@ -128,3 +155,82 @@ def test_a_live_store_is_bounded_and_survives_a_restart(tmp_path: Path):
         assert asked == ["one", "two", "three", "four"]  # the whole chain, from before
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(second)  # the bound holds across the restart
+
+
+class StoreOffTheLoop(ResponseStore):
+    """The live server's own store, which notes for each call whether it ran on a thread
+    with a running event loop (the server's) or not (a worker thread)."""
+
+    def __init__(self, folder: Path, limit: int, max_bytes: int) -> None:
+        super().__init__(folder, limit, max_bytes)
+        self.calls: list[tuple[str, bool]] = []
+        self._noted = threading.Lock()
+
+    def _note(self, call: str) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        with self._noted:
+            self.calls.append((call, on_loop))
+
+    def save(self, stored: StoredResponse) -> bool:
+        self._note("save")
+        return super().save(stored)
+
+    def load(self, response_id: str) -> StoredResponse | None:
+        self._note("load")
+        return super().load(response_id)
+
+    def delete(self, response_id: str) -> bool:
+        self._note("delete")
+        return super().delete(response_id)
+
+
+def big_schema(chars: int) -> dict[str, object]:
+    """An object schema of one string field whose description makes it `chars` long."""
+    return {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "description": "x" * chars}},
+        "required": ["answer"],
+    }
+
+
+def test_a_live_store_is_read_and_written_off_the_event_loop_and_a_huge_schema_refused(
+    tmp_path: Path,
+):
+    """Every store call runs on a worker thread (a stored conversation can be megabytes
+    of JSON, which blocked every stream while it was written); a schema over 256 KiB of
+    JSON, echoed into every stored answer, is a 400 with nothing stored, beside its
+    twin of 1 KiB, which is served and stored."""
+    folder = save_random_llama(tmp_path / "tiny", context=1024)
+    settings = make_settings(
+        tmp_path, device="cpu", models=(ModelSpec(name="tiny", kind="generation", path=folder),)
+    )
+    with live_server(settings) as live:
+        store = StoreOffTheLoop(tmp_path / "data" / "responses", 10, 2**20)
+        live.app.state.responses = store
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        fmt = {"type": "json_schema", "name": "a", "schema": big_schema(300_000)}
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(
+                model="tiny", input="q", max_output_tokens=3, text={"format": fmt}
+            )
+        assert "at most 262,144 are taken" in refused.value.message
+        assert store.ids() == [] and not any(call == "save" for call, _ in store.calls)
+        fmt["schema"] = big_schema(1000)
+        first = client.responses.create(
+            model="tiny", input="q", max_output_tokens=3, text={"format": fmt}
+        )
+        streamed = client.responses.create(
+            model="tiny", input="r", max_output_tokens=3, previous_response_id=first.id, stream=True
+        )
+        ended = ("response.completed", "response.incomplete")
+        done = [event for event in streamed if event.type in ended]
+        client.responses.retrieve(first.id)
+        client.responses.delete(done[0].response.id)
+        assert store.ids() == [first.id]
+        made = [call for call, _ in store.calls]
+        assert made.count("save") == 2 and "load" in made and "delete" in made
+        assert [call for call, on_loop in store.calls if on_loop] == []
