@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from app.api.a1111.jobs import A1111Jobs
+from app.api.a1111.jobs import A1111Jobs, caller_of
 from app.api.a1111.schemas import (
     ALIASES,
     SAMPLERS,
@@ -83,7 +83,7 @@ async def txt2img(request: Request) -> Response:
     jobs: A1111Jobs = request.app.state.a1111
     body = await read_parsed(request, Txt2ImgRequest)
     model = checkpoint(fleet, jobs, body.checkpoint)
-    with jobs.job() as job:
+    with jobs.job(caller_of(request)) as job:
         valid = validate_txt2img(body, model, fleet.settings, job.progress)
         result = await run_images(request, fleet, valid)
     return _answer(fleet, body, valid, result, model)
@@ -105,7 +105,7 @@ async def img2img(request: Request) -> Response:
     mask = None
     if body.mask:
         mask = await decode_mask(from_base64(body.mask, "mask"), size, settings, "a1111")
-    with jobs.job() as job:
+    with jobs.job(caller_of(request)) as job:
         valid = validate_img2img(body, model, settings, job.progress, init, mask)
         result = await run_images(request, fleet, valid)
     return _answer(fleet, body, valid, result, model, body.denoising_strength)
@@ -192,14 +192,18 @@ def with_text(png: bytes, keyword: str, text: str) -> bytes:
 @router.get("/progress", summary="AUTOMATIC1111's progress of the current job")
 async def progress(request: Request, skip_current_image: bool = False) -> Response:
     jobs: A1111Jobs = request.app.state.a1111
-    return _json(jobs.progress(skip_current_image))
+    return _json(jobs.progress(caller_of(request), skip_current_image))
 
 
-@router.post("/interrupt", summary="Stop the current job at its next step")
+@router.post("/interrupt", summary="Stop the caller's current job at its next step")
 async def interrupt(request: Request) -> Response:
+    """A1111 answers `{}`; this says too whether a job of the caller's (told apart by
+    address) was stopped: another caller's jobs are theirs to stop."""
     jobs: A1111Jobs = request.app.state.a1111
-    jobs.interrupt()
-    return _json({})
+    if jobs.interrupt(caller_of(request)):
+        return _json({"interrupted": True, "detail": "your current job stops at its next step"})
+    detail = "no job of yours is under way (another caller's jobs are not stopped)"
+    return _json({"interrupted": False, "detail": detail})
 
 
 @router.get("/sd-models", summary="AUTOMATIC1111's checkpoints: the served image models")

@@ -185,6 +185,41 @@ def test_progress_shows_the_current_job_and_interrupt_stops_it(http, live):
     assert (idle["progress"], idle["state"]["job_count"], idle["current_image"]) == (0, 0, None)
 
 
+def test_another_caller_neither_sees_nor_interrupts_a_job(http, live):
+    """A job from 127.0.0.1 and a caller from 127.0.0.2 (another address, as another
+    machine would be): its /progress shows no job and no preview, its /interrupt says it
+    stopped nothing and the job steps on; then the owner's /interrupt stops it. Before,
+    any caller read the job's preview and stopped it."""
+    answers: list[httpx.Response] = []
+    body = {"prompt": "a long road", "seed": 0, "steps": LONG, "width": 512, "height": 512}
+    thread = threading.Thread(
+        target=lambda: answers.append(httpx.post(live.url + "/sdapi/v1/txt2img", json=body,
+                                                 timeout=300))
+    )  # fmt: skip
+    thread.start()
+
+    def step() -> int:
+        return int(http.get("/sdapi/v1/progress").json()["state"]["sampling_step"])
+
+    wait_until(lambda: step() >= 2, 60, "steps")
+    other = httpx.Client(
+        base_url=live.url, timeout=60, transport=httpx.HTTPTransport(local_address="127.0.0.2")
+    )
+    with other:
+        seen = other.get("/sdapi/v1/progress").json()
+        assert (seen["state"]["job_count"], seen["current_image"], seen["progress"]) == (0, None, 0)
+        refused = other.post("/sdapi/v1/interrupt")
+        assert refused.status_code == 200 and refused.json()["interrupted"] is False
+        at_refusal = step()
+        wait_until(lambda: step() >= at_refusal + 15, 120, "steps past the other's interrupt")
+        assert http.get("/sdapi/v1/progress").json()["state"]["interrupted"] is False
+    stopped = http.post("/sdapi/v1/interrupt")
+    assert stopped.json()["interrupted"] is True  # the owner's own: the control
+    thread.join(timeout=120)
+    assert answers[0].status_code == 200
+    assert step() == 0  # no job of anyone's is left
+
+
 def test_fields_a1111_clients_add_are_ignored(http):
     body = {"prompt": "a cat", "steps": 1, "width": 64, "height": 64, "enable_hr": False,
             "restore_faces": False, "tiling": False, "s_churn": 0.0, "do_not_add_watermark": True,
