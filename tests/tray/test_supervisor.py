@@ -140,6 +140,7 @@ def test_port_in_use_is_not_a_restart_loop(supervise):
     assert sup.restarts == 0 and "port" in sup.message
 
 
+@pytest.mark.slow  # ~15-30 s
 def test_a_restarted_server_that_finds_its_port_held_is_tried_again(supervise, tmp_path):
     """A real server is killed; something holds its port while the next one starts
     (as a lingering TIME_WAIT can on Windows): that one exits 74, the supervisor tries

@@ -118,6 +118,7 @@ def test_an_empty_model_is_the_one_speech_model_served(client, short_wav, expect
     assert listed["whisper"].aliases == [""]  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # two servers of two Whisper models: ~30 s
 def test_an_empty_model_with_two_speech_models_is_a_400_listing_them(tmp_path_factory, folder):
     """Which of two it would be is not for the server to guess; `model_aliases` may say."""
     specs = tuple(ModelSpec(name=n, kind="speech", path=folder) for n in ("whisper", "whisper2"))
@@ -258,6 +259,7 @@ def post(live: Live, path: Path | bytes, name: str = "clip.wav", **fields: str) 
         )
 
 
+@pytest.mark.slow  # ~15-30 s
 def test_a_10_minute_file_runs_in_30_second_windows_batched(live, tmp_path):
     path = write_wav(tmp_path / "ten.wav", tone(600.0, seed=9))
     answer = post(live, path, response_format="verbose_json", language="en")

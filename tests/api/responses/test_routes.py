@@ -285,6 +285,7 @@ def test_a_prompt_over_the_context_is_a_400_naming_both_numbers(live):
     assert prompt > context and error["prompt_tokens"] == prompt
 
 
+@pytest.mark.slow  # ~15-30 s
 def test_with_truncation_auto_the_oldest_turns_go_until_it_fits(client, live):
     context = context_of(live)
     old = "word " * (context // 2 + 100)  # two of these are over the context
