@@ -227,13 +227,16 @@ class Scheduler:
                 watch.clear()
 
     def _client_left(self, entry: Entry) -> None:
-        """A running job goes on (its result is dropped); a waiting one leaves the queue."""
+        """A running job is told to stop where its model can (`ModelHandler.stop`; its
+        result is dropped either way); a waiting one leaves the queue."""
         if entry.done.done():
             return
         where = "before its result was ready"
         if entry.run is None:
             where = "while queued"
             self._forget(entry)
+        elif entry.job is not None:
+            entry.job.handler.stop(entry.job.prepared)
         entry.done.set_exception(ClientGone(f"the client disconnected {where}"))
 
     def _forget(self, entry: Entry) -> None:
@@ -370,11 +373,17 @@ class Scheduler:
         return sum(1 for run in self.runs() if run.jobs[0].model == model)
 
     def cancel_streams(self, model: str | None = None, reason: Exception | None = None) -> None:
-        """Stop running generations (of `model`, or all) before their next step."""
+        """Stop running generations (of `model`, or all) before their next step, and
+        running one-shot jobs where their model can stop them (`ModelHandler.stop`: a
+        transcription's windows still to run)."""
         for run in list(self.runs()):
             for job in run.jobs:
-                if job.stream is not None and model in (None, job.model):
+                if model not in (None, job.model):
+                    continue
+                if job.stream is not None:
                     job.stream.cancel(reason)
+                else:
+                    job.handler.stop(job.prepared)
 
     def end_model_work(self, model: str, error: VramgateError) -> None:
         """An unload past its wait: the model's waiting requests fail with `error` and its

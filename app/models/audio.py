@@ -14,7 +14,8 @@ names."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -63,6 +64,9 @@ class AudioClip:
     # its request's share of max_audio_bytes: the decoded samples are taken from it
     # (None: unbounded, the model's own warm-up and probe)
     lease: HostLease | None = None
+    # set when its request stops (its client left, the server stopping): its windows
+    # still to run are skipped
+    stop: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Window:
     samples: np.ndarray  # float32, 16 kHz mono
     start_s: float
     options: SpeechOptions
+    stop: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
     @property
     def end_s(self) -> float:
@@ -166,9 +171,13 @@ def _joined(pieces: list[np.ndarray], lease: HostLease | None) -> np.ndarray:
     return samples.astype(np.float32, copy=False)
 
 
-def windows(samples: np.ndarray, options: SpeechOptions) -> list[Window]:
-    """`samples` cut into consecutive 30-second windows, the last one shorter."""
+def windows(
+    samples: np.ndarray, options: SpeechOptions, stop: threading.Event | None = None
+) -> list[Window]:
+    """`samples` cut into consecutive 30-second windows, the last one shorter, sharing
+    their clip's `stop`."""
+    stop = stop if stop is not None else threading.Event()
     return [
-        Window(samples[start : start + WINDOW_SAMPLES], start / SAMPLE_RATE, options)
+        Window(samples[start : start + WINDOW_SAMPLES], start / SAMPLE_RATE, options, stop)
         for start in range(0, samples.size, WINDOW_SAMPLES)
     ]

@@ -180,6 +180,13 @@ class ModelHandler(ABC):
         rows of the result follow `parts`."""
         return parts[0] if len(parts) == 1 else None
 
+    def stop(self, prepared: Prepared) -> None:
+        """A running one-shot job's rows may stop early: its client left, or the server
+        is stopping past its drain. Called on the event loop while the forward runs on
+        its thread; a handler that can stop between steps or batches does so there, and
+        what it answers then is dropped. Default: the rows run to their end."""
+        return None
+
     def batch_group(self, prepared: Prepared) -> str:
         """What requests must share to run in one forward, beyond their model ("": any
         may, as far as `merge` allows). Waiting requests are grouped by it, so that one

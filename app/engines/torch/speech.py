@@ -111,6 +111,7 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
         self._processor: Any = None
         self._device = torch.device("cpu")
         self._torch_dtype = torch.float32
+        self.generate_calls = 0  # generate calls (window batches) since the warm-up
         # every `generate`: a word run sets the shared config's attention to eager
         self._generate_lock = threading.Lock()
 
@@ -185,7 +186,7 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
                 param="timestamp_granularities",
             )
         samples = decode_audio(clip.data, clip.max_seconds, clip.lease)
-        return self._prepared(windows(samples, clip.options))
+        return self._prepared(windows(samples, clip.options, clip.stop))
 
     def _prepared(self, rows: list[Window]) -> Prepared:
         words = {row.options.words for row in rows}
@@ -217,19 +218,28 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
         words = found.group(2) is not None
         return speech_bytes(self._model.config, int(found.group(1)), element, words)
 
+    def stop(self, prepared: Prepared) -> None:
+        for row in prepared.payload:
+            row.stop.set()
+
     def forward(self, prepared: Prepared) -> list[Decoded]:
-        """Each window's generated tokens, `max_batch` windows to a `generate` call."""
+        """Each window's generated tokens, `max_batch` windows to a `generate` call; the
+        windows of a request that stopped (`stop`) are skipped from the next call on."""
         self.forward_calls += 1
         rows: list[Window] = prepared.payload
-        out: list[Decoded] = []
-        step = self.spec.max_batch
-        for start in range(0, len(rows), step):
-            chunk = rows[start : start + step]
-            out.extend(self._generate(chunk))
+        done: dict[int, Decoded] = {}  # a row's index: its tokens
+        step, pending = self.spec.max_batch, list(range(len(rows)))
+        while chunk := [i for i in pending if not rows[i].stop.is_set()][:step]:
+            done.update(zip(chunk, self._generate([rows[i] for i in chunk]), strict=True))
+            pending = [i for i in pending if i not in done]
             self.progress_at = time.monotonic()  # a long file's windows: the watchdog sees life
-        return out
+        return [
+            done[i] if i in done else Decoded(row, [], None, stopped=True)
+            for i, row in enumerate(rows)
+        ]
 
     def _generate(self, chunk: list[Window]) -> list[Decoded]:
+        self.generate_calls += 1
         options = chunk[0].options
         found = self._processor.feature_extractor(
             [row.samples for row in chunk],
@@ -273,8 +283,14 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
     def _window_text(self, decoded: Decoded) -> WindowText:
         """A window's tokens as transformers' ASR pipeline turns a chunk's into text and
         timed chunks (its tokenizer's `_decode_asr`, what the pipeline's postprocess
-        calls), placed in the clip: segments, and words where they were asked for."""
+        calls), placed in the clip: segments, and words where they were asked for. A
+        window of a stopped request is empty (its answer is dropped)."""
         window, options = decoded.window, decoded.window.options
+        if decoded.stopped:
+            return WindowText(
+                window.start_s, window.end_s, "", (), (),
+                options.task, options.language, options.temperature,
+            )  # fmt: skip
         text, segments = self._timed(decoded, True)
         words = self._timed(decoded, "word")[1] if decoded.times is not None else ()
         return WindowText(
@@ -313,7 +329,7 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
     # -- warm-up and probe ---------------------------------------------------------------
     def prime(self) -> None:
         self.postprocess(self.forward(self.preprocess(self.probe_input())))
-        self.forward_calls = 0
+        self.forward_calls = self.generate_calls = 0
 
     def probe_clip(self) -> AudioClip:
         return AudioClip(silent_wav(1.0), float(WINDOW_S), SpeechOptions(language=None))
@@ -330,6 +346,7 @@ class Decoded:
     window: Window
     tokens: list[int]
     times: torch.Tensor | None
+    stopped: bool = False  # its request stopped before this window ran: never generated
 
 
 def _with_times(window: Window, tokens: list[int], parts: list[dict[str, Any]]) -> Decoded:
