@@ -119,19 +119,20 @@ def generation_request(
     images: int = 0,
     images_at: str = "messages",
     *,
+    scope: str = "",
     fit_context: bool = False,
 ) -> ValidGenerationRequest:
     """A chat or completion as the core takes it, whichever API it came through (its
     `chat_request()`): an image for a model that does not see is a 400 naming the model,
-    after a 404 for a model that is not served, before any image is read.
+    after a 404 for a model that is not served, before any image is read. `scope`: its
+    caller's, whose cached prefixes alone it may reuse (app.api.callers.cache_scope).
     `fit_context`: a `max_tokens` past the context stops there (Ollama's way) instead
     of being refused."""
     refuse_unseeing(fleet, body.model, images, images_at)
     body = with_model_defaults(body, fleet.spec(body.model))
     valid = validate_generation_request(body, fleet.settings)
-    if fit_context:
-        valid = replace(valid, params=replace(valid.params, fit_context=True))
-    return valid
+    params = replace(valid.params, cache_scope=scope, fit_context=fit_context)
+    return replace(valid, params=params)
 
 
 # the config's names of a model's sampling defaults, as chat's fields (ModelSpec)

@@ -60,6 +60,9 @@ class SamplingParams:
     json_schema: str | None = None  # the answer must be JSON valid against this (JSON text)
     logprobs: int | None = None  # None: off; k: each token's log-probability, the k likeliest
     prefix_cache: bool = True  # False: no cached prefix used or kept (warm-up, the probe)
+    # whose cached prefixes it may reuse, and under whose name its own are kept: one
+    # caller's (app.api.callers.cache_scope); "" for the server's own requests
+    cache_scope: str = ""
     # True: a max_tokens past the context is cut to it (Ollama's num_predict: Ollama stops
     # at the context); False: a 400 naming both numbers (OpenAI's and Anthropic's APIs)
     fit_context: bool = False

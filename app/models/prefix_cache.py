@@ -11,6 +11,11 @@ a request wait or be refused. An entry that would not fit is not kept. One store
 device, shared by the models on it (each entry names its model); thread-safe, as the
 models' batch threads put and read while the event loop sets the limit.
 
+Each entry also names its caller's scope (`SamplingParams.cache_scope`, from the
+caller's address, credential and the `user`-like ids of its request: app.api.callers):
+a prompt reuses, and reports as `cached_tokens`, only what its own scope kept, so one
+caller cannot read another's prompt back by guessing at it one token at a time.
+
 What an entry holds is the engine's: the torch engine's per-layer key and value tensors,
 the simulated model's bookkeeping. `release` is called once when an entry goes.
 """
@@ -44,6 +49,7 @@ class Entry:
     payload: Any  # the engine's: what holds the KV
     release: Callable[[], None] = lambda: None
     used_at: float = field(default_factory=time.monotonic)
+    scope: str = ""  # whose prompts may reuse it (app.api.callers.cache_scope)
 
 
 @dataclass
@@ -75,18 +81,19 @@ class PrefixStore:
         return len(self._entries)
 
     def longest(
-        self, model: str, prompt: Sequence[int], *, used: bool = True
+        self, model: str, prompt: Sequence[int], *, scope: str = "", used: bool = True
     ) -> tuple[Entry | None, int]:
-        """The entry of `model` sharing the most leading tokens with `prompt` and how
-        many (at most all but the prompt's last token, whose logits give the first new
-        token); (None, 0) below MIN_CACHED. Counts as a lookup, and as a hit where found
-        (`used` False: the caller may not copy it, and counts it by `hit` if it does)."""
+        """The entry of `model` and `scope` sharing the most leading tokens with `prompt`
+        and how many (at most all but the prompt's last token, whose logits give the
+        first new token); (None, 0) below MIN_CACHED. Counts as a lookup, and as a hit
+        where found (`used` False: the caller may not copy it, and counts it by `hit` if
+        it does)."""
         best: Entry | None = None
         count = 0
         with self._lock:
             self.stats.lookups += 1
             for entry in self._entries:
-                if entry.model != model:
+                if entry.model != model or entry.scope != scope:
                     continue
                 shared = min(shared_length(entry.ids, prompt), len(prompt) - 1)
                 if shared > count:
@@ -113,21 +120,22 @@ class PrefixStore:
             self.stats.hits += reused > 0
             self.stats.tokens_reused += reused
 
-    def covers(self, model: str, ids: Sequence[int]) -> bool:
-        """Whether an entry of `model` already holds all of `ids` (nothing to add)."""
+    def covers(self, model: str, ids: Sequence[int], scope: str = "") -> bool:
+        """Whether an entry of `model` and `scope` already holds all of `ids` (nothing to
+        add)."""
         with self._lock:
-            mine = [e for e in self._entries if e.model == model]
+            mine = [e for e in self._entries if e.model == model and e.scope == scope]
             return any(shared_length(e.ids, ids) == len(ids) for e in mine)
 
-    def make_room(self, model: str, ids: Sequence[int], nbytes: int) -> bool:
+    def make_room(self, model: str, ids: Sequence[int], nbytes: int, scope: str = "") -> bool:
         """Before an entry of `nbytes` under `ids` is copied out (the copy takes device
-        bytes as it is made): the entries it will replace (its model's, that are a prefix
-        of it) and the least recently used go now, until it fits within the limit beside
-        the others. False (nothing evicted): it cannot fit at all."""
+        bytes as it is made): the entries it will replace (its model's and scope's, that
+        are a prefix of it) and the least recently used go now, until it fits within the
+        limit beside the others. False (nothing evicted): it cannot fit at all."""
         with self._lock:
             if nbytes > self._limit or len(ids) < MIN_CACHED:
                 return False
-            dropped = self._displace(model, ids, nbytes)
+            dropped = self._displace(model, ids, nbytes, scope)
         for old in dropped:
             old.release()
         return True
@@ -135,12 +143,13 @@ class PrefixStore:
     def put(self, entry: Entry) -> bool:
         """Keep `entry` if it fits within the limit, evicting the least recently used
         for it; entries of its model that are a prefix of it go (it holds them). False
-        (and `entry` released): it was not kept."""
+        (and `entry` released): it was not kept. Only its own scope's entries are
+        replaced: another caller's identical prefix stays theirs."""
         dropped: list[Entry] = []
         with self._lock:
             kept = entry.nbytes <= self._limit and len(entry.ids) >= MIN_CACHED
             if kept:
-                dropped = self._displace(entry.model, entry.ids, entry.nbytes)
+                dropped = self._displace(entry.model, entry.ids, entry.nbytes, entry.scope)
                 self._entries.append(entry)
                 self._held += entry.nbytes
         for old in dropped:
@@ -199,12 +208,14 @@ class PrefixStore:
             }
 
     # -- under the lock --------------------------------------------------------------
-    def _displace(self, model: str, ids: Sequence[int], nbytes: int) -> list[Entry]:
-        """Room for an entry of `nbytes` under `ids`: its model's entries that are a
-        prefix of it go (it holds them), then the least recently used until it fits."""
+    def _displace(self, model: str, ids: Sequence[int], nbytes: int, scope: str) -> list[Entry]:
+        """Room for an entry of `nbytes` under `ids`: its model's and scope's entries
+        that are a prefix of it go (it holds them), then the least recently used until it
+        fits."""
         dropped: list[Entry] = []
         for old in list(self._entries):
-            if old.model == model and shared_length(old.ids, ids) == len(old.ids):
+            mine = old.model == model and old.scope == scope
+            if mine and shared_length(old.ids, ids) == len(old.ids):
                 self._remove(old, dropped)
         evicted = self._trim(self._limit - nbytes)
         self.stats.evicted += len(evicted)

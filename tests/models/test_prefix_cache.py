@@ -68,6 +68,27 @@ def test_store_forgets_what_went_unused_for_its_models_keep_alive():
     assert store.longest("b", list(range(30)))[1] == 20  # another model's entry stays
 
 
+def test_store_finds_and_replaces_only_its_own_scopes_entries():
+    """Two callers' scopes: the same prompt kept by one is no hit for the other (its
+    lookup finds nothing, `covers` says it is not held), and keeping it under the other
+    scope leaves the first one's entry in place; the same scope finds its own."""
+    store, released = PrefixStore(), []
+    store.set_limit(10 * MiB)
+    ids = list(range(40))
+    assert store.put(Entry("m", tuple(ids), MiB, None, lambda: released.append("a"), scope="a"))
+    assert store.longest("m", [*ids, 7], scope="b") == (None, 0)
+    assert not store.covers("m", ids, "b")
+    entry, count = store.longest("m", [*ids, 7], scope="a")  # the positive control
+    assert entry is not None and entry.scope == "a" and count == 40
+    assert store.covers("m", ids, "a")
+    longer = tuple(range(60))  # b's longer copy holds a's prefix, but a's entry is a's
+    assert store.put(Entry("m", longer, MiB, None, lambda: released.append("b"), scope="b"))
+    assert released == [] and len(store) == 2
+    assert store.longest("m", [*ids, 7], scope="a")[1] == 40
+    assert store.make_room("m", tuple(range(80)), MiB, "a")  # a's own longer one replaces it
+    assert released == ["a"] and store.longest("m", list(range(70)), scope="b")[1] == 60
+
+
 @pytest.fixture(scope="module")
 def llama_twice(tmp_path_factory: pytest.TempPathFactory):
     """One small random Llama served twice: "cached" with the prefix cache, "plain"

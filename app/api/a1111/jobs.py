@@ -18,13 +18,14 @@ from typing import Any
 
 from starlette.requests import Request
 
+from app.api.callers import client_address
 from app.models.image_prompt import ImageProgress
 from app.models.images import encode_png
 
 
 def caller_of(request: Request) -> str:
     """Who is calling, as far as an A1111 job is concerned: the client's address."""
-    return request.client.host if request.client is not None else ""
+    return client_address(request)
 
 
 @dataclass

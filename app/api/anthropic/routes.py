@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from app.api.anthropic.replies import MessageReply, reasons
 from app.api.anthropic.schemas import CountTokensRequest, MessagesRequest
+from app.api.callers import cache_scope
 from app.api.intake import (
     admit_choices,
     client_watch,
@@ -21,7 +22,6 @@ from app.api.intake import (
     read_parsed,
     request_schemas,
 )
-from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"])
@@ -63,11 +63,17 @@ def anthropic_schemas() -> dict[str, Any]:
     return request_schemas(REQUEST_MODELS)
 
 
-def _validated(fleet: Fleet, body: MessagesRequest) -> ValidGenerationRequest:
+def _validated(request: Request, body: MessagesRequest) -> ValidGenerationRequest:
     """The request as the core takes it; an image for a model that does not see is a
     400 naming the model, after a 404 for a model that is not served."""
-    where = body.image_param()
-    return generation_request(fleet, body.chat_request(), where is not None, where or "")
+    where, user = body.image_param(), body.metadata.user_id if body.metadata else None
+    return generation_request(
+        fleet_of(request),
+        body.chat_request(),
+        where is not None,
+        where or "",
+        scope=cache_scope(request, user),
+    )
 
 
 @router.post("/messages", openapi_extra=openapi_body(MessagesRequest), responses=EVENTS)
@@ -75,7 +81,7 @@ async def create_message(request: Request) -> Response:
     """Anthropic's Messages API, streamed as Anthropic streams with `stream: true`."""
     fleet = fleet_of(request)
     body = await read_parsed(request, MessagesRequest)
-    valid = _validated(fleet, body)
+    valid = _validated(request, body)
     thinking = body.thinking_shown and reasons(fleet.card(body.model).chat_template)
     reply = MessageReply(valid, body.model, thinking)
     with client_watch(request) as watch:
@@ -93,4 +99,4 @@ async def count_message_tokens(request: Request) -> dict[str, int]:
     """The tokens the message's prompt takes; nothing runs on the device."""
     fleet = fleet_of(request)
     body = await read_parsed(request, CountTokensRequest)
-    return {"input_tokens": await fleet.count_tokens(_validated(fleet, body))}
+    return {"input_tokens": await fleet.count_tokens(_validated(request, body))}

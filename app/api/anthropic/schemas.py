@@ -63,7 +63,7 @@ MESSAGES_FIELDS: dict[str, FieldSupport] = {
     "thinking": _done("a reasoning model's `<think>` text as thinking blocks"),
     "output_config": _done("`format`: JSON schema, by grammar; `effort` ignored"),
     "output_format": _done("the beta's name for `output_config.format`"),
-    "metadata": _ignored("nothing is stored"),
+    "metadata": _done("`user_id`: a caller's own; its prompts reuse only its own cached prefixes"),
     "service_tier": _ignored("one tier: this machine"),
     "cache_control": _ignored("the prefix cache needs no marks"),
     "context_management": _ignored("no server-side context editing: the prompt as sent"),
@@ -267,6 +267,13 @@ _SAMPLING_AS_CHAT = {  # Anthropic's sampling fields, as chat's
 }
 
 
+class AnthropicMetadata(BaseModel):
+    """`metadata`: Anthropic's only field of it, the end user's id (app.api.callers)."""
+
+    model_config = ConfigDict(extra="forbid")
+    user_id: str | None = Field(default=None, max_length=256)
+
+
 class MessagesRequest(BaseModel):
     """Anthropic's `POST /v1/messages` body (MESSAGES_FIELDS: what each field does)."""
 
@@ -287,6 +294,7 @@ class MessagesRequest(BaseModel):
     thinking: ThinkingConfig | None = None
     output_config: AnthropicOutputConfig | None = None
     output_format: AnthropicOutputFormat | None = None
+    metadata: AnthropicMetadata | None = None
 
     @model_validator(mode="before")
     @classmethod

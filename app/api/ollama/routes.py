@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from app import __version__
 from app.api import admin
+from app.api.callers import cache_scope
 from app.api.errors import ollama_message
 from app.api.intake import (
     admit_choices,
@@ -321,7 +322,8 @@ async def _generate(
     fleet, started = fleet_of(request), time.perf_counter()
     images = openai.image_count() if isinstance(openai, ChatRequest) else 0
     # num_predict past the context: Ollama stops at the context, so its clients expect that
-    valid = generation_request(fleet, openai, images, "images", fit_context=True)
+    scope = cache_scope(request)
+    valid = generation_request(fleet, openai, images, "images", scope=scope, fit_context=True)
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:
         generation = (await admit_choices(fleet, valid, watch))[0]

@@ -36,6 +36,8 @@ def _done(note: str = "") -> FieldSupport:
 
 
 AUTOMATIC_CACHE = "the prefix cache is automatic: a prompt that begins like a kept one reuses it"
+# the ids that, with the address and the credential, scope the prefix cache (app.api.callers)
+CALLER_ID = "a caller's own: its prompts reuse only its own cached prefixes"
 
 
 def _ignored(note: str) -> FieldSupport:
@@ -60,7 +62,7 @@ _SHARED: dict[str, FieldSupport] = {
     "stream_options": _done("`include_usage`"),
     "temperature": _done(),
     "top_p": _done(),
-    "user": _ignored("no accounts here"),
+    "user": _done(CALLER_ID),
     # extras from vLLM and llama.cpp
     "top_k": _done("vLLM / llama.cpp extra; 0 or -1: off"),
     "min_p": _done("vLLM / llama.cpp extra"),
@@ -86,12 +88,12 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "moderation": _ignored("no moderation here"),
         "parallel_tool_calls": _done("false: at most one call (a forced answer is one call)"),
         "prediction": _ignored("a latency hint; the answer is the same without it"),
-        "prompt_cache_key": _ignored(AUTOMATIC_CACHE),
+        "prompt_cache_key": _done(CALLER_ID),
         "prompt_cache_options": _ignored(AUTOMATIC_CACHE),
         "prompt_cache_retention": _ignored(AUTOMATIC_CACHE),
         "reasoning_effort": _ignored("no reasoning models' effort setting"),
         "response_format": _done("`text`, `json_object`, `json_schema`: constrained decoding"),
-        "safety_identifier": _ignored("no accounts here"),
+        "safety_identifier": _done(CALLER_ID),
         "service_tier": _ignored("one tier: this machine"),
         "store": _ignored("nothing is stored"),
         "tool_choice": _done("`required` or a named function: the call is decoded by grammar"),

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from app.api.callers import cache_scope
 from app.api.intake import (
     STREAMED,
     admit_choices,
@@ -140,7 +141,7 @@ async def _complete(
 ) -> Response:
     fleet = fleet_of(request)
     images = body.image_count() if isinstance(body, ChatRequest) else 0
-    valid = generation_request(fleet, body, images)
+    valid = generation_request(fleet, body, images, scope=cache_scope(request, *body.caller_ids()))
     reply = Reply(valid, kind, prefix)
     with client_watch(request) as watch:
         generations = await admit_choices(fleet, valid, watch)

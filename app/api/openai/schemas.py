@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from app.api.callers import MAX_CALLER_ID
 from app.api.chat_images import check_image_count, url_image
 from app.api.openai.fields import screen
 from app.config.durations import parse_keep_alive
@@ -232,6 +233,11 @@ class _GenerationFields(BaseModel):
     logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     top_k: int = Field(default=0, ge=-1, le=1_000_000)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    user: str | None = Field(default=None, max_length=MAX_CALLER_ID)
+
+    def caller_ids(self) -> tuple[str | None, ...]:
+        """The ids that tell its caller apart (app.api.callers.cache_scope)."""
+        return (self.user,)
 
     def sampling(self) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -282,6 +288,11 @@ class ChatRequest(_GenerationFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=MAX_CALLER_ID)
+    safety_identifier: str | None = Field(default=None, max_length=MAX_CALLER_ID)
+
+    def caller_ids(self) -> tuple[str | None, ...]:
+        return (*super().caller_ids(), self.prompt_cache_key, self.safety_identifier)
 
     @model_validator(mode="before")
     @classmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.openai.fields import FieldSupport
+from app.api.openai.fields import CALLER_ID, FieldSupport
 from app.errors import InvalidRequest, UnsupportedTool
 
 _LOCAL = "it runs on OpenAI's servers, and a local server has "
@@ -73,14 +73,14 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "metadata": _done("up to 16 pairs; stored and echoed"),
     "truncation": _done("disabled: a prompt over the context is a 400; auto: oldest turns go"),
     "stream": _done("the documented event sequence"),
-    "user": _done("echoed; no accounts here"),
+    "user": _done("echoed; " + CALLER_ID),
     "reasoning": _ignored("no reasoning models' effort setting here"),
     "include": _ignored("nothing extra to include: no encrypted reasoning, no sources"),
     "stream_options": _ignored("no obfuscation padding on loopback"),
-    "prompt_cache_key": _ignored("no routing between caches on one machine"),
+    "prompt_cache_key": _done("echoed; " + CALLER_ID),
     "prompt_cache_options": _ignored("no routing between caches on one machine"),
     "prompt_cache_retention": _ignored("no routing between caches on one machine"),
-    "safety_identifier": _ignored("no accounts here"),
+    "safety_identifier": _done("echoed; " + CALLER_ID),
     "service_tier": _ignored("one tier: this machine"),
     "moderation": _ignored("no moderation here"),
     "max_tool_calls": _ignored("hosted tools only; none run here"),

@@ -13,6 +13,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from app.api.callers import cache_scope
 from app.api.intake import (
     REF,
     STREAMED,
@@ -94,7 +95,8 @@ async def create_response(request: Request) -> Response:
             param="input",
         )
     with client_watch(request) as watch:
-        items, valid, generation = await _admitted(fleet, body, items, watch)
+        scope = cache_scope(request, *body.caller_ids())
+        items, valid, generation = await _admitted(fleet, body, items, scope, watch)
         draft = ResponseDraft(body, valid)
 
         async def on_done(finished: dict[str, Any]) -> None:
@@ -199,13 +201,14 @@ async def _previous(store: ResponseStore, response_id: str | None) -> list[Input
 
 
 async def _admitted(
-    fleet: Fleet, body: ResponsesRequest, items: list[InputItem], watch: ClientWatch
+    fleet: Fleet, body: ResponsesRequest, items: list[InputItem], scope: str, watch: ClientWatch
 ) -> tuple[list[InputItem], ValidGenerationRequest, AdmittedGeneration]:
     """The generation admitted, with the items it was given: with `truncation: auto`,
-    the oldest turns go, one at a time, until the prompt fits the model's context."""
+    the oldest turns go, one at a time, until the prompt fits the model's context.
+    `scope`: its caller's (app.api.callers.cache_scope)."""
     while True:
         try:
-            valid = generation_request(fleet, body.chat_request(items))
+            valid = generation_request(fleet, body.chat_request(items), scope=scope)
             (generation,) = await admit_choices(fleet, valid, watch)
             return items, valid, generation
         except ContextLengthExceeded as exc:

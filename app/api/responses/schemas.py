@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.api.callers import MAX_CALLER_ID
 from app.api.errors import from_validation_errors
 from app.api.openai.schemas import (
     MAX_CHARS_HARD,
@@ -257,7 +258,9 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         default=None, max_length=MAX_METADATA
     )
-    user: str | None = Field(default=None, max_length=512)
+    user: str | None = Field(default=None, max_length=MAX_CALLER_ID)
+    prompt_cache_key: str | None = Field(default=None, max_length=MAX_CALLER_ID)
+    safety_identifier: str | None = Field(default=None, max_length=MAX_CALLER_ID)
     truncation: Literal["auto", "disabled"] | None = None
     stream: bool = False
     keep_alive: KeepAlive = None
@@ -278,6 +281,10 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)
+
+    def caller_ids(self) -> tuple[str | None, ...]:
+        """The ids that tell its caller apart (app.api.callers.cache_scope)."""
+        return (self.user, self.prompt_cache_key, self.safety_identifier)
 
     def chat_request(self, items: list[InputItem]) -> ChatRequest:
         """The chat request these items (the conversation so far, this input last) make."""
@@ -345,6 +352,8 @@ class ResponsesRequest(BaseModel):
             "store": self.store,
             "metadata": self.metadata or {},
             "user": self.user,
+            "prompt_cache_key": self.prompt_cache_key,
+            "safety_identifier": self.safety_identifier,
             "truncation": self.truncation or "disabled",
             "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": None, "summary": None},

@@ -295,7 +295,7 @@ class SimulatedHandler(InThreads, SimulatedWeights, Embedder, ImageModel, Genera
         store = self.prefix_store
         if store is None or not task.params.prefix_cache or self.spec.generation is None:
             return 0
-        return store.longest(self.name, task.prompt_ids)[1]
+        return store.longest(self.name, task.prompt_ids, scope=task.params.cache_scope)[1]
 
     def _keep(self, task: GenerationInput, ids: list[int], per_token: int) -> None:
         """An ended generation's KV (as the device holds it: its true bytes per token)
@@ -304,11 +304,13 @@ class SimulatedHandler(InThreads, SimulatedWeights, Embedder, ImageModel, Genera
         keep = getattr(device, "keep", None)
         if store is None or keep is None or not task.params.prefix_cache or len(ids) < MIN_CACHED:
             return
-        if store.covers(self.name, ids):
+        scope = task.params.cache_scope
+        if store.covers(self.name, ids, scope):
             return
         release = keep(per_token * len(ids))
         if release is not None:
-            store.put(Entry(self.name, tuple(ids), per_token * len(ids), None, release))
+            nbytes = per_token * len(ids)
+            store.put(Entry(self.name, tuple(ids), nbytes, None, release, scope=scope))
 
     def postprocess(self, raw: Any) -> np.ndarray:
         """One unit vector per input, picked by the input's CRC-32 from a fixed table:

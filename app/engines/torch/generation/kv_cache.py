@@ -199,12 +199,14 @@ class Batch:
         return total
 
 
-def best_source(prompt: Sequence[int], batches: Sequence[Batch]) -> Source | None:
-    """Where `prompt`'s longest shared prefix (at least MIN_SHARED tokens) is held: the
-    batch's cache and mask, the row, the tokens to copy; None where no running row has it."""
+def best_source(prompt: Sequence[int], batches: Sequence[Batch], scope: str) -> Source | None:
+    """Where `prompt`'s longest shared prefix (at least MIN_SHARED tokens) is held by a
+    running row of the same caller's `scope`: the batch's cache and mask, the row, the
+    tokens to copy; None where no such row has it."""
     best: Source | None = None
     for batch in batches:
-        index, count = find_donor(prompt, [row.shared_ids for row in batch.rows])
+        ids = [row.shared_ids if row.scope == scope else [] for row in batch.rows]
+        index, count = find_donor(prompt, ids)
         if count > (best[3] if best else 0):
             best = (batch.cache, batch.mask, index, count)
     return best

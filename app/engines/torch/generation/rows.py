@@ -70,6 +70,11 @@ class Row:
         return [] if self.own_kv else self.task.prompt_ids
 
     @property
+    def scope(self) -> str:
+        """Whose cached and running prefixes it may copy (app.models.prefix_cache)."""
+        return self.task.params.cache_scope
+
+    @property
     def most(self) -> int:  # the most tokens its cache will hold: prompt + max_tokens
         return len(self.task.prompt_ids) + self.task.max_tokens
 

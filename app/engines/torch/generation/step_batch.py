@@ -219,11 +219,12 @@ class StepBatcher:
             return len(group) > 1 and shared_prefix(group) >= MIN_SHARED > shared_prefix(
                 [*group, prompt]
             )
-        shared = max(common_prefix(prompt, other.task.prompt_ids) for other in taken)
+        mine = [other.task.prompt_ids for other in taken if other.scope == row.scope]
+        shared = max((common_prefix(prompt, ids) for ids in mine), default=0)
         shared = min(shared, len(prompt) - 1)
         if shared < MIN_SHARED:
             return False
-        source = best_source(prompt, self._batches)
+        source = best_source(prompt, self._batches, row.scope)
         return (source[3] if source else 0) < shared and self.cost.worth_splitting(shared)
 
     def _prefill(self, rows: list[Row]) -> int:
@@ -294,10 +295,10 @@ class StepBatcher:
         prompt = row.task.prompt_ids
         if row.own_kv:
             return None
-        running = best_source(prompt, self._batches)
+        running = best_source(prompt, self._batches, row.scope)
         if self._store is None or not row.task.params.prefix_cache:
             return running
-        entry, count = self._store.longest(self._name, prompt, used=False)
+        entry, count = self._store.longest(self._name, prompt, scope=row.scope, used=False)
         kept = entry.payload.source(count) if entry is not None else None
         return better(running, kept)
 
@@ -480,12 +481,12 @@ class StepBatcher:
             return
         prompt = row.task.prompt_ids
         ids = tuple(prompt) + tuple(row.produced[: row.position - len(prompt)])
-        if len(ids) < MIN_SHARED or store.covers(self._name, ids):
+        if len(ids) < MIN_SHARED or store.covers(self._name, ids, row.scope):
             return
-        if not store.make_room(self._name, ids, batch.token_bytes() * row.position):
+        if not store.make_room(self._name, ids, batch.token_bytes() * row.position, row.scope):
             return  # not copied at all: the copy itself would take bytes no one admitted
         kept: Kept = kept_row(batch, index)
-        store.put(Entry(self._name, ids, kept.nbytes, kept))
+        store.put(Entry(self._name, ids, kept.nbytes, kept, scope=row.scope))
 
     def _fail(self, rows: list[Row], exc: BaseException) -> None:
         """A failed forward: its rows (and every batch's state) are given up."""
