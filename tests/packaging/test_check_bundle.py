@@ -141,6 +141,11 @@ def delvewheel_site(tmp_path: Path) -> Path:
         "xllamacpp-2026.10.11549.dist-info/RECORD",
     ]
     (info / "RECORD").write_text("".join(f"{row},,\n" for row in rows))
+    # each file installed too: importlib_metadata 8.9 (litellm imports it, and it takes
+    # over the standard library's finder) lists only the RECORD's files that exist
+    for row in rows[:-1]:
+        (site / row).parent.mkdir(parents=True, exist_ok=True)
+        (site / row).write_bytes(b"")
     return site
 
 

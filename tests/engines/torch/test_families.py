@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_app_spec_collects_the_list_pull_reads():
     spec = (ROOT / "app.spec").read_text()
     assert "from app.engines.torch.families import transformers_packages" in spec
-    assert "for package in FAMILY_PACKAGES for module in collect_submodules(package)" in spec
+    assert "for package in FAMILY_PACKAGES for module in family_modules(package)" in spec
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
