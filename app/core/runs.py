@@ -37,6 +37,9 @@ class Running:
     overdue: bool = False  # the watchdog gave up on it
     ended: bool = False  # and its engine ended its silent process: nothing of ours wedged
     ended_error: Exception | None = None  # what its requests are told then
+    # what its failed device work tells its requests, mapped when the device came back
+    # (before its permit: an out-of-memory's raised price is in place for what waits)
+    failure: Exception | None = None
 
     def progress_at(self) -> float:
         """When it last showed life: its start, a stream's latest text, or a step its
@@ -85,6 +88,16 @@ class GroupRunner:
         work = leader.handler.start(merged, leader.stream, self._executor)
         return Running(permit, jobs, self._clock(), work, merged, key)
 
+    def device_failed(self, run: Running) -> Exception | None:
+        """Where the run's device work failed: its error as callers see it, mapped now
+        (an out-of-memory's price raised) and kept for `settle`; None otherwise."""
+        work = run.work
+        if run.failure is None and work.done() and not work.cancelled():
+            exc = work.exception()
+            if isinstance(exc, Exception):
+                run.failure = self._failures(exc, run.key, run.merged, run.permit, self._wait_s())
+        return run.failure
+
     async def settle(self, run: Running) -> None:
         """Wait for the run's device work, record what it measured, and give every member
         its result (or the error that ended it)."""
@@ -100,7 +113,9 @@ class GroupRunner:
                 raw = await leader.handler.finish(raw, self._executor)
             output = raw
         except Exception as exc:
-            error = self._failures(exc, run.key, run.merged, run.permit, self._wait_s())
+            error = run.failure
+            if error is None:  # not the device work's own failure (its finish's)
+                error = self._failures(exc, run.key, run.merged, run.permit, self._wait_s())
             for job in run.jobs:
                 if not job.result.done():
                     job.result.set_exception(error)

@@ -31,11 +31,13 @@ from app.devices.executor import Executor
 from app.errors import (
     ClientGone,
     ContextLengthExceeded,
+    OutOfMemory,
     RunnerStopped,
     RunTimeout,
     VramgateError,
 )
 from app.models.prefix_cache import PrefixStore
+from app.sched.budget import PriceKey
 from app.sched.gate import MemoryGate
 from app.sched.tickets import Permit, Reject, Ticket, Wait
 
@@ -143,10 +145,14 @@ class Scheduler:
     def prefer(self, full: Job, lean: Job) -> Job:
         """Of two ways to run one request (`lean`: in fewer bytes, more slowly, as an
         image decoded in tiles), the lean one when the full price can never fit the
-        device, or cannot start now while the lean one can; else the full one. Now: the
+        device (a learned one: when even the peak it ran in cannot), or cannot start now
+        while the lean one can; else the full one. Now: the
         bytes no permit holds, and no other job running beside one that must run alone."""
         capacity = self._pricer.capacity()
-        if max(full.quote.nbytes, full.quote.floor) > capacity:
+        need = max(full.quote.nbytes, full.quote.floor)
+        if full.quote.ran_in:  # it ran in this much: a margin above it is no proof
+            need = min(need, max(full.quote.ran_in, full.quote.floor))
+        if need > capacity:
             return lean if max(lean.quote.nbytes, lean.quote.floor) <= capacity else full
         free, running = self.gate.free_bytes(), self.gate.running
 
@@ -295,7 +301,19 @@ class Scheduler:
         if run.overdue and not run.ended:
             self.wedged -= 1
             log.warning("an overdue job came back after %.1fs", self._clock() - run.started_at)
+        if isinstance(self._runner.device_failed(run), OutOfMemory):
+            self._requote(run.key)  # before its permit lets the next one in
         self._release_run(run)
+
+    def _requote(self, key: PriceKey) -> None:
+        """The waiting jobs priced under `key` take its price as it is now: an
+        out-of-memory raised it, and a ticket quoted before would be let into the room
+        that just proved too small, one after another."""
+        for ticket in self.gate.waiting:
+            job = ticket.payload
+            if isinstance(job, Job) and job.key == key:
+                job.quote = self._pricer.quote(job.handler, job.key, job.prepared)
+                ticket.nbytes, ticket.exclusive = self._pricer.admission(job.quote)
 
     def _release_run(self, run: Running) -> None:
         if not run.released:

@@ -1,8 +1,9 @@
 """BudgetBook: what a job costs in bytes, learned from measured peaks.
 
 One-shot jobs (embeddings, images): the price is the P95 of the measured peak bytes in a
-sliding window for its (model, bucket, device, dtype, fingerprint), times a penalty that
-grows with each out-of-memory and decays with each clean run after it. An unseen bucket
+sliding window for its (model, bucket, device, dtype, fingerprint), allowing for the
+spread seen while it has fewer than 20 (app.sched.entry.peak_price), times a penalty
+that grows with each out-of-memory and decays with each clean run after it. An unseen bucket
 is priced conservatively, assuming a larger bucket never costs less:
 - a larger measured neighbour exists: its price (a safe upper bound), shared with others;
 - only smaller neighbours, or none: it runs *exclusive* (alone on the device) once so
@@ -91,6 +92,9 @@ class Quote(NamedTuple):
     # what it holds within its model's reservation (a runner's KV cells): its price as
     # the caller is shown it, not admitted again (`nbytes` is 0 then)
     held: int = 0
+    # a learned price: the largest peak measured, in which the bucket did run. Its
+    # price allows for the spread above that and may pass the device; this may not
+    ran_in: int = 0
 
 
 def line_source(rate: int | None, fixed: int | None) -> Source:
@@ -126,7 +130,7 @@ class BudgetBook:
         learned = entry.price() if entry else None
         expected = entry.expected_s() if entry else self._neighbour_run_s(key, size)
         if learned is not None:
-            return Quote(learned, False, "learned", expected)
+            return Quote(learned, False, "learned", expected, ran_in=max(entry.peaks))
         floor = entry.floor if entry else 0
         larger, smaller = self._neighbours(key, size)
         if larger is not None:
@@ -337,19 +341,22 @@ class BudgetBook:
             return math.ceil(low_fixed * size / max(low_size, 1) * EXTRAPOLATION_MARGIN)
         return 0
 
-    def _family(self, key: PriceKey) -> list[tuple[int, int]]:  # one-shot buckets only
-        """(size, price) of the learned buckets of the same model, device and dtype."""
+    def _family(self, key: PriceKey) -> list[tuple[int, int, int]]:  # one-shot buckets only
+        """(size, price, measured) of the learned buckets of the same model, device and
+        dtype."""
         found = []
         for other, entry in self._entries.items():
-            price = entry.price()
+            price, measured = entry.price(), entry.measured()
             if other != key and other.family() == key.family() and price is not None:
-                found.append((entry.size, price))
+                found.append((entry.size, price, measured or price))
         return found
 
     def _neighbours(self, key: PriceKey, size: int) -> tuple[int | None, tuple[int, int] | None]:
+        """The smallest larger neighbour's price (an upper bound as it is), and the
+        largest smaller one's size and measured bytes (to extrapolate from)."""
         family = self._family(key)
-        larger = [price for s, price in family if s >= size]
-        smaller = [(s, price) for s, price in family if s < size]
+        larger = [price for s, price, _ in family if s >= size]
+        smaller = [(s, measured) for s, _, measured in family if s < size]
         return (
             min(larger) if larger else None,
             max(smaller) if smaller else None,

@@ -21,6 +21,28 @@ def p95(values: list[int]) -> int:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+# Below this many samples the nearest-rank P95 is the largest seen: no percentile yet
+P95_SAMPLES = 20
+# A price from one sample, which shows no spread, allows this much above it (a
+# generation's measured parts have the same margin: app.sched.budget.MEASURED_MARGIN)
+ONE_SAMPLE_MARGIN = 1.1
+
+
+def peak_price(values: list[int]) -> int:
+    """What a bucket with these measured peaks is priced at: their P95 once there are
+    P95_SAMPLES. Before that the P95 is only the largest seen, and the next run may come
+    above it by as much as runs were seen to vary: the largest plus the spread between
+    the smallest and the largest; from a single sample, ONE_SAMPLE_MARGIN over it. (A
+    flood priced on one warm-up sample a bucket, with peaks varying 25% run to run, ran
+    out of memory 30-40 times in 250 requests.)"""
+    top = p95(values)
+    if len(values) >= P95_SAMPLES:
+        return top
+    if len(values) == 1:
+        return math.ceil(top * ONE_SAMPLE_MARGIN)
+    return top + max(values) - min(values)
+
+
 @dataclass
 class PriceEntry:
     """A one-shot bucket (`peaks` are whole peaks), or a generation's prompt bucket
@@ -47,8 +69,15 @@ class PriceEntry:
         if not self.peaks or self.generation:
             return None
         if self._price is None:
-            self._price = max(math.ceil(p95(list(self.peaks)) * self.penalty), self.floor)
+            self._price = max(math.ceil(peak_price(list(self.peaks)) * self.penalty), self.floor)
         return self._price
+
+    def measured(self) -> int | None:
+        """A one-shot bucket's P95 with its penalty, no allowance for the spread: what a
+        larger bucket is extrapolated from (with a margin of its own for the unknown)."""
+        if not self.peaks or self.generation:
+            return None
+        return max(math.ceil(p95(list(self.peaks)) * self.penalty), self.floor)
 
     def fixed(self) -> int | None:
         """A generation bucket's measured fixed part (P95 of its clean runs)."""

@@ -100,7 +100,8 @@ class Rig:
         for size, (nbytes, run_s) in BUCKETS.items():  # learned prices: exact and shared
             prepared = self.handler.preprocess([words(size)])
             key = self.pricer.key("sim", self.handler, prepared)
-            self.book.record(key, size, nbytes, run_s)
+            for _ in range(2):  # two equal samples: no spread to allow for, the price exact
+                self.book.record(key, size, nbytes, run_s)
 
     def job(self, text: str) -> Job:
         prepared = self.handler.preprocess([text])

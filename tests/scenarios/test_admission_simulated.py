@@ -156,6 +156,46 @@ def test_simulated_injected_oom_gets_503_then_service_continues_at_a_higher_pric
     assert live.status()["counters"]["ooms"] == 1
 
 
+def test_simulated_requests_waiting_behind_an_oom_take_its_raised_price(server_factory):
+    """One slot, one input a run: the first request holds the slot while three of its
+    bucket wait; the second runs out of memory (injected). The two after it are admitted
+    with the price the out-of-memory raised, not the one quoted when they arrived:
+    before, each was let into the room that had just proved too small (a flood's one
+    overrun became nine out-of-memory errors)."""
+    spec = ModelSpec(
+        name="sim",
+        kind="simulated",
+        buckets=(SimulatedBucket(size=16, bytes=100 * MiB, run_ms=300),),
+        inject=FaultInjection(oom_on_calls=(3,)),  # call 1 is the warm-up, 2 the first
+        max_batch=1,
+    )
+    live = server_factory(device="simulated:2GiB", models=(spec,), max_concurrent=1)
+    quoted = prices(live)["w16"]
+
+    def queue(field: str) -> int:
+        return live.status()["queue"][field]
+
+    async def four() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            first = asyncio.create_task(client.post("/v1/embeddings", json=body()))
+            await asyncio.to_thread(wait_until, lambda: queue("running") == 1, 10, "running")
+            rest = [asyncio.create_task(client.post("/v1/embeddings", json=body())) for _ in "abc"]
+            await asyncio.to_thread(wait_until, lambda: queue("depth") == 3, 10, "three waiting")
+            return [await first, *await asyncio.gather(*rest)]
+
+    first, *rest = asyncio.run(four())
+    assert first.status_code == 200
+    assert sorted(r.status_code for r in rest) == [200, 200, 503]  # whichever ran second
+    failed = next(r for r in rest if r.status_code == 503)
+    assert failed.json()["error"]["code"] == "out_of_memory"
+    after = [r for r in rest if r.status_code == 200]
+    price = [int(r.headers["X-Vramgate-Price-Bytes"]) for r in (first, *after)]
+    assert price[0] == quoted
+    # both admitted with the raised price (the clean run between wears it down only for
+    # what is quoted after it)
+    assert price[1] == price[2] > quoted
+
+
 def test_simulated_pool_follows_memory_taken_by_another_program(server_factory):
     live = server_factory(device="simulated:1GiB", models=(sim((16, 600 * MiB, 5)),))
     device = live.service.device

@@ -1,9 +1,9 @@
 """The flood: 500 mixed requests from 64 concurrent clients against a simulated 2 GiB
 device. With true costs as declared, nothing may run out of memory and the packing must be
 close to ideal. With true costs the server does not know (guesses below the truth, a
-random jitter per run, one bucket far above what its neighbours predict), learning and
-out-of-memory recovery must answer every accepted request (200, or 503 with Retry-After),
-never a 500 or a lost request.
+random jitter per run, one bucket far above what its neighbours predict), nothing may run
+out of memory either, while learning or after, and every accepted request is answered
+(200, or 503 with Retry-After), never a 500 or a lost request.
 
 Every memory assertion here can fail: the simulated device raises only past its
 capacity, so "high water <= capacity" could not; with a reserve for other programs, what
@@ -131,7 +131,10 @@ def test_simulated_flood_never_overcommits_and_packs_well(server_factory):
         f"{device.high_water / MiB:.0f} MiB of {pool / MiB:.0f} MiB (reserve "
         f"{RESERVE / MiB:.0f} MiB); OOMs 0"
     )
-    assert efficiency >= 0.85
+    # 92-93% when a bucket's one warm-up sample was its price; 84-85% measured since a
+    # price from one sample is 10% over it (app.sched.entry.ONE_SAMPLE_MARGIN), the room
+    # the unknown-cost flood below needs to run out of memory zero times
+    assert efficiency >= 0.80
 
 
 def admitted_high_water(gate: Any) -> list[int]:
@@ -161,7 +164,7 @@ JITTER = 0.25  # each run allocates its true bytes × (1 + U(0, 0.25))
 
 
 @pytest.mark.slow
-def test_simulated_flood_with_unknown_true_costs_answers_every_request(server_factory):
+def test_simulated_flood_of_unknown_true_costs_never_runs_out_and_answers_all(server_factory):
     model = ModelSpec(
         name="sim",
         kind="simulated",
@@ -188,9 +191,13 @@ def test_simulated_flood_with_unknown_true_costs_answers_every_request(server_fa
         high_waters.append(device.high_water)
 
     # The server never admitted more than the device less the reserve (its prices; the
-    # truth it does not know may run above them), and once learned nothing ran out.
+    # truth it does not know may run above them), and nothing ran out of memory, while
+    # learning or after: the unwarmed bucket runs alone until measured, a price from few
+    # samples allows for the spread, and what waits takes the price an overrun raised.
     assert admitted[0] <= CAPACITY - RESERVE, admitted[0] / MiB
+    assert halves[0][2] == 0, f"{halves[0][2]} OOMs while learning"
     assert halves[1][2] == 0, f"{halves[1][2]} OOMs after learning"
+    assert device.oom_count == 0
     status = live.status()
     for outcomes, _, _ in halves:
         assert len(outcomes) == REQUESTS // 2  # none lost

@@ -175,3 +175,22 @@ def test_simulated_images_are_never_batched_past_the_device(server_factory):
     buckets = Counter(a.headers["x-vramgate-bucket"] for a in answers)
     assert set(buckets) <= {"px1024x1024xb1", "px1024x1024xb2"}, buckets
     assert buckets["px1024x1024xb2"] >= 2, buckets  # they did batch, within the device
+
+
+def test_simulated_image_measured_near_the_top_still_runs_whole(server_factory):
+    # 1024² holds 2900 B/px × 1 Mpx = 2.83 GiB of a 3 GiB device, measured once (its
+    # warm-up at the default size): priced 10% above that, past the device. It did run
+    # whole in that much, so it runs whole (alone), not tiled as though it never fits
+    live = server_factory(
+        device="simulated:3GiB", models=(images_model(bytes_per_pixel=2900, default_size=1024),)
+    )
+    prices = {p["bucket"]: p["price_bytes"] for p in live.status()["models"][0]["prices"]}
+    assert prices["px1024x1024xb1"] > 3 * 2**30  # the premise: priced past the device
+    answer = generate(live.url, 1024)
+    assert answer.status_code == 200, answer.text
+    assert int(answer.headers["x-vramgate-price-bytes"]) == 3 * 2**30  # so it ran alone
+    assert answer.headers["x-vramgate-bucket"] == "px1024x1024xb1"
+    assert answer.headers["x-vramgate-price-source"] == "learned"
+    assert live.service.device.oom_count == 0
+    tiled = generate(live.url, 1536)  # the twin that never fits whole: tiled
+    assert tiled.headers["x-vramgate-bucket"] == "px1536x1536xb1~tiled"

@@ -6,6 +6,7 @@ import json
 import math
 
 from app.sched.budget import (
+    EXTRAPOLATION_MARGIN,
     GEOMETRY_MARGIN,
     MEASURED_MARGIN,
     BudgetBook,
@@ -13,7 +14,7 @@ from app.sched.budget import (
     Geometry,
     PriceKey,
 )
-from app.sched.entry import WINDOW, p95
+from app.sched.entry import ONE_SAMPLE_MARGIN, P95_SAMPLES, WINDOW, p95, peak_price
 
 MiB = 2**20
 
@@ -38,6 +39,18 @@ def test_price_is_p95_of_the_window():
     assert (quote.exclusive, quote.source) == (False, "learned")
 
 
+def test_a_price_from_few_samples_allows_for_the_spread_not_seen_yet():
+    """Below P95_SAMPLES the nearest-rank P95 is only the largest peak seen: one sample is
+    priced ONE_SAMPLE_MARGIN over it, more by the largest plus their spread (equal ones:
+    as measured), and a window of P95_SAMPLES by its P95."""
+    assert peak_price([1000]) == math.ceil(1000 * ONE_SAMPLE_MARGIN) > 1000
+    assert peak_price([1000, 1000, 1000]) == 1000
+    assert peak_price([1000, 1200]) == 1400  # the next run may vary as much again
+    assert peak_price([1100, 1000, 1200]) == 1400
+    many = [1000 + i for i in range(P95_SAMPLES)]
+    assert peak_price(many) == p95(many) == 1018
+
+
 def test_a_new_sample_changes_a_price_already_quoted():
     book = BudgetBook()
     for _ in range(10):
@@ -60,7 +73,8 @@ def test_unseen_bucket_below_a_measured_one_borrows_its_price():
     book = BudgetBook()
     book.record(key("s256"), 256, 9000, 0.1)
     quote = book.quote(key("s64"), 64)
-    assert (quote.nbytes, quote.exclusive, quote.source) == (9000, False, "neighbour")
+    price = math.ceil(9000 * ONE_SAMPLE_MARGIN)  # the larger one's price: one sample's
+    assert (quote.nbytes, quote.exclusive, quote.source) == (price, False, "neighbour")
 
 
 def test_unseen_bucket_above_measured_ones_is_extrapolated_and_exclusive():
@@ -69,7 +83,21 @@ def test_unseen_bucket_above_measured_ones_is_extrapolated_and_exclusive():
     book.record(key("s32"), 32, 2000, 0.1)
     quote = book.quote(key("s64"), 64)
     assert quote.exclusive and quote.source == "extrapolated"
-    assert quote.nbytes > 4000  # linear from the nearest smaller, plus a margin
+    # linear from the nearest smaller's measured bytes, with the extrapolation's margin
+    # only: the one-sample allowance of its price (2200) is not stacked on it
+    assert quote.nbytes == math.ceil(2000 * 2 * EXTRAPOLATION_MARGIN)
+    assert book.quote(key("s32"), 32).nbytes == math.ceil(2000 * ONE_SAMPLE_MARGIN)
+
+
+def test_a_learned_quote_says_the_peak_it_ran_in():
+    """Its price may pass the device by the spread allowed above the samples (a bucket
+    measured near the top): the peak it did run in is what can prove it never fits."""
+    book = BudgetBook()
+    for peak in (900, 1000):
+        book.record(key("s16"), 16, peak, 0.1)
+    quote = book.quote(key("s16"), 16)
+    assert (quote.nbytes, quote.ran_in) == (1100, 1000)
+    assert book.quote(key("s64"), 64).ran_in == 0  # not learned: nothing ran
 
 
 def test_neighbours_are_per_model():
@@ -86,9 +114,10 @@ def test_buckets_of_another_variant_are_no_neighbours():
     full = book.quote(key("px768x768xb1"), 768 * 768, prior=5000)
     assert (full.nbytes, full.exclusive, full.source) == (5000, True, "unseen")
     book.record(key("px1024x1024xb1"), 1024 * 1024, 9000, 0.1)
-    assert book.quote(key("px768x768xb1"), 768 * 768).nbytes == 9000  # its own variant's
+    own = book.quote(key("px768x768xb1"), 768 * 768).nbytes  # its own variant's
+    assert own == math.ceil(9000 * ONE_SAMPLE_MARGIN)
     tiled = book.quote(key("px768x768xb1~tiled"), 768 * 768)
-    assert (tiled.nbytes, tiled.source) == (2000, "neighbour")
+    assert (tiled.nbytes, tiled.source) == (math.ceil(2000 * ONE_SAMPLE_MARGIN), "neighbour")
 
 
 def test_overlapped_runs_count_time_not_bytes():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 
@@ -229,7 +230,9 @@ def test_simulated_16_streams_are_admitted_by_price_without_overcommit(server_fa
     status = live.status()
     assert status["pool"]["admitted_bytes"] == 0 and status["queue"]["depth"] == 0
     prices = {p["bucket"]: p["price_bytes"] for p in status["models"][0]["prices"]}
-    assert prices["w64"] == 300 * MiB and prices["w16"] == 100 * MiB
+    # each priced on one sample (its warm-up), which shows no spread: 10% above it
+    assert prices["w64"] == math.ceil(300 * MiB * 1.1)
+    assert prices["w16"] == math.ceil(100 * MiB * 1.1)
 
 
 def test_pickled_weights_are_never_loaded(server_factory, tmp_path, llama_folder):
