@@ -32,10 +32,13 @@ Runs the real server in-process on the device and prints (and writes to OUT/gpu_
    learned / isolated (the issue's bar: within 10%);
 9. speech: a Whisper at whisper-small's config (random weights), one 30-second window's
    learned price (`w30xb1`, through `/v1/audio/transcriptions`) against its isolated peak
-   (`generate` on that window's features, called directly).
+   (`generate` on that window's features, called directly);
+10. text to speech: a VITS at MMS-TTS's size (VitsConfig's defaults, random weights), one
+   sentence's learned price (`sNxb1`, through `/v1/audio/speech`) against its isolated
+   peak (app.engines.torch.vits.synthesize on its ids, called directly).
 
-`--tiny` makes steps 8 and 9 use the tests' tiny SD 1.5-shaped pipeline and Whisper (for
-a dry run: `--tiny --sd-sizes 64,128`).
+`--tiny` makes steps 8-10 use the tests' tiny SD 1.5-shaped pipeline, Whisper and VITS
+(for a dry run: `--tiny --sd-sizes 64,128`).
 
 On a machine without CUDA, `--device cpu` runs the same steps as a dry run. The device
 machine has no network: carry the pure dependencies as wheels, e.g.
@@ -547,6 +550,65 @@ def speech_check(work: Path, device_spec: str, tiny: bool, runs: int = 3) -> dic
     }
 
 
+# -- 10: one spoken sentence -------------------------------------------------------------
+SENTENCE = "The quick brown fox jumps over the lazy dog while the band plays on."
+
+
+def isolated_sentence_peak(folder: Path, device_spec: str) -> dict[str, int]:
+    """The sentence's forward, called directly as the server calls it (its tokenizer's
+    ids, speaker 0, speed 1, the request's default seed 0)."""
+    import torch
+    from transformers import VitsModel, VitsTokenizer
+
+    from app.config.settings import load_settings
+    from app.devices.choose import make_device
+    from app.engines.torch.vits import Row, synthesize
+
+    device = make_device(load_settings({"device": device_spec}, Path("/nonexistent.toml")))
+    model = VitsModel.from_pretrained(folder, dtype=torch.float32).to(device.torch_device)
+    model = model.eval()
+    ids = VitsTokenizer.from_pretrained(folder)(SENTENCE).input_ids
+
+    def run() -> None:
+        with torch.inference_mode():
+            synthesize(model, [Row(ids, 0, 1.0, 0)])
+
+    run()  # kernels and handles loaded once, as the server's priming does
+    return measured_peak(device, run)
+
+
+def speech_synthesis_check(work: Path, device_spec: str, tiny: bool, runs: int = 3) -> dict:
+    """A VITS at MMS-TTS's size (random weights; `tiny`: the tests' own): one sentence's
+    learned price through /v1/audio/speech against its isolated peak."""
+    import httpx
+
+    from app.config.settings import ModelSpec
+    from tests.support.live import live_server, make_settings
+    from tests.support.random_vits import save_random_vits
+
+    folder = save_random_vits(work / "vits", mms_size=not tiny)
+    isolated = isolated_sentence_peak(folder, device_spec)
+    give_back_cache()
+    spec = ModelSpec(name="vits", kind="speech_synthesis", path=folder, load="startup")
+    settings = make_settings(work / "tts", device=device_spec, models=(spec,))
+    body = {"model": "vits", "input": SENTENCE, "response_format": "pcm"}
+    with live_server(settings) as live, httpx.Client(base_url=live.url, timeout=600) as client:
+        answers = [client.post("/v1/audio/speech", json=body) for _ in range(runs)]
+        lines = {p["bucket"]: p for m in live.status()["models"] if m["name"] == "vits"
+                 for p in m["prices"]}  # fmt: skip
+    first = answers[0]
+    row = _size_row(0, first, lines, isolated) if first.status_code == 200 else {}
+    row.pop("size", None)
+    return {
+        "status": [a.status_code for a in answers],
+        "config": "the tests' tiny VITS" if tiny else "MMS-TTS's (VitsConfig defaults), random",
+        "sentence": SENTENCE,
+        # OpenAI's pcm: 24 kHz, 16-bit, mono
+        "audio_seconds": len(first.content) / 2 / 24_000 if first.status_code == 200 else 0,
+        **row,
+    }
+
+
 async def flood(url: str, bodies: list[dict], clients: int) -> dict[str, Any]:
     import httpx
 
@@ -758,6 +820,7 @@ def main() -> int:
     sides = [int(side) for side in args.sd_sizes.split(",")]
     report["sd15"] = diffusion_check(work, args.device, sides, args.sd_steps, args.tiny)
     report["speech_window"] = speech_check(work, args.device, args.tiny)
+    report["speech_synthesis"] = speech_synthesis_check(work, args.device, args.tiny)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(report, indent=2, default=str))

@@ -54,6 +54,10 @@ def test_gpu_check_dry_run_on_the_cpu_reports_generation(tmp_path):
     window = report["speech_window"]
     assert window["status"] == [200, 200, 200] and window["bucket"] == "w30xb1"
     assert window["learned_bytes"] > 0 and window["samples"] >= 3
+    spoken = report["speech_synthesis"]
+    assert spoken["status"] == [200, 200, 200] and spoken["bucket"].startswith("s")
+    assert spoken["learned_bytes"] > 0 and spoken["samples"] >= 3
+    assert spoken["audio_seconds"] > 0.5 and spoken["isolated_peak_bytes"] >= 0
 
 
 def test_the_flood_limits_the_card_itself_and_the_server_sees_the_limit(tmp_path):
