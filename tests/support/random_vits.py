@@ -13,8 +13,13 @@ from pathlib import Path
 CHARACTERS = list("_ abcdefghijklmnopqrstuvwxyz'-")  # "_" first: id 0, the blank
 
 
-def save_random_vits(folder: Path, *, speakers: int = 1, hidden: int = 16) -> Path:
-    """A VitsModel (`speakers` > 1: with a speaker embedding) and its tokenizer."""
+def save_random_vits(
+    folder: Path, *, speakers: int = 1, hidden: int = 16, mms_size: bool = False
+) -> Path:
+    """A VitsModel (`speakers` > 1: with a speaker embedding) and its tokenizer; tiny, or
+    (`mms_size`) at MMS-TTS's own size (VitsConfig's defaults are facebook/mms-tts-eng's:
+    hidden 192, 6 text-encoder layers, a 512-channel HiFi-GAN decoder), for the
+    benchmarks."""
     import torch
     from transformers import VitsConfig, VitsModel, VitsTokenizer
 
@@ -25,8 +30,7 @@ def save_random_vits(folder: Path, *, speakers: int = 1, hidden: int = 16) -> Pa
         str(vocab), pad_token="_", unk_token="_", add_blank=True, normalize=True, phonemize=False
     )
     tokenizer.save_pretrained(folder)
-    config = VitsConfig(
-        vocab_size=len(CHARACTERS),
+    small = dict(
         hidden_size=hidden,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -43,8 +47,12 @@ def save_random_vits(folder: Path, *, speakers: int = 1, hidden: int = 16) -> Pa
         prior_encoder_num_flows=2,
         prior_encoder_num_wavenet_layers=2,
         posterior_encoder_num_wavenet_layers=2,
+    )
+    config = VitsConfig(
+        vocab_size=len(CHARACTERS),
+        **({} if mms_size else small),
         num_speakers=speakers,
-        speaker_embedding_size=8 if speakers > 1 else 0,
+        speaker_embedding_size=(256 if mms_size else 8) if speakers > 1 else 0,
         sampling_rate=16_000,
         pad_token_id=0,
     )
