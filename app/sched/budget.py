@@ -385,9 +385,11 @@ class LoadLedger:
         return PriceKey(model, f"load:{config}", self._device_key, dtype, fingerprint)
 
     def learned(self, model: str, dtype: str, fingerprint: str, config: str) -> int | None:
-        """The P95 of the bytes such loads measured; None before one was measured."""
+        """The P95 of the bytes such loads measured; None before one was measured. No
+        allowance for a spread (as a job's price from few samples has): the buffers a
+        load's log reports are the same for the same settings."""
         entry = self._book._entries.get(self._key(model, dtype, fingerprint, config))
-        return entry.price() if entry is not None else None
+        return entry.measured() if entry is not None else None
 
     def record(
         self, model: str, dtype: str, fingerprint: str, config: str, nbytes: int, load_s: float
