@@ -431,7 +431,8 @@ def test_cpu_peak_without_a_resettable_high_water_mark_is_sampled():
     device.begin_peak()
     base = device.allocated()
     with device.hold(256 * MiB):
-        time.sleep(0.05)  # a job's working memory, held for a while
+        time.sleep(0.5)  # a job's working memory, held for a while (a busy machine
+        # may leave the 1 ms sampler unscheduled for tens of milliseconds: it missed 50)
     assert device.allocated() - base < 64 * MiB  # given back before the end
     assert device.peak() - base >= 240 * MiB
 
