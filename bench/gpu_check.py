@@ -423,8 +423,7 @@ def diffusion_check(
                 answer = client.post("/v1/images/generations", json=image_body(side, steps, seed))
                 answer.raise_for_status()
                 first.setdefault(side, answer)
-        lines = {p["bucket"]: p for m in live.status()["models"] if m["name"] == "sd15"
-                 for p in m["prices"]}  # fmt: skip
+        lines = bucket_prices(live.status(), "sd15")
     rows = [_size_row(side, first[side], lines, isolated[side]) for side in sides]
     return {
         "sizes": rows,
@@ -432,6 +431,11 @@ def diffusion_check(
         "configs": "tiny (the tests')" if tiny else "SD 1.5's, random weights, float16 saved",
         "all_within_10pct": all(row["within_10pct"] for row in rows),
     }
+
+
+def bucket_prices(status: dict[str, Any], model: str) -> dict[str, Any]:
+    """The model's price lines in the server's /status, by bucket."""
+    return {p["bucket"]: p for m in status["models"] if m["name"] == model for p in m["prices"]}
 
 
 def _size_row(
@@ -535,8 +539,7 @@ def speech_check(work: Path, device_spec: str, tiny: bool, runs: int = 3) -> dic
             client.post("/v1/audio/transcriptions", files={"file": ("w.wav", wav)}, data=form)
             for _ in range(runs)
         ]
-        lines = {p["bucket"]: p for m in live.status()["models"] if m["name"] == "whisper"
-                 for p in m["prices"]}  # fmt: skip
+        lines = bucket_prices(live.status(), "whisper")
     first = answers[0]
     bucket = first.headers.get("X-Vramgate-Bucket", "")
     row = _size_row(30, first, lines, isolated) if first.status_code == 200 else {}
@@ -594,8 +597,7 @@ def speech_synthesis_check(work: Path, device_spec: str, tiny: bool, runs: int =
     body = {"model": "vits", "input": SENTENCE, "response_format": "pcm"}
     with live_server(settings) as live, httpx.Client(base_url=live.url, timeout=600) as client:
         answers = [client.post("/v1/audio/speech", json=body) for _ in range(runs)]
-        lines = {p["bucket"]: p for m in live.status()["models"] if m["name"] == "vits"
-                 for p in m["prices"]}  # fmt: skip
+        lines = bucket_prices(live.status(), "vits")
     first = answers[0]
     row = _size_row(0, first, lines, isolated) if first.status_code == 200 else {}
     row.pop("size", None)

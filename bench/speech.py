@@ -30,10 +30,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
 import time
 import wave
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -54,6 +56,8 @@ SENTENCES = [
     "She wrote each reading in the log and lit the lamp an hour early.",
     "By morning the sea was calm and the boats came home one after another.",
 ]
+T = TypeVar("T")
+R = TypeVar("R")
 PCM_RATE = 24_000  # OpenAI's pcm: 24 kHz, 16-bit signed, mono
 
 
@@ -74,18 +78,11 @@ def timed(work: object) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def concurrently(url: str, paths: list[Path]) -> list[dict[str, object]]:
-    results: list[dict[str, object]] = [{} for _ in paths]
-
-    def one(index: int) -> None:
-        results[index] = transcribe(url, paths[index])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(paths))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
+def at_once(work: Callable[[T], R], items: list[T]) -> list[R]:
+    """`work(item)` for every item, each on a thread of its own, all started together;
+    the results in the items' order."""
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        return list(pool.map(work, items))
 
 
 def read_wav(path: Path) -> np.ndarray:
@@ -155,7 +152,7 @@ def measure(args: argparse.Namespace, root: Path) -> list[tuple[str, float, str]
                 f"batch {first['batch']}, {spread}",  # type: ignore[index]
             )
         )
-        both, answers = timed(lambda: concurrently(live.url, paths))
+        both, answers = timed(lambda: at_once(lambda p: transcribe(live.url, p), paths))
         batches = ",".join(str(a["batch"]) for a in answers)  # type: ignore[union-attr]
         rows.append(("vramgate, two files at once", both / (2 * audio_s), f"batch {batches}"))
         serial, _ = timed(lambda: [transcribe(live.url, p) for p in paths])
@@ -178,20 +175,6 @@ def speak(url: str, text: str) -> tuple[float, str]:
         answer = http.post("/v1/audio/speech", json=body)
     answer.raise_for_status()
     return len(answer.content) / 2 / PCM_RATE, answer.headers["X-Vramgate-Batch"]
-
-
-def speak_at_once(url: str, texts: list[str]) -> list[tuple[float, str]]:
-    results: list[tuple[float, str]] = [(0.0, "") for _ in texts]
-
-    def one(index: int) -> None:
-        results[index] = speak(url, texts[index])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
 
 
 def direct_speech(folder: Path) -> object:
@@ -230,10 +213,10 @@ def measure_tts(root: Path, rounds: int) -> list[tuple[str, float, str]]:
             direct.append((seconds / audio, audio))  # type: ignore[operator]
             seconds, (audio, batch) = timed(lambda: speak(live.url, SENTENCES[0]))  # type: ignore[misc]
             served.append((seconds / audio, audio))
-        seconds, answers = timed(lambda: speak_at_once(live.url, SENTENCES))
+        seconds, answers = timed(lambda: at_once(lambda t: speak(live.url, t), SENTENCES))
     total = sum(a for a, _ in answers)  # type: ignore[union-attr]
     batches = ",".join(b for _, b in answers)  # type: ignore[union-attr]
-    at_once = ("vramgate, four at once", seconds / total, f"{total:.1f} s, batch {batches}")
+    together = ("vramgate, four at once", seconds / total, f"{total:.1f} s, batch {batches}")
     one_by_one, audios = timed(lambda: [say(text) for text in SENTENCES])  # type: ignore[operator]
     total = sum(audios)  # type: ignore[arg-type]
 
@@ -248,7 +231,7 @@ def measure_tts(root: Path, rounds: int) -> list[tuple[str, float, str]]:
     )
     factor, note = best(served)
     rows.append((f"vramgate, one sentence (best of {rounds})", factor, f"{note}, batch {batch}"))
-    rows.append(at_once)
+    rows.append(together)
     return rows
 
 
