@@ -2,7 +2,13 @@
 through a live server serving SmolLM2-135M behind `claude-*`. SmolLM2's context is 8,192
 tokens and Claude Code's own system prompt and tools take about 30,700, so the test asks
 with a short system prompt, no tools, and 512 output tokens (Claude Code asks for 32,000,
-a 400 against that context). Skipped where npm or the package cannot be had."""
+a 400 against that context). Skipped where npm or the package cannot be had.
+
+Claude Code sends no `temperature`, so Anthropic's default of 1 would sample; a 135M model
+sampled at 1 can ramble to the 512 tokens, and Claude Code then asks again to continue,
+up to three more times (four requests, measured with a 6-token limit), which took CI past
+two minutes. The model's config makes it greedy, as a user's may (`temperature = 0`,
+which a request that leaves its temperature out takes): "Paris" in a few tokens."""
 
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ def claude(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_claude_code_answers_a_prompt_through_the_messages_api(claude, smollm2, tmp_path):
-    model = ModelSpec(name="smollm2", kind="generation", path=smollm2)
+    model = ModelSpec(name="smollm2", kind="generation", path=smollm2, temperature=0.0)
     settings = make_settings(
         tmp_path, device="cpu", models=(model,), model_aliases={"claude-*": "smollm2"}
     )
@@ -53,7 +59,7 @@ def test_claude_code_answers_a_prompt_through_the_messages_api(claude, smollm2, 
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=300,
             check=False,
         )
         served = httpx.get(live.url + "/status", timeout=30).json()["counters"]["served"]

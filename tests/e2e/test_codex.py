@@ -40,7 +40,9 @@ def codex(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_codex_answers_a_prompt_through_the_responses_api(codex, smollm2, tmp_path):
-    model = ModelSpec(name="smollm2", kind="generation", path=smollm2)
+    # greedy by the model's config (Codex sends no temperature): sampled, a 135M model can
+    # ramble to the output limit (tests/e2e/test_claude_code.py)
+    model = ModelSpec(name="smollm2", kind="generation", path=smollm2, temperature=0.0)
     settings = make_settings(
         tmp_path / "server", device="cpu", models=(model,), model_aliases={"gpt-*": "smollm2"}
     )
