@@ -7,7 +7,7 @@ ends) is tokenised on the CPU pool; rows of one or several requests run in one f
 row the speech it would be alone. Bucket: `sNxbM`, N the longest row's tokens divided by
 its speed (a slow row lasts as long as a longer text) rounded up to a power of two, M the
 rows rounded up likewise, as embedders' (app.models.prepared.length_bucketed). The first
-quote comes from the config (`synthesis_bytes`); every run teaches its bucket.
+quote comes from the config (app.engines.torch.vits.activation_bytes); every run teaches its bucket.
 """
 
 from __future__ import annotations
@@ -26,31 +26,13 @@ from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.devices.torch_backed import torch_device_of
 from app.engines.torch.module import TorchModule
-from app.engines.torch.vits import Row, synthesize
+from app.engines.torch.vits import Row, activation_bytes, synthesize
 from app.models.base import weight_file_bytes
 from app.models.kinds import Speech, SpeechSynthesizer, Utterance
 from app.models.prepared import Bucket, Prepared, length_bucketed, merged_rows
 from app.models.stages import InThreads
 
 LABEL = re.compile(r"^s(\d+)xb(\d+)$")
-# spectrogram frames a token may last at speed 1: MMS-TTS's characters (a blank between
-# each two) last 2 to 6 frames; twice that, for a margin
-FRAMES_PER_TOKEN = 12
-BUFFERS = 6  # the decoder's live activations at its widest: the block's in, out and temps
-
-
-def synthesis_bytes(config: Any, tokens: int, batch: int) -> int:
-    """An upper bound on one forward's activations over `batch` rows of `tokens` tokens
-    (at speed 1): the HiFi-GAN decoder at its widest stage (channels × upsampled frames)
-    dominates; the text encoder's attention over the tokens beside it."""
-    frames = tokens * FRAMES_PER_TOKEN
-    widest, length, channels = 0, frames, int(config.upsample_initial_channel)
-    for rate in config.upsample_rates:
-        length, channels = length * int(rate), channels // 2
-        widest = max(widest, channels * length)
-    attention = int(config.num_attention_heads) * tokens * tokens
-    flow = 4 * int(config.hidden_size) * frames
-    return batch * 4 * (BUFFERS * widest + attention + flow)
 
 
 class SpeechSynthesisHandler(InThreads, TorchModule, SpeechSynthesizer):
@@ -123,7 +105,7 @@ class SpeechSynthesisHandler(InThreads, TorchModule, SpeechSynthesizer):
         found = LABEL.match(bucket.label)
         if found is None or self._model is None:
             return 0
-        return synthesis_bytes(self._model.config, int(found.group(1)), int(found.group(2)))
+        return activation_bytes(self._model.config, int(found.group(1)), int(found.group(2)))
 
     def forward(self, prepared: Prepared) -> list[np.ndarray]:
         self.forward_calls += 1

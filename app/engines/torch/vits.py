@@ -21,6 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from app.engines.torch.hifigan import decode, hop, widest_stage
+
+# spectrogram frames a token may last at speed 1: MMS-TTS's characters (a blank between
+# each two) last 2 to 6 frames; twice that, for a margin
+FRAMES_PER_TOKEN = 12
+BUFFERS = 6  # the decoder's live activations at its widest: the block's in, out and temps
+
 
 @dataclass(frozen=True)
 class Row:
@@ -68,8 +75,18 @@ def synthesize(model: Any, rows: list[Row]) -> list[torch.Tensor]:
     latents = means + noise * torch.exp(log_variances) * model.noise_scale
     latents = model.flow(latents, output_mask, speakers, reverse=True)
     waveform = decode(model.decoder, latents * output_mask, output_mask, speakers)
-    hop = int(torch.prod(torch.tensor(config.upsample_rates)))
-    return [waveform[i, : int(n) * hop] for i, n in enumerate(frames.tolist())]
+    samples = hop(config)
+    return [waveform[i, : int(n) * samples] for i, n in enumerate(frames.tolist())]
+
+
+def activation_bytes(config: Any, tokens: int, batch: int) -> int:
+    """An upper bound on one forward's activations over `batch` rows of `tokens` tokens
+    (at speed 1): the HiFi-GAN decoder at its widest stage dominates; the text encoder's
+    attention over the tokens beside it."""
+    frames = tokens * FRAMES_PER_TOKEN
+    attention = int(config.num_attention_heads) * tokens * tokens
+    flow = 4 * int(config.hidden_size) * frames
+    return batch * 4 * (BUFFERS * widest_stage(config, frames) + attention + flow)
 
 
 def _noise(
@@ -138,34 +155,3 @@ def _alignment(
     valid = (indices.unsqueeze(0) < cumulative).to(attn_mask.dtype).view(batch, tokens, frames)
     starts = valid - nn.functional.pad(valid, [0, 0, 1, 0, 0, 0])[:, :-1]
     return (starts.unsqueeze(1).transpose(2, 3) * attn_mask).squeeze(1)
-
-
-def decode(
-    decoder: Any, spectrogram: torch.Tensor, mask: torch.Tensor, speakers: torch.Tensor | None
-) -> torch.Tensor:
-    """VitsHifiGan's forward with every row zeroed past its end before each convolution
-    (its mask upsampled with it): (batch, samples)."""
-    slope = decoder.config.leaky_relu_slope
-    hidden = decoder.conv_pre(spectrogram)
-    if speakers is not None:
-        hidden = hidden + decoder.cond(speakers)
-    for i, (upsampler, rate) in enumerate(
-        zip(decoder.upsampler, decoder.config.upsample_rates, strict=True)
-    ):
-        hidden = upsampler(nn.functional.leaky_relu(hidden, slope) * mask)
-        mask = torch.repeat_interleave(mask, int(rate), dim=2)
-        blocks = decoder.resblocks[i * decoder.num_kernels : (i + 1) * decoder.num_kernels]
-        hidden = sum(_residual(block, hidden, mask) for block in blocks) / decoder.num_kernels
-    hidden = decoder.conv_post(nn.functional.leaky_relu(hidden) * mask)
-    return torch.tanh(hidden).squeeze(1)
-
-
-def _residual(block: Any, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """HifiGanResidualBlock's forward, masked before each convolution."""
-    slope = block.leaky_relu_slope
-    for conv1, conv2 in zip(block.convs1, block.convs2, strict=True):
-        residual = hidden
-        hidden = conv1(nn.functional.leaky_relu(hidden, slope) * mask)
-        hidden = conv2(nn.functional.leaky_relu(hidden, slope) * mask)
-        hidden = hidden + residual
-    return hidden

@@ -6,28 +6,18 @@ model maps OpenAI's voice names to its speakers; buckets by tokens over speed ×
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-from app.config.settings import ModelSpec
-from app.devices.cpu import CpuDevice
 from app.engines.torch.speech_synthesis import SpeechSynthesisHandler
 from app.errors import InvalidRequest
 from app.models.kinds import Utterance
 from app.models.prepared import Bucket
 from tests.support.random_vits import save_random_vits
+from tests.support.synthesis import loaded, spoken, spoken_together
 
 TEXTS = ("Hello world.", "A much longer sentence, with more words in it.", "Hi")
-
-
-def loaded(folder: Path, max_batch: int = 4) -> SpeechSynthesisHandler:
-    spec = ModelSpec(name="vits", kind="speech_synthesis", path=folder, max_batch=max_batch)
-    handler = SpeechSynthesisHandler(spec)
-    handler.load(CpuDevice())
-    return handler
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +29,6 @@ def one_voice(tmp_path_factory) -> SpeechSynthesisHandler:
 @pytest.fixture(scope="module")
 def three_voices(tmp_path_factory) -> SpeechSynthesisHandler:
     return loaded(save_random_vits(tmp_path_factory.mktemp("vits3"), speakers=3))
-
-
-def spoken(handler: SpeechSynthesisHandler, rows: list[Utterance]) -> list[np.ndarray]:
-    prepared = handler.preprocess(rows)
-    return [speech.samples for speech in handler.postprocess(handler.forward(prepared))]
 
 
 def transformers_own(
@@ -86,8 +71,8 @@ def test_rows_batched_are_each_the_speech_they_are_alone(one_voice):
     rows = [Utterance(text, speed=1.0 + 0.25 * i, seed=i) for i, text in enumerate(TEXTS)]
     alone = [spoken(one_voice, [row])[0] for row in rows]
     merged = one_voice.merge([one_voice.preprocess([row]) for row in rows])
-    assert merged is not None and merged.count == 3 and merged.bucket.label.endswith("xb4")
-    together = [s.samples for s in one_voice.postprocess(one_voice.forward(merged))]
+    assert merged is not None and merged.bucket.label.endswith("xb4")
+    together = spoken_together(one_voice, rows)
     assert [a.shape for a in alone] == [t.shape for t in together]
     for a, t in zip(alone, together, strict=True):
         assert_same_speech(t, a)
