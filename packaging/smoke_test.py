@@ -8,14 +8,15 @@ refused saying so, the rest still served); with `--whisper FOLDER --audio FILE`,
 `pull` takes that Whisper folder as a speech model and `serve` transcribes the file (PyAV
 decoding it, transformers' Whisper running); with `--diffusion FOLDER`, a diffusers
 folder is pulled and draws one 64x64 image; with `--vision FOLDER`, a vision-language
-folder is pulled and answers a chat with an image in it; with `--tts FOLDER`, a VITS
-folder is pulled as text to speech and speaks one sentence (transformers' VITS running,
+folder is pulled and answers a chat with an image in it; with `--tts FOLDER` (once or
+more), a VITS or SpeechT5 folder is pulled as text to speech and speaks one sentence
+(transformers' VITS, or SpeechT5 with its vocoder and SentencePiece tokenizer, running;
 PyAV encoding); it stops cleanly. Standard library only, so CI on any runner can run it
 right after the build.
 
     python packaging/smoke_test.py dist/vramgate [--gguf tiny.gguf [--gguf-refused]]
         [--whisper tiny-whisper --audio clip.flac] [--diffusion tiny-sd] [--vision tiny-vl]
-        [--tts tiny-tts] [--timeout 300]
+        [--tts tiny-tts [--tts tiny-t5-tts]] [--timeout 300]
 
 Prints one JSON line with the figures; exit status 1 on any failure.
 """
@@ -271,7 +272,7 @@ def smoke(
     speech: tuple[Path, Path] | None = None,
     diffusion: Path | None = None,
     vision: Path | None = None,
-    tts: Path | None = None,
+    tts: list[Path] | None = None,
     gguf_refused: bool = False,
 ) -> dict:
     suffix = ".exe" if sys.platform == "win32" else ""
@@ -298,8 +299,9 @@ def smoke(
         figures["diffusion_kind"] = pulled_kind(cli, diffusion, config, models)
     if vision is not None:
         figures["vision_kind"] = pulled_kind(cli, vision, config, models)
-    if tts is not None:
-        figures["tts_kind"] = pulled_kind(cli, tts, config, models)
+    voices = tts or []
+    if voices:
+        figures["tts_kinds"] = {f.name: pulled_kind(cli, f, config, models) for f in voices}
     log = scratch / "output.txt"
     with log.open("w") as output:  # a file: an unread pipe could block the server
         server = subprocess.Popen(
@@ -327,8 +329,9 @@ def smoke(
                 figures["image_bytes"] = image_bytes(url, diffusion.name)
             if vision is not None:
                 figures["vision_finish"] = chat_with_an_image(url, vision.name)
-            if tts is not None:
-                figures["speech_seconds"] = round(spoken_seconds(url, tts.name), 3)
+            if voices:
+                spoken = {f.name: round(spoken_seconds(url, f.name), 3) for f in voices}
+                figures["speech_seconds"] = spoken
             figures["exit_code"] = shut_down(server, url)
             return figures
         finally:
@@ -346,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None, help="a file it transcribes")
     parser.add_argument("--diffusion", type=Path, default=None, help="a diffusers folder to pull")
     parser.add_argument("--vision", type=Path, default=None, help="a vision-language folder")
-    parser.add_argument("--tts", type=Path, default=None, help="a VITS folder to pull and hear")
+    parser.add_argument(
+        "--tts", type=Path, action="append", help="a VITS or SpeechT5 folder to pull and hear"
+    )
     parser.add_argument(
         "--gguf-refused",
         action="store_true",

@@ -340,8 +340,8 @@ class Speech:
 
 
 class SpeechSynthesizer(OneShotModel[Utterance]):
-    """Texts to speech (VITS, MMS-TTS): one row per `Utterance`, and `postprocess` gives
-    each row's `Speech`, in order."""
+    """Texts to speech (VITS, MMS-TTS, SpeechT5): one row per `Utterance`, and
+    `postprocess` gives each row's `Speech`, in order."""
 
     capability_names = ("speech",)
 

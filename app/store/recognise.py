@@ -86,8 +86,10 @@ def detect_kind(model: Path) -> Kind:
     model_type = config.get("model_type")
     if model_type in SPEECH_FAMILIES:
         return "speech"  # Whisper: speech to text (app.engines.torch.speech)
-    if model_type in SPEECH_SYNTHESIS_FAMILIES:
-        return "speech_synthesis"  # VITS, MMS-TTS (app.engines.torch.speech_synthesis)
+    if model_type in SPEECH_SYNTHESIS_FAMILIES and (
+        model_type != "speecht5" or "SpeechT5ForTextToSpeech" in architectures
+    ):  # VITS, MMS-TTS, SpeechT5's text to speech (app.engines.torch.speech_synthesis)
+        return "speech_synthesis"
     if sees_images(model):
         return "generation"  # a vision-language model: chat with images
     if model_type in EMBEDDING_FAMILIES:

@@ -703,6 +703,41 @@ def test_a_vits_folder_is_pulled_as_a_speech_synthesis_model_and_speaks(tmp_path
     assert answer.content[:4] == b"RIFF"
 
 
+def test_a_speecht5_folder_is_pulled_with_its_vocoder_and_speaks(tmp_path):
+    """A SpeechT5 text-to-speech folder (its vocoder and voices inside it) is pulled as
+    speech_synthesis, whole, and speaks through the entry pull wrote; its speech-to-text
+    twin (SpeechT5ForSpeechToText, the same model_type) is refused, naming it."""
+    from openai import OpenAI
+    from transformers import SpeechT5Config, SpeechT5ForSpeechToText
+
+    from tests.support.random_speecht5 import save_random_speecht5
+
+    folder = save_random_speecht5(tmp_path / "src" / "tiny-t5-tts", speakers=2)
+    config = tmp_path / "config.toml"
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    spec = pull(str(folder), settings, config)
+    assert (spec.name, spec.kind) == ("tiny-t5-tts", "speech_synthesis")
+    assert spec.path is not None and (Path(spec.path) / "vocoder" / "config.json").is_file()
+    assert (Path(spec.path) / "speakers.safetensors").is_file()
+    entry = next(m for m in load_settings({}, config).models if m.name == "tiny-t5-tts")
+    serving = make_settings(tmp_path / "serve", device="cpu", models=(entry,), cpu_threads=1)
+    with live_server(serving) as live:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.audio.speech.create(
+            model="tiny-t5-tts", input="Hello.", voice="ash", response_format="wav"
+        )
+    assert answer.content[:4] == b"RIFF" and len(answer.content) > 1000
+    small = SpeechT5Config(
+        vocab_size=40, hidden_size=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, num_conv_pos_embeddings=16, conv_dim=(8, 8),
+        conv_stride=(5, 2), conv_kernel=(10, 3),
+    )  # fmt: skip
+    SpeechT5ForSpeechToText(small).save_pretrained(tmp_path / "src" / "tiny-t5-asr")
+    with pytest.raises(PullError, match="SpeechT5ForSpeechToText"):
+        pull(str(tmp_path / "src" / "tiny-t5-asr"), settings, config)
+
+
 def test_a_folder_of_an_architecture_no_kind_serves_is_refused_naming_it(tmp_path):
     """A transformers family vramgate has no kind for (T5, a text-to-text model) is
     refused before a byte is copied, naming its architecture and the kinds there are;

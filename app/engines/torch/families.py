@@ -31,8 +31,9 @@ GENERATION_FAMILIES = (
 )  # fmt: skip
 # speech to text (app.engines.torch.speech: Whisper and its fine-tunes, distil-whisper)
 SPEECH_FAMILIES = ("whisper",)
-# text to speech (app.engines.torch.speech_synthesis: VITS, Meta's MMS-TTS)
-SPEECH_SYNTHESIS_FAMILIES = ("vits",)
+# text to speech (app.engines.torch.speech_synthesis: VITS, Meta's MMS-TTS; SpeechT5's
+# text-to-speech model, Microsoft's speecht5_tts)
+SPEECH_SYNTHESIS_FAMILIES = ("vits", "speecht5")
 # chat with images (app.engines.torch.generation.vision_language: image-text-to-text with a
 # processor)
 VISION_LANGUAGE_FAMILIES = (

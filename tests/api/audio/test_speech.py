@@ -2,7 +2,8 @@
 official `openai` client and as Open WebUI sends it: every format decodes (PyAV) to the
 audio transformers' own VitsModel speaks for each sentence, resampled to 24 kHz; a
 streamed answer is the same audio as it is spoken; OpenAI's `sse` events carry it too;
-what is wrong is a 400 before anything is queued."""
+what is wrong is a 400 before anything is queued. A tiny random SpeechT5 served beside it
+speaks every format as its own `generate_speech` does."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from openai import OpenAI
 from app.api.audio.parts import split_parts
 from app.config.settings import ModelSpec
 from tests.support.live import Live, live_server, make_settings
+from tests.support.random_speecht5 import save_random_speecht5
 from tests.support.random_vits import save_random_vits
 
 TEXT = "Hello there, this is a test. A second sentence follows the first one!"
@@ -38,12 +40,18 @@ def folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory, folder) -> Iterator[Live]:
+def speecht5_folder(tmp_path_factory) -> Path:
+    return save_random_speecht5(tmp_path_factory.mktemp("speecht5"), speakers=2)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, folder, speecht5_folder) -> Iterator[Live]:
     spec = ModelSpec(name="vits", kind="speech_synthesis", path=folder, max_batch=8, load="startup")
+    speecht5 = ModelSpec(name="speecht5", kind="speech_synthesis", path=speecht5_folder)
     settings = make_settings(
         tmp_path_factory.mktemp("server"),
         device="cpu",
-        models=(spec,),
+        models=(spec, speecht5),
         health_interval=3600,
         cpu_threads=1,
         max_batch_wait_ms=100,
@@ -141,6 +149,41 @@ def test_open_webuis_request_reaches_the_speech_model_through_tts_1(live):
         assert container.format.name == "mp3"
         assert decoded_seconds(reply.content, "mp3") > 0.2
     assert "ignored" in reply.headers["X-Vramgate-Warning"]  # one voice: alloy unused
+
+
+def test_a_speecht5_model_speaks_every_format_as_its_generate_speech_does(client, speecht5_folder):
+    """SpeechT5 (its vocoder in the folder, two voices in its speakers file; `ash` is the
+    second): each sentence is as long as `generate_speech` makes it (seed 0, the
+    server's default), in every format; streamed, the same audio as whole."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import SpeechT5ForTextToSpeech, SpeechT5HifiGan, SpeechT5Tokenizer
+
+    tokenizer = SpeechT5Tokenizer.from_pretrained(speecht5_folder)
+    model = SpeechT5ForTextToSpeech.from_pretrained(speecht5_folder).eval()
+    vocoder = SpeechT5HifiGan.from_pretrained(speecht5_folder / "vocoder").eval()
+    voice = load_file(speecht5_folder / "speakers.safetensors")["speakers"][1:2]
+    samples = 0
+    for part in split_parts(TEXT):
+        torch.manual_seed(0)
+        with torch.inference_mode():
+            ids = tokenizer(part, return_tensors="pt").input_ids
+            samples += model.generate_speech(ids, voice, vocoder=vocoder).shape[-1]
+    expected = samples / vocoder.config.sampling_rate
+    assert expected > 1.0
+    for response_format in FORMATS:
+        answer = client.audio.speech.create(
+            model="speecht5", input=TEXT, voice="ash", response_format=response_format
+        )
+        tolerance = 0.15 if response_format in ("mp3", "opus", "aac") else 1 / OUT_RATE
+        seconds = decoded_seconds(answer.content, response_format)
+        assert abs(seconds - expected) <= tolerance, (response_format, seconds, expected)
+        assert answer.response.headers["X-Vramgate-Parts"] == "2"
+    with client.audio.speech.with_streaming_response.create(
+        model="speecht5", input=TEXT, voice="ash", response_format="pcm"
+    ) as response:
+        streamed = b"".join(response.iter_bytes())
+    assert streamed == answer.content and np.abs(np.frombuffer(streamed, "<i2")).max() > 1000
 
 
 @pytest.mark.parametrize(
