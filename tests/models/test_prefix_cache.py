@@ -92,13 +92,17 @@ def test_store_finds_and_replaces_only_its_own_scopes_entries():
 @pytest.fixture(scope="module")
 def llama_twice(tmp_path_factory: pytest.TempPathFactory):
     """One small random Llama served twice: "cached" with the prefix cache, "plain"
-    without it."""
+    without it, both in float32. On the CPU a model's dtype is otherwise the faster one
+    measured at load (app.engines.torch.generation.cpu_dtype), and on a busy machine the
+    two loads can measure differently: one in bfloat16, the other in float32, whose greedy
+    answers part (seen in a full run: the first, uncached turns differed)."""
     from tests.support.live import live_server, make_settings
 
     folder = save_random_llama(tmp_path_factory.mktemp("llama"), context=2048)
+    same = {"kind": "generation", "path": folder, "load": "startup", "dtype": "float32"}
     specs = (
-        ModelSpec(name="cached", kind="generation", path=folder, load="startup"),
-        ModelSpec(name="plain", kind="generation", path=folder, load="startup", prefix_cache=False),
+        ModelSpec(name="cached", **same),
+        ModelSpec(name="plain", prefix_cache=False, **same),
     )
     settings = make_settings(tmp_path_factory.mktemp("server"), device="cpu", models=specs)
     with live_server(settings) as live:
