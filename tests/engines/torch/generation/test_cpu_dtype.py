@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engines.torch.generation.cpu_dtype import faster_dtype
+from app.engines.torch.generation.cpu_dtype import faster_dtype, interleaved_seconds
 
 
 @pytest.mark.parametrize(
@@ -20,6 +20,24 @@ from app.engines.torch.generation.cpu_dtype import faster_dtype
 )
 def test_bfloat16_only_by_a_clear_margin(seconds, chosen):
     assert faster_dtype(seconds) == chosen
+
+
+def test_the_two_dtypes_steps_are_timed_in_turns_and_the_first_two_rounds_left_out():
+    """In turns, so that a burst of other work on the machine falls on both; the steps
+    here return set durations (no clock read), the medians are of rounds 3 on."""
+    order: list[str] = []
+    durations = {"float32": iter([9.0, 9.0, 0.5, 0.4, 0.6]), "bfloat16": iter([9.0, 9.0, 1, 2, 3])}
+
+    def step(name: str):
+        def run() -> float:
+            order.append(name)
+            return next(durations[name])
+
+        return run
+
+    seconds = interleaved_seconds({name: step(name) for name in durations}, rounds=3)
+    assert order == ["float32", "bfloat16"] * 5
+    assert seconds == {"float32": 0.5, "bfloat16": 2.0}
 
 
 def test_a_loaded_model_is_in_the_dtype_it_says(tmp_path):
