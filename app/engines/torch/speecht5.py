@@ -90,7 +90,7 @@ def _decode_steps(
             **{by_name: cache},
         )
         last = out.last_hidden_state.squeeze(1)
-        cache = getattr(out, by_name)
+        cache = out.cache if "cache" in out else out.past_key_values
         spectrum = postnet.feat_out(last).view(rows, reduction, bins)
         steps.append(spectrum)
         sequence = torch.cat((sequence, spectrum[:, -1:, :]), dim=1)
@@ -104,8 +104,8 @@ def _decode_steps(
 
 
 def _cache_argument(decoder: Any) -> str:
-    """The decoder's name for its key-value cache: `cache` in later transformers 5
-    releases, `past_key_values` in the first ones (5.0)."""
+    """The decoder's argument for its key-value cache: `cache` in later transformers 5
+    releases, `past_key_values` in the first ones (5.0); its output names it likewise."""
     names = inspect.signature(decoder.forward).parameters
     return "cache" if "cache" in names else "past_key_values"
 
