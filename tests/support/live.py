@@ -180,6 +180,39 @@ def npm_binary(where: Path, package: str, command: str) -> Path:
     return binary
 
 
+def pip_binary(where: Path, requirements: list[str], command: str) -> Path:
+    """`requirements` installed with pip into a virtual environment of their own at
+    `where` (an app whose pinned dependencies would clash with vramgate's: Open WebUI),
+    and the path of its `command`; the test skips where they cannot be had. Where
+    VRAMGATE_TEST_VENVS names a folder, the environment is kept there under `command`'s
+    name and reused, so that running the test again does not install it again."""
+    import shutil
+    import sys
+
+    import pytest
+
+    kept = os.environ.get("VRAMGATE_TEST_VENVS")
+    venv = Path(kept) / command if kept else where / "venv"
+    scripts = venv / ("Scripts" if sys.platform == "win32" else "bin")
+    binary = scripts / (command + (".exe" if sys.platform == "win32" else ""))
+    if binary.exists():
+        return binary
+    shutil.rmtree(venv, ignore_errors=True)
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no virtual environment for {command}: {made.stderr[-500:]}")
+    done = subprocess.run(
+        [str(scripts / "python"), "-m", "pip", "install", "-q", *requirements],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0 or not binary.exists():
+        pytest.skip(f"{' '.join(requirements)} could not be installed: {done.stderr[-500:]}")
+    return binary
+
+
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     """A streamed answer's server-sent events, as JSON, up to `[DONE]`."""
     for line in response.iter_lines():

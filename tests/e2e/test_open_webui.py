@@ -1,0 +1,169 @@
+"""Open WebUI itself (open-webui 0.12.4 from PyPI, in a virtual environment of its own:
+its pinned dependencies are not vramgate's) against a live vramgate serving SmolLM2,
+the embedded MiniLM, a tiny random SD 1.5 and a tiny random Whisper, on the settings
+README gives ("Using vramgate with Open WebUI / aider / llm"): both connections (OpenAI's
+at /v1, Ollama's at the root), its image engines pointed at vramgate with their model
+fields left empty, its speech-to-text engine with its model field left empty. Driven
+through Open WebUI's own REST API, as its pages call it: the model list of both
+connections, a streamed chat on its defaults, an image from each image engine, a
+transcription. Open WebUI runs offline (its own embedding model is vramgate's, over
+OpenAI's API). Skipped where the package cannot be installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.config.settings import ModelSpec
+from tests.support.live import clean_env, free_port, live_server, make_settings, pip_binary
+from tests.support.random_models import save_random_sd15
+from tests.support.random_whisper import save_random_whisper, tone, write_wav
+
+PACKAGE = "open-webui==0.12.4"
+
+
+@pytest.fixture(scope="module")
+def open_webui(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # torch pinned as vramgate's own install pins it: its CPU build, already on hand
+    return pip_binary(
+        tmp_path_factory.mktemp("open-webui"), [PACKAGE, "torch==2.13.0"], "open-webui"
+    )
+
+
+def settings_for(url: str, data: Path) -> dict[str, str]:
+    """Open WebUI's environment: README's settings, offline, without logins."""
+    return {
+        "DATA_DIR": str(data),
+        "WEBUI_AUTH": "False",
+        "WEBUI_SECRET_KEY": "test",
+        "OFFLINE_MODE": "true",
+        "HF_HUB_OFFLINE": "1",
+        "OLLAMA_BASE_URL": url,
+        "OPENAI_API_BASE_URL": url + "/v1",
+        "OPENAI_API_KEY": "unused",
+        "RAG_EMBEDDING_ENGINE": "openai",
+        "RAG_EMBEDDING_MODEL": "all-MiniLM-L6-v2",
+        "ENABLE_IMAGE_GENERATION": "true",
+        "AUTOMATIC1111_BASE_URL": url,
+        "IMAGE_SIZE": "64x64",
+        "IMAGE_STEPS": "2",
+        "AUDIO_STT_ENGINE": "openai",  # its model field left empty: vramgate's one
+        "AUDIO_STT_OPENAI_API_BASE_URL": url + "/v1",  # else OpenAI's own
+        "AUDIO_STT_OPENAI_API_KEY": "unused",
+    }
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process.poll() is not None:
+            raise AssertionError(f"Open WebUI exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"Open WebUI not up in {timeout}s: {log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
+    open_webui, smollm2, tmp_path
+):
+    models = (
+        ModelSpec(name="smollm2", kind="generation", path=smollm2),
+        ModelSpec(name="tiny-sd", kind="diffusion", path=save_random_sd15(tmp_path / "sd")),
+        ModelSpec(name="tiny-whisper", kind="speech", path=save_random_whisper(tmp_path / "w")),
+    )
+    settings = make_settings(tmp_path / "server", device="cpu", models=models)
+    figures: dict[str, float] = {}
+    with live_server(settings) as live:
+        port = free_port()
+        webui = f"http://127.0.0.1:{port}"
+        log = tmp_path / "open-webui.log"
+        environment = clean_env() | settings_for(live.url, tmp_path / "webui-data")
+        argv = [str(open_webui), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        with log.open("w") as output:
+            process = subprocess.Popen(
+                argv, env=environment, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT
+            )
+        try:
+            figures["open_webui_start_s"] = wait_healthy(webui, process, log, 300)
+            signed = httpx.post(webui + "/api/v1/auths/signin", json={"email": "", "password": ""})
+            assert signed.status_code == 200, signed.text
+            headers = {"Authorization": f"Bearer {signed.json()['token']}"}
+            client = httpx.Client(base_url=webui, headers=headers, timeout=300)
+
+            # each connection's list as Open WebUI reads it, and its merged chat picker
+            ollama = [m["name"] for m in client.get("/ollama/api/tags").json()["models"]]
+            openai = [m["id"] for m in client.get("/openai/models").json()["data"]]
+            picker = [m["id"] for m in client.get("/api/models").json()["data"]]
+            assert any(name.startswith("smollm2") for name in ollama), ollama
+            assert "smollm2" in openai and "smollm2" in picker, (openai, picker)
+            # Ollama lists what it can chat or embed with: no image or speech model there
+            assert not any(n.startswith(("tiny-sd", "tiny-whisper")) for n in ollama), ollama
+
+            asked = time.monotonic()
+            body = {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
+                "stream": True,
+            }
+            text, first = [], None
+            with client.stream("POST", "/api/chat/completions", json=body) as reply:
+                assert reply.status_code == 200, reply.read()
+                for line in reply.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content") or ""
+                        if piece and first is None:
+                            first = time.monotonic() - asked
+                        text.append(piece)
+            assert "".join(text).strip() and first is not None, text
+            figures["chat_first_token_s"] = first
+            figures["chat_s"] = time.monotonic() - asked
+
+            for engine in ("openai", "automatic1111"):
+                config = client.get("/api/v1/images/config").json()
+                config |= {"ENABLE_IMAGE_GENERATION": True, "IMAGE_GENERATION_ENGINE": engine}
+                config |= {
+                    "IMAGE_GENERATION_MODEL": "",
+                    "IMAGES_OPENAI_API_BASE_URL": live.url + "/v1",
+                }
+                updated = client.post("/api/v1/images/config/update", json=config)
+                assert updated.status_code == 200, updated.text
+                asked = time.monotonic()
+                drawn = client.post("/api/v1/images/generations", json={"prompt": "a red boat"})
+                assert drawn.status_code == 200, (engine, drawn.text)
+                image = client.get(drawn.json()[0]["url"])
+                assert image.content[:8] == b"\x89PNG\r\n\x1a\n", (engine, image.content[:40])
+                figures[f"image_{engine}_s"] = time.monotonic() - asked
+
+            clip = write_wav(tmp_path / "clip.wav", tone(3.0, seed=2))
+            asked = time.monotonic()
+            heard = client.post(
+                "/api/v1/audio/transcriptions",
+                files={"file": ("clip.wav", clip.read_bytes(), "audio/wav")},
+            )
+            assert heard.status_code == 200, heard.text
+            assert "text" in heard.json(), heard.json()
+            figures["transcription_s"] = time.monotonic() - asked
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        served = live.status()["counters"]["served_by_model"]
+    # each answer came from vramgate: the chat, both images, the transcription
+    assert served.get("smollm2", 0) >= 1 and served.get("tiny-sd", 0) >= 2, served
+    assert served.get("tiny-whisper", 0) >= 1, served
+    print("\nopen webui: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
