@@ -85,7 +85,9 @@ def live(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Li
     settings = make_settings(
         tmp_path_factory.mktemp("responses"),
         device="cpu",
-        models=(ModelSpec(name="smollm2", kind="generation", path=smollm2),),
+        # a context of 2,048 (SmolLM2's own is 8,192): the truncation test prefills half
+        # of it, which at 8,192 took two minutes of a 2-core CI machine
+        models=(ModelSpec(name="smollm2", kind="generation", path=smollm2, context_length=2048),),
         model_aliases={"gpt-*": "smollm2"},
         health_interval=3600,  # no probe is served while a test counts what was
     )
@@ -285,7 +287,7 @@ def test_a_prompt_over_the_context_is_a_400_naming_both_numbers(live):
     assert prompt > context and error["prompt_tokens"] == prompt
 
 
-@pytest.mark.slow  # ~15-30 s
+@pytest.mark.slow
 def test_with_truncation_auto_the_oldest_turns_go_until_it_fits(client, live):
     context = context_of(live)
     old = "word " * (context // 2 + 100)  # two of these are over the context
