@@ -31,7 +31,9 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_llm_answers_a_prompt_and_a_schema(llm, smollm2, tmp_path):
-    spec = ModelSpec(name="SmolLM2-135M-Instruct", kind="generation", path=smollm2)
+    # greedy (llm sends no temperature), and room for the whole JSON object: cut at the
+    # token limit, a sampled name string ran past 48 tokens and the object was not closed
+    spec = ModelSpec(name="SmolLM2-135M-Instruct", kind="generation", path=smollm2, temperature=0.0)
     settings = make_settings(tmp_path / "server", device="cpu", models=(spec,))
     home = tmp_path / "llm-home"
     home.mkdir()
@@ -41,7 +43,7 @@ def test_llm_answers_a_prompt_and_a_schema(llm, smollm2, tmp_path):
 
         def ask(*argv: str) -> str:
             done = subprocess.run(
-                [str(llm), "-m", "smollm2", "-o", "max_tokens", "48", *argv],
+                [str(llm), "-m", "smollm2", "-o", "max_tokens", "256", *argv],
                 env=environment,
                 capture_output=True,
                 text=True,
