@@ -22,6 +22,12 @@ def widest_stage(config: Any, frames: int) -> int:
     return widest
 
 
+def frames_mask(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(rows, 1, longest): 1 within each row's `frames`, 0 past its end."""
+    indices = torch.arange(int(frames.max()), dtype=frames.dtype, device=frames.device)
+    return (indices.unsqueeze(0) < frames.unsqueeze(1)).unsqueeze(1).to(dtype)
+
+
 def hop(config: Any) -> int:
     """Samples per spectrogram frame: the product of the upsampling rates."""
     return int(torch.prod(torch.tensor(config.upsample_rates)))

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.engines.torch.hifigan import decode, hop, widest_stage
-from app.engines.torch.vits import Row
+from app.engines.torch.hifigan import decode, frames_mask, hop, widest_stage
+from app.engines.torch.vits import Row, padded_ids
 
 THRESHOLD = 0.5  # generate_speech's defaults: a stop probability, and frames per token
 MAX_LENGTH_RATIO = 20.0
@@ -43,13 +43,7 @@ def synthesize(
     embedding (x-vector) per speaker id."""
     config = model.config
     device = model.device
-    lengths = [len(row.ids) for row in rows]
-    ids = torch.full((len(rows), max(lengths)), int(config.pad_token_id), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row.ids)] = torch.tensor(row.ids)
-        mask[i, : len(row.ids)] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = padded_ids(rows, int(config.pad_token_id), device)
     speakers = voices[[row.speaker for row in rows]].to(device, model.dtype)
     generators = [torch.Generator().manual_seed(row.seed) for row in rows]
     encoded = model.speecht5.encoder(input_values=ids, attention_mask=mask, return_dict=True)
@@ -147,9 +141,7 @@ def _vocoded(vocoder: Any, spectrograms: list[torch.Tensor]) -> list[torch.Tenso
     batch = nn.utils.rnn.pad_sequence(spectrograms, batch_first=True)
     if config.normalize_before:
         batch = (batch - vocoder.mean) / vocoder.scale
-    indices = torch.arange(max(frames), device=batch.device)
-    lengths = torch.tensor(frames, device=batch.device)
-    mask = (indices.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1).to(batch.dtype)
+    mask = frames_mask(torch.tensor(frames, device=batch.device), batch.dtype)
     waveform = decode(vocoder, batch.transpose(1, 2) * mask, mask, None)
     samples = hop(config)
     return [waveform[i, : n * samples] for i, n in enumerate(frames)]

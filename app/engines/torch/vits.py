@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.engines.torch.hifigan import decode, hop, widest_stage
+from app.engines.torch.hifigan import decode, frames_mask, hop, widest_stage
 
 # spectrogram frames a token may last at speed 1: MMS-TTS's characters (a blank between
 # each two) last 2 to 6 frames; twice that, for a margin
@@ -39,17 +39,25 @@ class Row:
     seed: int
 
 
+def padded_ids(
+    rows: list[Row], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' token ids padded on the right with `pad` to the longest, and the mask of
+    their own tokens: (rows, longest) each, on `device`."""
+    longest = max(len(row.ids) for row in rows)
+    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row.ids)] = torch.tensor(row.ids)
+        mask[i, : len(row.ids)] = 1
+    return ids.to(device), mask.to(device)
+
+
 def synthesize(model: Any, rows: list[Row]) -> list[torch.Tensor]:
     """Each row's waveform (float, the model's sampling rate), in order."""
     config = model.config
     device, dtype = model.device, model.dtype
-    longest = max(len(row.ids) for row in rows)
-    ids = torch.zeros((len(rows), longest), dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row.ids)] = torch.tensor(row.ids)
-        mask[i, : len(row.ids)] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = padded_ids(rows, 0, device)
     generators = [torch.Generator().manual_seed(row.seed) for row in rows]
     input_mask = mask.unsqueeze(-1).to(model.text_encoder.embed_tokens.weight.dtype)
     speakers = None
@@ -64,7 +72,7 @@ def synthesize(model: Any, rows: list[Row]) -> list[torch.Tensor]:
     scale = torch.tensor([1.0 / row.speed for row in rows], device=device, dtype=dtype)
     duration = torch.ceil(torch.exp(log_duration) * input_mask * scale.view(-1, 1, 1))
     frames = torch.clamp_min(torch.sum(duration, [1, 2]), 1).long()
-    output_mask = _frames_mask(frames, input_mask.dtype)
+    output_mask = frames_mask(frames, input_mask.dtype)
     attn = _alignment(duration, input_mask, output_mask)
     means = torch.matmul(attn, encoded.prior_means).transpose(1, 2)
     log_variances = torch.matmul(attn, encoded.prior_log_variances).transpose(1, 2)
@@ -136,11 +144,6 @@ def _log_duration(
         latents = torch.flip(latents, [1])
         latents, _ = flow(latents, mask, global_conditioning=inputs, reverse=True)
     return latents[:, :1]
-
-
-def _frames_mask(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    indices = torch.arange(int(frames.max()), dtype=frames.dtype, device=frames.device)
-    return (indices.unsqueeze(0) < frames.unsqueeze(1)).unsqueeze(1).to(dtype)
 
 
 def _alignment(
