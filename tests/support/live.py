@@ -73,7 +73,10 @@ def live_server(
     ready: bool = True,
     hot_routes: bool = True,
     models_source: Any = None,
+    front: Any = None,
 ) -> Iterator[Live]:
+    """vramgate's app served by uvicorn on a free loopback port in a thread (`front`, an
+    ASGI app wrapping it, served in its place where given: RequestBodies)."""
 
     fatal_calls: list[float] = []
     server: uvicorn.Server | None = None
@@ -92,7 +95,7 @@ def live_server(
     )
 
     config = uvicorn.Config(
-        app,
+        app if front is None else front(app),
         host="127.0.0.1",
         port=settings.port,
         log_config=None,
@@ -113,6 +116,35 @@ def live_server(
         server.should_exit = True
         thread.join(60)
         assert not thread.is_alive(), "the server did not stop"
+
+
+class RequestBodies:
+    """An ASGI app in front of vramgate's that keeps each HTTP request's path and body as
+    they arrived (live_server's `front`): what an app sent, read off the wire."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[tuple[str, bytes]] = []
+
+    def bodies(self, path: str) -> list[Any]:
+        """The JSON bodies of the requests to `path`, in order."""
+        return [json.loads(body) for seen, body in self.seen if seen == path]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+
+        async def receiving() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self.seen.append((scope["path"], b"".join(chunks)))
+            return message
+
+        await self.app(scope, receiving, send)
 
 
 def free_port() -> int:
