@@ -117,7 +117,7 @@ def test_aider_applies_the_edit_a_smollm2_taught_that_answer_streams_back(
     roles = [m["role"] for m in messages]
     assert roles[0] == "system" and roles[-1] == "user", roles
     assert ASKED in messages[-1]["content"] and BEFORE.strip() in messages[-3]["content"]
-    model = taught(smollm2, messages, LISTING, tmp_path / "taught")
+    model = taught(smollm2, [(messages, LISTING)], tmp_path / "taught")
     edited = run_aider(aider, model, tmp_path / "edit")
     assert edited.returncode == 0, edited.said[-3000:]
     assert edited.served >= 1
