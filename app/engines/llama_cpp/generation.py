@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -94,7 +95,7 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         final: dict[str, Any] = {}
         try:
             body = completion_body(task, self.spec.prefix_cache)
-            async for chunk in client.events("/completion", body):
+            async for chunk in client.events("/completion", body, alive=self._vouched(stream)):
                 if stream.cancelled.is_set():
                     break  # closing the connection cancels the task in llama.cpp
                 if "error" in chunk:
@@ -123,6 +124,15 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         if self.prefix_store is not None and task.params.prefix_cache:
             self.prefix_store.record(result.cached_tokens)  # its hits in /status
         return result
+
+    def _vouched(self, stream: TokenStream) -> Callable[[], None]:
+        """A silent stream whose runner answers its /health: alive, computing."""
+
+        def alive() -> None:
+            self.progress_at = time.monotonic()
+            stream.beat()
+
+        return alive
 
     def held_bytes(self, prepared: Prepared) -> int:
         """Its cells' bytes: what it holds of the runner's KV pool."""
