@@ -45,7 +45,7 @@ def smol(smollm2_gguf, tmp_path_factory):
         load="startup",
     )
     tmp = tmp_path_factory.mktemp("llama-cpp")
-    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=300)
+    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=900)
     with live_server(settings) as live:
         yield live
 
@@ -241,7 +241,13 @@ def runner_gauge(live, name: str) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.timeout(900)
 def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(smol):
+    """32 clients at once, each asking twice. The work is small (64 answers of 4-32
+    tokens: 7.7 s here alone on 2 cores, but 103 s with three busy loops beside it, as a
+    busy CI machine has: llama.cpp's threads wait for each other at every step and share
+    cores badly), so the test waits as long as that takes, its queue too: what it checks
+    is that every request is answered and none waits inside llama.cpp, not how fast."""
     answered: list[int] = []
     finish: list[str] = []
     deferred: list[float] = []
@@ -253,9 +259,9 @@ def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(
             time.sleep(0.05)
 
     def client(index: int) -> None:
-        with httpx.Client(base_url=smol.url, timeout=300) as http:
+        with httpx.Client(base_url=smol.url, timeout=None) as http:
             for turn in range(2):
-                wanted = (4, 16, 48, 96)[(index + turn) % 4]
+                wanted = (4, 8, 16, 32)[(index + turn) % 4]
                 body = {
                     "model": "smol",
                     "messages": [{"role": "user", "content": f"Count to {index + turn}."}],
@@ -273,7 +279,7 @@ def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(300)
+        thread.join()  # the test's own timeout (900 s) ends a hang
     done.set()
     watcher.join()
     assert answered == [200] * 64
