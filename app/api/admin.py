@@ -95,7 +95,10 @@ async def load(request: Request, name: str = ModelName) -> dict[str, Any]:
 async def reread(request: Request) -> dict[str, Any]:
     """Read the model list again from the config the server started with (`vramgate
     pull` and `rm` ask for this): new models are served at once (loaded on their first
-    request), removed ones go once idle, changed ones are replaced once idle."""
+    request), removed ones go once idle, changed ones are replaced once idle: the answer
+    lists which changed ones take their new entry now (`changed_now`: nothing of theirs
+    runs or waits) and which once their running and queued requests have ended
+    (`changed_when_idle`: those are answered with the old settings)."""
     source = _config_source(request)
     try:
         settings = await asyncio.to_thread(source.settings)

@@ -356,12 +356,14 @@ class InferenceService:
         self, model: str, capability: type[H], *, probe: bool, keep_alive: float | None = None
     ) -> H:
         """The handler, if the server takes work now and the model can do what
-        `capability` is; a request for a model that is away waits for it (up to
+        `capability` is; a request for a model that is away, or whose changed config
+        entry replaces it once what it runs has ended, waits for it (up to
         `queue_timeout`), and sets how long it stays loaded. A refusal is counted."""
         if not probe and model in self.registry.entries:
             self.lifecycle.keep_alive.request(model, keep_alive, self.clock())
         try:
-            if not probe and self.lifecycle.away(model):
+            lifecycle = self.lifecycle
+            if not probe and (lifecycle.away(model) or lifecycle.replacing(model)):
                 deadline = self.clock() + self.settings.queue_timeout
                 await self.lifecycle.wait_loaded(model, deadline)
             if self.state.ending:

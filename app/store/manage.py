@@ -59,8 +59,14 @@ class Server:
         if changes is None:
             say(f"no server answers at {self.url}; it serves the change when it starts")
             return
-        done = [f"{what} {', '.join(changes[what])}" for what in ("added", "removed", "changed")]
-        news = "; ".join(line for line in done if not line.endswith(" "))
+        now, later = changes.get("changed_now", []), changes.get("changed_when_idle", [])
+        done = [
+            ("added", changes["added"]),
+            ("removed", changes["removed"]),
+            ("changed (its new settings serve from now)", now),
+            ("changed (its new settings serve once its running requests end)", later),
+        ]
+        news = "; ".join(f"{what}: {', '.join(names)}" for what, names in done if names)
         say(f"the running server at {self.url} rereads its models: {news or 'no change'}")
 
 

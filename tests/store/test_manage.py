@@ -64,7 +64,7 @@ def test_a_model_pulled_while_the_server_runs_is_served_without_a_restart(served
     assert names(live) == ["sim"]
     done = vramgate("pull", str(bert), *where, "--url", live.url)
     assert done.returncode == 0, done.stderr
-    assert "rereads its models: added tiny-embed" in done.stdout
+    assert "rereads its models: added: tiny-embed" in done.stdout
     assert names(live) == ["sim", "tiny-embed"]
     body = {"model": "tiny-embed", "input": ["a cat", "a dog"]}
     answer = httpx.post(live.url + "/v1/embeddings", json=body, timeout=120)

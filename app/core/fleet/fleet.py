@@ -53,8 +53,6 @@ log = logging.getLogger("vramgate.fleet")
 PRICES_FILE = "prices.json"
 H = TypeVar("H", bound=ModelHandler)
 T = TypeVar("T")
-# OpenAI's text-to-speech model names (Open WebUI sends tts-1): where no `model_aliases`
-# pattern names them, they mean the first speech_synthesis model served
 # a model's state across its copies: the first of these that one of them is in
 _STATE_ORDER = ["ready", "warming", "loading", "unloading", "unloaded", "waiting", "failed"]
 
@@ -325,15 +323,19 @@ class Fleet:
         """Serve the models `specs` lists from now (a reread config): models already
         placed stay on their devices, new ones go where they fit (see `place`)."""
         self.placement = place_models(self.settings, specs, self._devices(), self.placement)
-        changes: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+        keys = ("added", "removed", "changed", "changed_now", "changed_when_idle")
+        changes: dict[str, list[str]] = {key: [] for key in keys}
         for lane in self.lanes:
             mine = lane_specs(specs, self.placement, lane.device.id)
             for key, names in lane.lifecycle.apply(mine).items():
                 changes[key] += [name for name in names if name not in changes[key]]
         moved = set(changes["added"]) & set(changes["removed"])  # to another device
         changes["removed"] = [name for name in changes["removed"] if name not in moved]
+        # busy on one device: the change waits for its requests there
+        busy = changes["changed_when_idle"]
+        changes["changed_now"] = [name for name in changes["changed_now"] if name not in busy]
         order = [spec.name for spec in specs]  # the config's order, as on one device
-        for key in ("added", "changed"):
+        for key in ("added", "changed", "changed_now", "changed_when_idle"):
             changes[key].sort(key=order.index)
         return changes
 

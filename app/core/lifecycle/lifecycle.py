@@ -85,6 +85,7 @@ class ModelLifecycle:
         self.wait_warmed = self._loads.wait_warmed
         self.ensure_loaded = self._loads.ensure_loaded
         self.away = self._loads.away
+        self.replacing = self._loads.replacing
         self.apply = self._reconcile.apply
         self.retire = self._reconcile.retire
         self.reclaim = self._pressure.reclaim

@@ -107,11 +107,14 @@ class ModelLoads:
 
     # -- a request for a model that is away ----------------------------------------------
     async def wait_loaded(self, name: str, deadline: float) -> None:
-        """Wait until `name` serves (loading it if unloaded, after an unload under way),
-        or has failed, or `deadline` passes; what the registry says then is the answer."""
+        """Wait until `name` serves (loading it if unloaded, after an unload under way,
+        its new config entry if it is being replaced), or has failed, or `deadline`
+        passes; what the registry says then is the answer."""
         while self._clock() < deadline and self._state.serving:
             entry = self.registry.entries.get(name)
-            if entry is None or entry.retired or entry.state in ("ready", "warming", "failed"):
+            if entry is None or entry.retired:
+                return
+            if entry.state in ("ready", "warming", "failed") and not self.replacing(name):
                 return
             self.ensure_loaded(name)
             await asyncio.sleep(LOAD_POLL_S)
@@ -128,6 +131,15 @@ class ModelLoads:
         unloaded = entry is not None and entry.state == "unloaded" and not entry.retired
         if unloaded and name not in self.loading and not self.held_back(name):
             self.loading[name] = asyncio.create_task(self.load(name))
+
+    def replacing(self, name: str) -> bool:
+        """Whether `name` is loaded but its config entry changed (a reread): a new
+        request waits for the new entry, so that the old one, once what it runs and
+        queues has ended, goes (app.core.lifecycle.reconcile) and a steady flow of
+        requests cannot keep it on its old settings."""
+        entry = self.registry.entries.get(name)
+        loaded = entry is not None and not entry.retired and entry.state in ("ready", "warming")
+        return loaded and self.held_back(name)
 
     def away(self, name: str) -> bool:
         """Whether a request for `name` must first wait for it: a model being unloaded

@@ -23,7 +23,9 @@ class Reconcile:
 
     def apply(self, specs: tuple[ModelSpec, ...]) -> dict[str, list[str]]:
         """Serve the models `specs` lists from now; returns the names added, removed and
-        changed."""
+        changed, and of the changed ones which take their new entry now (nothing of
+        theirs runs or waits: the next request is served by the new entry) and which
+        once their requests (running or queued) have ended."""
         wanted = {spec.name: spec for spec in specs}
         added, removed, changed = [], [], []
         for name, spec in wanted.items():
@@ -46,7 +48,15 @@ class Reconcile:
                 self.retiring[name] = None
                 removed.append(name)
         self.retire()
-        return {"added": added, "removed": removed, "changed": changed}
+        busy = [name for name in changed if self._in_flight[name]]
+        now = [name for name in changed if name not in busy]
+        return {
+            "added": added,
+            "removed": removed,
+            "changed": changed,
+            "changed_now": now,
+            "changed_when_idle": busy,
+        }
 
     def retire(self) -> None:
         """Models out of the config (or changed in it) go once idle (housekeeping)."""
