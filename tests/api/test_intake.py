@@ -14,6 +14,9 @@ import pytest
 from ollama import Client
 from openai import OpenAI
 
+from app.api.intake import with_model_defaults
+from app.api.openai.schemas import ChatRequest, validate_generation_request
+from app.config.model_spec import SAMPLING_DEFAULTS
 from app.config.settings import ModelSpec
 from tests.support.live import Live, live_server, make_settings
 from tests.support.random_models import save_random_llama
@@ -37,7 +40,9 @@ def live(tmp_path_factory) -> Iterator[Live]:
         name="tiny", kind="generation", path=folder, temperature=0.0, top_k=40, stop=("\n\n",),
         system=SYSTEM, repeat_penalty=1.1,
     )  # fmt: skip
-    with live_server(make_settings(root, device="cpu", models=(spec,))) as served:
+    # the same weights sampled at temperature 1 from the one likeliest token: greedy
+    narrow = ModelSpec(name="narrow", kind="generation", path=folder, temperature=1.0, top_k=1)
+    with live_server(make_settings(root, device="cpu", models=(spec, narrow))) as served:
         yield served
 
 
@@ -113,7 +118,54 @@ def test_ollama_takes_and_shows_the_models_defaults(live):
         f"{'stop':<30} " + '"\\n\\n"',
     ]
     listed = OpenAI(base_url=live.url + "/v1", api_key="x").models.list().data
+    assert listed[1].defaults == {"temperature": 1.0, "top_k": 1}  # type: ignore[attr-defined]
     assert listed[0].defaults == {  # type: ignore[attr-defined]
         "temperature": 0.0, "top_k": 40, "repeat_penalty": 1.1, "stop": ["\n\n"],
         "system": SYSTEM,
     }  # fmt: skip
+
+
+def test_a_top_k_default_samples_as_the_model_says(live):
+    """Beyond temperature: `narrow` samples at temperature 1 from its `top_k = 1`, so a
+    request that leaves top_k out answers greedily, seed or not; its own top_k samples."""
+    client = OpenAI(base_url=live.url + "/v1", api_key="x")
+    ask = [{"role": "user", "content": ASK}]
+    greedy = client.chat.completions.create(
+        model="narrow", messages=ask, max_tokens=TOKENS, temperature=0
+    ).choices[0]
+    for seed in (1, 2):
+        left_out = client.chat.completions.create(
+            model="narrow", messages=ask, max_tokens=TOKENS, seed=seed
+        ).choices[0]
+        assert left_out.message.content == greedy.message.content, seed
+    own = client.chat.completions.create(  # the positive control: its own top_k, sampled
+        model="narrow", messages=ask, max_tokens=TOKENS, seed=1, extra_body={"top_k": 0}
+    ).choices[0]
+    assert own.message.content != greedy.message.content
+
+
+def test_every_sampling_default_reaches_the_samplers_params_unless_the_request_sets_it(
+    tmp_path,
+):
+    """Each of the config's sampling defaults (Ollama's names) lands in the parameters
+    the sampler reads when a request leaves it out, and the request's own value wins."""
+    assert set(SAMPLING_DEFAULTS) == {
+        "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "stop"
+    }  # fmt: skip
+    spec = ModelSpec(
+        name="m", kind="generation", path=tmp_path, temperature=0.3, top_p=0.8, top_k=7,
+        min_p=0.05,
+        repeat_penalty=1.2, stop=("END",),
+    )  # fmt: skip
+    settings = make_settings(tmp_path)
+    ask = [{"role": "user", "content": ASK}]
+
+    def params(**asked: object) -> tuple[object, ...]:
+        body = with_model_defaults(ChatRequest(model="m", messages=ask, **asked), spec)
+        p = validate_generation_request(body, settings).params
+        return p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop
+
+    assert params() == (0.3, 0.8, 7, 0.05, 1.2, ("END",))
+    own = {"temperature": 0.9, "top_p": 0.5, "top_k": 3, "min_p": 0.1,
+           "repetition_penalty": 1.0, "stop": ["x"]}  # fmt: skip
+    assert params(**own) == (0.9, 0.5, 3, 0.1, 1.0, ("x",))

@@ -25,7 +25,7 @@ from openai import OpenAI
 
 from app.api.audio.parts import split_parts
 from app.config.settings import ModelSpec
-from tests.support.live import Live, live_server, make_settings
+from tests.support.live import Live, live_server, make_settings, wait_until
 from tests.support.random_speecht5 import save_random_speecht5
 from tests.support.random_vits import save_random_vits
 
@@ -149,6 +149,35 @@ def test_open_webuis_request_reaches_the_speech_model_through_tts_1(live):
         assert container.format.name == "mp3"
         assert decoded_seconds(reply.content, "mp3") > 0.2
     assert "ignored" in reply.headers["X-Vramgate-Warning"]  # one voice: alloy unused
+
+
+def served_by(live: Live) -> dict[str, int]:
+    return live.status()["counters"]["served_by_model"]
+
+
+def test_openais_speech_names_are_listed_and_a_model_alias_takes_one(
+    tmp_path, folder, speecht5_folder
+):
+    """OpenAI's speech model names reach the first speech_synthesis model (vits) and are
+    listed under it in /v1/models; a `model_aliases` pattern for one of them (tts-1-hd)
+    takes that one to another model, listed there, while tts-1 still reaches vits."""
+    # both loaded (and warmed up) before: a request is then counted for its model alone
+    vits = ModelSpec(name="vits", kind="speech_synthesis", path=folder, load="startup")
+    speecht5 = ModelSpec(
+        name="speecht5", kind="speech_synthesis", path=speecht5_folder, load="startup"
+    )
+    settings = make_settings(
+        tmp_path, device="cpu", models=(vits, speecht5), model_aliases={"tts-1-hd": "speecht5"}
+    )
+    with live_server(settings) as live:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        listed = {m.id: m.aliases for m in client.models.list()}  # type: ignore[attr-defined]
+        assert listed == {"vits": ["tts-*", "gpt-4o-mini-tts*"], "speecht5": ["tts-1-hd"]}
+        wait_until(lambda: set(served_by(live)) == {"vits", "speecht5"}, 120, "warm-ups")
+        for name, reached in (("tts-1-hd", "speecht5"), ("tts-1", "vits")):
+            before = served_by(live)
+            client.audio.speech.create(model=name, input="Hello.", voice="alloy")
+            assert served_by(live) == {**before, reached: before[reached] + 1}, name
 
 
 def test_a_speecht5_model_speaks_every_format_as_its_generate_speech_does(client, speecht5_folder):

@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Iterator
 
 import httpx
@@ -159,13 +160,17 @@ def test_load_and_unload_idioms_answer_as_ollama_and_generate_nothing(served):
     assert (loaded.done, loaded.done_reason, loaded.response) == (True, "load", "")
     served, running = _served_and_loaded(live, client)
     assert "tiny" in running
-    chat = client.chat(model="tiny", messages=[])  # loaded already: nothing to do
+    # loaded already: nothing to do, answered at once (before, Open WebUI's unload ran a
+    # generation from the empty prompt and answered after 91 s)
+    started = time.perf_counter()
+    chat = client.chat(model="tiny", messages=[])
     assert (chat.done_reason, chat.message.role, chat.message.content) == ("load", "assistant", "")
     (streamed,) = list(client.generate(model="tiny", prompt="", stream=True))
     assert streamed.done_reason == "load" and streamed.eval_count is None
     assert _served_and_loaded(live, client) == (served, [MINILM, "tiny"])
     (unloaded,) = list(client.generate(model="tiny", prompt="", keep_alive=0, stream=True))
     assert unloaded.done_reason == "unload"
+    assert time.perf_counter() - started < 1.0  # three idioms and two looks at /api/ps
     assert _served_and_loaded(live, client) == (served, [MINILM])
     assert client.chat(model="tiny", messages=[], keep_alive="5m").done_reason == "load"
     served, running = _served_and_loaded(live, client)
