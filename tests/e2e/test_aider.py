@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from app.config.settings import ModelSpec
+from tests.support import apps
 from tests.support.live import RequestBodies, clean_env, live_server, make_settings, pip_binary
 from tests.support.taught import taught
 
-PACKAGE = "aider-chat==0.86.2"
 ASKED = "Change the greeting to say goodbye."
 BEFORE = 'print("hello")\n'
 AFTER = 'print("goodbye")\n'
@@ -46,7 +46,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def aider(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return pip_binary(tmp_path_factory.mktemp("aider"), [PACKAGE], "aider")
+    return pip_binary(tmp_path_factory.mktemp("aider"), apps.PIP_APPS["aider"], "aider")
 
 
 def run_aider(aider: Path, model: Path, where: Path) -> Run:

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from app.config.settings import ModelSpec
+from tests.support import apps
 from tests.support.live import live_server, make_settings, npm_binary
 
-PACKAGE = "@anthropic-ai/claude-code"
 # Claude Code's settings for a local server: its own flags and environment variables.
 ENVIRONMENT = {
     "ANTHROPIC_API_KEY": "anything",
@@ -37,7 +37,7 @@ ENVIRONMENT = {
 
 @pytest.fixture(scope="module")
 def claude(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return npm_binary(tmp_path_factory.mktemp("claude"), PACKAGE, "claude")
+    return npm_binary(tmp_path_factory.mktemp("claude"), apps.NPM_APPS["claude"], "claude")
 
 
 @pytest.mark.slow

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from app.config.settings import ModelSpec
+from tests.support import apps
 from tests.support.live import live_server, make_settings, npm_binary
 
-PACKAGE = "@openai/codex"
 CONFIG = """model = "gpt-local"
 model_provider = "vramgate"
 web_search = "disabled"
@@ -35,7 +35,7 @@ wire_api = "responses"
 
 @pytest.fixture(scope="module")
 def codex(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return npm_binary(tmp_path_factory.mktemp("codex"), PACKAGE, "codex")
+    return npm_binary(tmp_path_factory.mktemp("codex"), apps.NPM_APPS["codex"], "codex")
 
 
 @pytest.mark.slow

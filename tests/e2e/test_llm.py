@@ -16,10 +16,10 @@ import pytest
 
 from app.config.settings import ModelSpec
 from app.models.tools import chat_messages
+from tests.support import apps
 from tests.support.live import RequestBodies, clean_env, live_server, make_settings, pip_binary
 from tests.support.taught import taught
 
-PACKAGE = "llm==0.36"
 VERSION = "0.36"  # what llm's own llm_version tool returns
 QUESTION = "What is the installed version of llm?"
 CALL = '{"name": "llm_version", "arguments": {}}'  # a call in vramgate's instruction form
@@ -34,7 +34,7 @@ MODELS = """- model_id: smollm2
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return pip_binary(tmp_path_factory.mktemp("llm"), [PACKAGE], "llm")
+    return pip_binary(tmp_path_factory.mktemp("llm"), apps.PIP_APPS["llm"], "llm")
 
 
 @pytest.mark.slow

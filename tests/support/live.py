@@ -24,6 +24,7 @@ from app.config.settings import Settings, load_settings
 from app.core.fleet.fleet import Fleet
 from app.core.service import InferenceService
 from app.devices.base import Device
+from tests.support import apps
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
@@ -190,59 +191,49 @@ class ServerProcess:
 
 
 def npm_binary(where: Path, package: str, command: str) -> Path:
-    """`package` installed with npm into `where` (a coding agent's CLI), and the path of
-    its `command`; the test skips where npm or the package cannot be had."""
-    import shutil
-
-    import pytest
-
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    done = subprocess.run(
-        [npm, "install", "--prefix", str(where), package],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    binary = where / "node_modules" / ".bin" / command
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"{package} could not be installed: {done.stderr[-500:]}")
+    """`package` installed with npm (a coding agent's CLI), and the path of its
+    `command`; the test skips where npm or the package cannot be had. Kept as
+    `pip_binary` keeps its environments."""
+    folder = _kept(command) or where
+    binary = apps.npm_command(folder, command)
+    _install(folder, binary, lambda: apps.install_npm(folder, package, command))
     return binary
 
 
 def pip_binary(where: Path, requirements: list[str], command: str) -> Path:
-    """`requirements` installed with pip into a virtual environment of their own at
+    """`requirements` installed with pip into a virtual environment of their own under
     `where` (an app whose pinned dependencies would clash with vramgate's: Open WebUI),
     and the path of its `command`; the test skips where they cannot be had. Where
     VRAMGATE_TEST_VENVS names a folder, the environment is kept there under `command`'s
-    name and reused, so that running the test again does not install it again."""
-    import shutil
-    import sys
-
-    import pytest
-
-    kept = os.environ.get("VRAMGATE_TEST_VENVS")
-    venv = Path(kept) / command if kept else where / "venv"
-    scripts = venv / ("Scripts" if sys.platform == "win32" else "bin")
-    binary = scripts / (command + (".exe" if sys.platform == "win32" else ""))
-    if binary.exists():
-        return binary
-    shutil.rmtree(venv, ignore_errors=True)
-    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"no virtual environment for {command}: {made.stderr[-500:]}")
-    done = subprocess.run(
-        [str(scripts / "python"), "-m", "pip", "install", "-q", *requirements],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"{' '.join(requirements)} could not be installed: {done.stderr[-500:]}")
+    name and reused, so that running the test again does not install it again (and
+    `python -m tests.support.apps` can install it ahead, even while the tests run)."""
+    venv = _kept(command) or where / "venv"
+    binary = apps.pip_command(venv, command)
+    _install(venv, binary, lambda: apps.install_pip(venv, requirements, command))
     return binary
+
+
+def _kept(command: str) -> Path | None:
+    kept = os.environ.get("VRAMGATE_TEST_VENVS")
+    return Path(kept) / command if kept else None
+
+
+def _install(folder: Path, binary: Path, install: Any, wait_s: float = 1800) -> None:
+    """`binary`'s install in `folder`: taken where it is complete, waited for where
+    another process is making it (`python -m tests.support.apps`), made here otherwise;
+    the test skips where it fails."""
+    deadline = time.monotonic() + wait_s
+    while not apps.installed(folder, binary):
+        if apps.installing(folder) and time.monotonic() < deadline:
+            time.sleep(1)
+            continue
+        failed = install()
+        if failed == apps.BUSY:  # another process started it meanwhile
+            continue
+        if failed is not None:
+            import pytest
+
+            pytest.skip(failed)
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
