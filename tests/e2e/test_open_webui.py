@@ -1,13 +1,14 @@
-"""Open WebUI itself (open-webui 0.12.4 from PyPI, in a virtual environment of its own:
-its pinned dependencies are not vramgate's) against a live vramgate serving SmolLM2,
-the embedded MiniLM, a tiny random SD 1.5 and a tiny random Whisper, on the settings
-README gives ("Using vramgate with Open WebUI / aider / llm"): both connections (OpenAI's
-at /v1, Ollama's at the root), its image engines pointed at vramgate with their model
+"""Open WebUI itself (open-webui 0.12.4 from PyPI, in a virtual environment of its own: its
+pinned dependencies are not vramgate's) against a live vramgate serving SmolLM2, the
+embedded MiniLM, a tiny random SD 1.5 and a tiny random Whisper, on the settings README
+gives ("Using vramgate with Open WebUI / aider / llm"): both connections (OpenAI's at
+/v1, Ollama's at the root), its image engines pointed at vramgate with their model
 fields left empty, its speech-to-text engine with its model field left empty. Driven
 through Open WebUI's own REST API, as its pages call it: the model list of both
-connections, a streamed chat on its defaults, an image from each image engine, a
-transcription. Open WebUI runs offline (its own embedding model is vramgate's, over
-OpenAI's API). Skipped where the package cannot be installed."""
+connections, a streamed chat on its defaults (with its page's session, so with its
+builtin tools, offered natively), an image from each image engine, a transcription. Open
+WebUI runs offline (its own embedding model is vramgate's, over OpenAI's API). Skipped
+where the package cannot be installed."""
 
 from __future__ import annotations
 
@@ -20,19 +21,23 @@ import httpx
 import pytest
 
 from app.config.settings import ModelSpec
-from tests.support.live import clean_env, free_port, live_server, make_settings, pip_binary
+from tests.support import apps
+from tests.support.live import (
+    RequestBodies,
+    clean_env,
+    free_port,
+    live_server,
+    make_settings,
+    pip_binary,
+)
 from tests.support.random_models import save_random_sd15
 from tests.support.random_whisper import save_random_whisper, tone, write_wav
-
-PACKAGE = "open-webui==0.12.4"
 
 
 @pytest.fixture(scope="module")
 def open_webui(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # torch pinned as vramgate's own install pins it: its CPU build, already on hand
-    return pip_binary(
-        tmp_path_factory.mktemp("open-webui"), [PACKAGE, "torch==2.13.0"], "open-webui"
-    )
+    where = tmp_path_factory.mktemp("open-webui")
+    return pip_binary(where, apps.PIP_APPS["open-webui"], "open-webui")
 
 
 def settings_for(url: str, data: Path) -> dict[str, str]:
@@ -84,7 +89,13 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
     )
     settings = make_settings(tmp_path / "server", device="cpu", models=models)
     figures: dict[str, float] = {}
-    with live_server(settings) as live:
+    fronts: list[RequestBodies] = []
+
+    def front(app: object) -> RequestBodies:
+        fronts.append(RequestBodies(app))
+        return fronts[0]
+
+    with live_server(settings, front=front) as live:
         port = free_port()
         webui = f"http://127.0.0.1:{port}"
         log = tmp_path / "open-webui.log"
@@ -110,11 +121,15 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
             # Ollama lists what it can chat or embed with: no image or speech model there
             assert not any(n.startswith(("tiny-sd", "tiny-whisper")) for n in ollama), ollama
 
+            # a chat as its page sends one: with its socket's session, which turns on its
+            # default (builtin) tools, called natively: offered to the model as OpenAI
+            # tools, streamed; on the model's default context (no num_ctx, no max_tokens)
             asked = time.monotonic()
             body = {
                 "model": "smollm2",
                 "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
                 "stream": True,
+                "session_id": "vramgate-test-session",
             }
             text, first = [], None
             with client.stream("POST", "/api/chat/completions", json=body) as reply:
@@ -130,6 +145,12 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
             assert "".join(text).strip() and first is not None, text
             figures["chat_first_token_s"] = first
             figures["chat_s"] = time.monotonic() - asked
+            # its picker took the Ollama connection's smollm2: what reached vramgate
+            (sent, *_) = fronts[0].bodies("/api/chat")
+            offered = [tool["function"]["name"] for tool in sent.get("tools", [])]
+            assert "get_current_timestamp" in offered and sent["stream"] is True, sent
+            assert "num_ctx" not in sent.get("options", {}), sent  # the default context
+            print(f"\nopen webui offered {len(offered)} tools: {', '.join(offered)}")
 
             for engine in ("openai", "automatic1111"):
                 config = client.get("/api/v1/images/config").json()
