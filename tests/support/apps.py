@@ -54,17 +54,9 @@ def install_pip(venv: Path, requirements: list[str], command: str) -> str | None
         )
         if made.returncode != 0:
             return f"no virtual environment for {command}: {made.stderr[-500:]}"
-        python = pip_command(venv, "python")
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *requirements],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            check=False,
-        )
-        if done.returncode != 0 or not pip_command(venv, command).exists():
-            return f"{' '.join(requirements)} could not be installed: {done.stderr[-500:]}"
-        return None
+        python = str(pip_command(venv, "python"))
+        argv = [python, "-m", "pip", "install", "-q", *requirements]
+        return _install(argv, 1800, pip_command(venv, command), " ".join(requirements))
 
     return _marked(venv, make)
 
@@ -77,18 +69,21 @@ def install_npm(where: Path, package: str, command: str) -> str | None:
         npm = shutil.which("npm")
         if npm is None:
             return "npm is not installed"
-        done = subprocess.run(
-            [npm, "install", "--prefix", str(where), package],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if done.returncode != 0 or not npm_command(where, command).exists():
-            return f"{package} could not be installed: {done.stderr[-500:]}"
-        return None
+        argv = [npm, "install", "--prefix", str(where), package]
+        return _install(argv, 600, npm_command(where, command), package)
 
     return _marked(where, make)
+
+
+def _install(argv: list[str], timeout_s: float, binary: Path, what: str) -> str | None:
+    """Run an installer; None when it leaves `binary`, else what went wrong."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"{what} was not installed within {timeout_s:g} s"
+    if done.returncode != 0 or not binary.exists():
+        return f"{what} could not be installed: {done.stderr[-500:]}"
+    return None
 
 
 BUSY = "another process is installing it"  # what an install that found one under way says
