@@ -45,7 +45,8 @@ def test_simulated_reread_says_which_changed_models_take_their_new_settings_now(
     with live_server(source.settings(), models_source=source) as live:
         http = httpx.Client(base_url=live.url, timeout=60)
         for name in ("busy", "idle"):  # both loaded with their first entry
-            assert http.post("/v1/embeddings", json={"model": name, "input": "w"}).status_code
+            answer = http.post("/v1/embeddings", json={"model": name, "input": "w"})
+            assert answer.status_code == 200, answer.text
         assert weights_of(live, "busy") == weights_of(live, "idle") == 100 * 2**20
         answers: list[httpx.Response] = []
 
@@ -78,3 +79,4 @@ def test_simulated_reread_says_which_changed_models_take_their_new_settings_now(
         # nothing changed: an empty answer, nothing retired
         changes = http.post("/admin/models/reread").json()
         assert changes["changed"] == changes["changed_now"] == changes["changed_when_idle"] == []
+        http.close()
