@@ -27,6 +27,10 @@ from app.config.simulated_spec import (
 )
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# a name a generation or embedding request may ask for: a served model's, or one that
+# reaches one (`model_aliases`, Ollama's `NAME:latest` and `hf.co/ORG/NAME:QUANT`, an
+# OpenAI fine-tune's `ft:...`); only ever looked up (app.core.fleet), never a path
+REQUESTED_MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
 _RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(10)}
 
 
@@ -118,6 +122,11 @@ class ModelSpec(BaseModel):
         default=(), max_length=MAX_STOP
     )
     system: str | None = Field(default=None, min_length=1, max_length=100_000)
+    # where `vramgate pull` took it from, when that was the Hugging Face Hub
+    # (`hf:ORG/NAME:QUANT`, the quantisation fetched): Ollama's spelling of that source,
+    # `hf.co/ORG/NAME:QUANT` (any case), names this model too, as Ollama's clients name a
+    # model after `ollama pull hf.co/...` (app.core.fleet.names)
+    pulled_from: str | None = Field(default=None, max_length=300)
     # where it runs, of the server's devices (None: where it fits with the most room),
     # and on how many devices a copy of it serves (requests go where they fit soonest)
     device: str | None = Field(default=None, pattern=DEVICE_ID_PATTERN)

@@ -91,4 +91,6 @@ def _toml_table(spec: ModelSpec) -> str:
     lines = ["[[models]]", f"name = {json.dumps(spec.name)}", f"kind = {json.dumps(spec.kind)}"]
     if spec.path is not None:
         lines.append(f"path = {json.dumps(str(spec.path))}")  # JSON escapes are TOML's
+    if spec.pulled_from is not None:
+        lines.append(f"pulled_from = {json.dumps(spec.pulled_from)}")
     return "\n".join(lines)

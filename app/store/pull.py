@@ -28,6 +28,7 @@ from app.store.config_file import (
 )
 from app.store.fetch import fetch
 from app.store.folders import left_behind, moved_in, remove_tree, scratch_folder
+from app.store.hub import quant_of
 from app.store.progress import Progress
 from app.store.recognise import (
     SINGLE_FILES,
@@ -167,8 +168,17 @@ def _pull_into(
         path = target / kept.name
     else:
         copy_model(model, staging, progress)
-    spec = ModelSpec(name=name, kind=kind, path=path)
+    spec = ModelSpec(name=name, kind=kind, path=path, pulled_from=hub_origin(source, model))
     gc.collect()  # a mapped file (a GGUF reader's) closes when collected; Windows moves none
     with moved_in(staging, target, aside=scratch / "replaced"):
         add_to_config(config_file, spec, settings.models)
     return spec
+
+
+def hub_origin(source: Source, model: Path) -> str | None:
+    """What a model pulled from the Hub was pulled from, its quantisation the one fetched
+    (the model's `pulled_from`): None for any other source."""
+    if source.kind != "hub":
+        return None
+    quant = f":{quant_of(model.name)}" if model.suffix.lower() == ".gguf" else ""
+    return f"hf:{source.ref}{quant}"

@@ -10,7 +10,6 @@ did not mean to serve (a link in a model folder).
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +17,8 @@ from typing import Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-# a repo with an optional quantisation, as `hf:` and Ollama's `hf.co/` spell them
-HUB_QUANT = re.compile(r"^(?P<repo>[^:]+)(?::(?P<quant>[A-Za-z0-9._-]{1,40}))?$")
-HUB_PREFIXES = ("hf:", "hf.co/", "huggingface.co/", "https://huggingface.co/")
+from app.config.hub_names import HUB_ID, hub_prefix, hub_reference
+
 HUB_FORM = "hf:ORG/NAME[:QUANT]"
 PIP_FORM = "pip:NAME[==VERSION]"
 # Windows' reparse tags of a symbolic link and of a junction (a mount point), which
@@ -48,9 +45,8 @@ class Source:
 def parse_source(text: str) -> Source:
     if text.startswith("pip:"):
         return Source("pip", pip_requirement(text[len("pip:") :]))
-    prefix = next((p for p in HUB_PREFIXES if text.lower().startswith(p)), None)
-    if prefix is not None:
-        return hub_source(text[len(prefix) :])
+    if hub_prefix(text) is not None:
+        return hub_source(text)
     path = Path(text).expanduser()
     if path.suffix == ".whl" and path.is_file():
         return Source("wheel", str(path.resolve()))
@@ -65,12 +61,12 @@ def parse_source(text: str) -> Source:
 
 
 def hub_source(text: str) -> Source:
-    """`ORG/NAME` or `ORG/NAME:QUANT` (Ollama's `:latest` asks for the default one)."""
-    match = HUB_QUANT.match(text)
-    if match is None or not HUB_ID.match(match["repo"]):
+    """`ORG/NAME` or `ORG/NAME:QUANT`, with or without a Hub prefix (Ollama's `:latest`
+    asks for the default one)."""
+    found = hub_reference(text)
+    if found is None:
         raise PullError(f"{text!r} is not a Hugging Face repo id: pull takes {HUB_FORM}")
-    quant = match["quant"]
-    return Source("hub", match["repo"], None if quant in (None, "latest") else quant)
+    return Source("hub", *found)
 
 
 def pip_requirement(text: str) -> str:

@@ -118,7 +118,9 @@ def test_a_default_pull_fetches_only_q4_k_m_and_the_f16_projector(fresh, files, 
 @pytest.mark.slow
 def test_a_named_split_quant_comes_whole_and_llama_cpp_serves_it(fresh, files, tmp_path):
     """Ollama's spelling, any case: both shards of the split Q6_K, side by side under
-    their own names, loaded by llama.cpp's engine from the first and chatted with."""
+    their own names, loaded by llama.cpp's engine from the first and chatted with, by
+    its name and, through the `ollama` client, by the name it was pulled with."""
+    from ollama import Client, ResponseError
     from openai import OpenAI
 
     done = run_pull(fresh, f"hf.co/{REPO}:q6_k", tmp_path)
@@ -130,6 +132,7 @@ def test_a_named_split_quant_comes_whole_and_llama_cpp_serves_it(fresh, files, t
         assert (folder / Path(shard).name).read_bytes() == files[shard]
     entry = load_settings({}, tmp_path / "config.toml").models[-1]
     assert entry.name == "Tiny-Chat-Q6_K" and entry.path == folder / Path(SPLIT[0]).name
+    assert entry.pulled_from == f"hf:{REPO}:Q6_K"  # the quantisation fetched
     serving = make_settings(tmp_path / "serve", device="cpu", models=(entry,), cpu_threads=1)
     with live_server(serving) as live:
         client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
@@ -137,8 +140,21 @@ def test_a_named_split_quant_comes_whole_and_llama_cpp_serves_it(fresh, files, t
             model="Tiny-Chat-Q6_K", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         status = httpx.get(live.url + "/status", timeout=10).json()
+        listed = {m.id: m.aliases for m in client.models.list()}  # type: ignore[attr-defined]
+        # as `ollama run hf.co/ORG/NAME:QUANT` goes on after its pull: show, then chat,
+        # by the name it pulled with
+        ollama = Client(host=live.url)
+        pulled_as = f"hf.co/{REPO}:q6_k"
+        assert ollama.show(pulled_as).modelinfo["vramgate.engine"] == "llama.cpp"
+        chat = ollama.chat(model=pulled_as, messages=[{"role": "user", "content": "hi"}],
+                           options={"num_predict": 4})  # fmt: skip
+        assert chat.eval_count and chat.eval_count >= 1
+        with pytest.raises(ResponseError) as other:  # a quantisation it did not pull
+            ollama.chat(model=f"hf.co/{REPO}:Q8_0", messages=[{"role": "user", "content": "hi"}])
+    assert other.value.status_code == 404
     assert answer.usage.completion_tokens >= 1
     assert [m["engine"] for m in status["models"] if m["name"] == "Tiny-Chat-Q6_K"] == ["llama.cpp"]
+    assert listed == {"Tiny-Chat-Q6_K": [f"hf.co/{REPO}:Q6_K"]}
 
 
 @pytest.mark.slow

@@ -25,10 +25,10 @@ from app.api.openai.schemas import (
     KeepAlive,
     Tool,
 )
-from app.config.settings import MODEL_NAME_PATTERN
+from app.config.model_spec import REQUESTED_MODEL_PATTERN
 from app.errors import InvalidRequest
 
-ModelName = Field(max_length=64, pattern=MODEL_NAME_PATTERN)
+ModelName = Field(max_length=200, pattern=REQUESTED_MODEL_PATTERN)
 
 
 class _Body(BaseModel):

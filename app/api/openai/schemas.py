@@ -14,8 +14,8 @@ from app.api.callers import MAX_CALLER_ID
 from app.api.chat_images import check_image_count, url_image
 from app.api.openai.fields import screen
 from app.config.durations import parse_keep_alive
-from app.config.model_spec import MAX_STOP, MAX_STOP_CHARS
-from app.config.settings import MODEL_NAME_PATTERN, Settings
+from app.config.model_spec import MAX_STOP, MAX_STOP_CHARS, REQUESTED_MODEL_PATTERN
+from app.config.settings import Settings
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
 from app.models import structured
@@ -41,7 +41,7 @@ class EmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     input: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(max_length=MAX_CHARS_HARD)
-    model: str = Field(max_length=64, pattern=MODEL_NAME_PATTERN)
+    model: str = Field(max_length=200, pattern=REQUESTED_MODEL_PATTERN)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, le=65_536)
     keep_alive: KeepAlive = None
@@ -217,7 +217,7 @@ class _GenerationFields(BaseModel):
     """What chat and completions share; every number bounded."""
 
     model_config = ConfigDict(extra="forbid")
-    model: str = Field(max_length=64, pattern=MODEL_NAME_PATTERN)
+    model: str = Field(max_length=200, pattern=REQUESTED_MODEL_PATTERN)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_HARD)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.config.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
-from app.core.fleet.names import aliased, standard_names_of, standard_target
+from app.core.fleet.names import (
+    aliased,
+    hub_target,
+    ollama_spelling,
+    standard_names_of,
+    standard_target,
+)
 from app.core.fleet.placement import Load, Placement, Room, Wanted, place, soonest
 from app.core.fleet.status import ModelStatus
 from app.core.lifecycle.registry import ModelRegistry
@@ -88,26 +94,40 @@ class Fleet:
         return self._by_id[soonest(loads)]
 
     def resolve(self, model: str) -> str:
-        """The served model a request's name means: itself, or the model of the first
-        `model_aliases` pattern it matches (Claude Code asks for claude-..., Codex for
-        gpt-...), or of a standard name (app.core.fleet.names: `dall-e-2`, an empty name
-        for speech to text); a name none of these serve stays as is (its lane answers
-        404)."""
+        """The served model a request's name means: itself (or with Ollama's `:latest`),
+        or the model of the first `model_aliases` pattern it matches (Claude Code asks
+        for claude-..., Codex for gpt-...), or of a standard name (app.core.fleet.names:
+        `dall-e-2`, an empty name for speech to text), or the model pulled from the Hub
+        source it spells (`hf.co/ORG/NAME:QUANT`); a name none of these serve stays as is
+        (its lane answers 404)."""
         if any(_serves(lane, model) for lane in self.lanes):
             return model
+        base = model.removesuffix(":latest")  # Ollama's tag for a name without one
+        if base != model and any(_serves(lane, base) for lane in self.lanes):
+            return base
         served = aliased(model, self.settings.model_aliases)
         if served is None:
             served = standard_target(model, self._capabilities())
+        if served is None:
+            served = hub_target(model, [(s.name, s.pulled_from) for s in self._specs()])
         return model if served is None else served
 
-    def _capabilities(self) -> list[tuple[str, tuple[str, ...]]]:
-        """Each served model's capabilities, in config order."""
+    def _served(self) -> list[ModelHandler]:
+        """Each served model's handler (of its first copy), in config order."""
         found = []
         for name in self.placement:
             lane = next((lane for lane in self.lanes if _serves(lane, name)), None)
             if lane is not None:
-                found.append((name, lane.registry.entries[name].handler.capabilities()))
+                found.append(lane.registry.entries[name].handler)
         return found
+
+    def _specs(self) -> list[ModelSpec]:
+        """Each served model's config entry, in config order."""
+        return [handler.spec for handler in self._served()]
+
+    def _capabilities(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each served model's capabilities, in config order."""
+        return [(handler.spec.name, handler.capabilities()) for handler in self._served()]
 
     async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
         """CPU work a route must not do on the event loop (encoding audio), on the first
@@ -211,7 +231,10 @@ class Fleet:
         reach it."""
         aliases = self.settings.model_aliases
         own = [p for p, served in aliases.items() if served == model]
-        return own + standard_names_of(model, self._capabilities(), aliases)
+        own += standard_names_of(model, self._capabilities(), aliases)
+        pulled_from = next((s.pulled_from for s in self._specs() if s.name == model), None)
+        hub = ollama_spelling(pulled_from) if pulled_from else None
+        return own + ([hub] if hub else [])
 
     def status(self) -> dict[str, Any]:
         """The /status document: the sums on top, each device under `devices`."""

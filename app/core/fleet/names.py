@@ -1,8 +1,10 @@
 """The names apps send that no served model has, and the model each reaches: first the
 `model_aliases` setting's patterns (first match wins: a person's own choice), then the
-standard names below, what apps send when their model field is left empty. Open WebUI's
-OpenAI image engine sends `dall-e-2`, its speech to text an empty `model`, its text to
-speech `tts-1`: each reaches the served model of its kind.
+standard names below, what apps send when their model field is left empty, then the Hub
+source a model was pulled from. Open WebUI's OpenAI image engine sends `dall-e-2`, its
+speech to text an empty `model`, its text to speech `tts-1`: each reaches the served
+model of its kind. After `ollama pull hf.co/ORG/NAME:QUANT` Ollama's clients chat with
+that name (`ollama run` does both): it reaches the model pulled from there.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from app.config.hub_names import hub_reference
 from app.errors import InvalidRequest
 
 
@@ -75,3 +78,29 @@ def standard_names_of(
         if one and found[0] == model:
             names.append(standard.pattern)
     return names
+
+
+def hub_target(name: str, pulled: Sequence[tuple[str, str | None]]) -> str | None:
+    """The served model pulled from the Hub source `name` spells (`hf.co/ORG/NAME:QUANT`,
+    any case; without a quantisation, the first pulled from that repo), of `pulled`
+    (each model's name and `pulled_from`, in config order), or None."""
+    asked = hub_reference(name)
+    if asked is None:
+        return None
+    repo, quant = asked
+    for model, source in pulled:
+        found = hub_reference(source) if source else None
+        if found is None or found[0].lower() != repo.lower():
+            continue
+        if quant is None or (found[1] or "").upper() == quant.upper():
+            return model
+    return None
+
+
+def ollama_spelling(pulled_from: str) -> str | None:
+    """How Ollama's clients name a model pulled from `pulled_from` (`hf.co/ORG/NAME:Q`)."""
+    found = hub_reference(pulled_from)
+    if found is None:
+        return None
+    repo, quant = found
+    return f"hf.co/{repo}" + (f":{quant}" if quant else "")

@@ -187,6 +187,21 @@ def test_load_and_unload_idioms_answer_as_ollama_and_generate_nothing(served):
     assert embedder.value.status_code == 400
 
 
+def test_a_name_with_ollamas_latest_tag_is_the_model_and_another_tag_is_a_404(served):
+    """Ollama's clients name a model `NAME:latest` as often as `NAME` (`ollama run
+    tiny:latest`): the same model, through chat, generate and embed; another tag names
+    no model here."""
+    _, client, _ = served
+    plain = client.chat(model="tiny", messages=ASK, options={"num_predict": 3, "seed": 1})
+    tagged = client.chat(model="tiny:latest", messages=ASK, options={"num_predict": 3, "seed": 1})
+    assert tagged.message.content == plain.message.content and tagged.eval_count == 3
+    assert client.generate(model="tiny:latest", prompt="Hi", options={"num_predict": 2}).done
+    assert len(client.embed(model=f"{MINILM}:latest", input="a cat").embeddings[0]) == 384
+    with pytest.raises(ResponseError) as other:
+        client.chat(model="tiny:7b", messages=ASK)
+    assert other.value.status_code == 404
+
+
 def test_tags_and_ps_list_only_what_ollama_would(tmp_path):
     """Ollama lists the models it can chat or embed with; an image model (a simulated
     one here: its API needs no GPU to be listed) stays reachable through its own API."""
