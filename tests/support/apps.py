@@ -56,7 +56,7 @@ def install_pip(venv: Path, requirements: list[str], command: str) -> str | None
             return f"no virtual environment for {command}: {made.stderr[-500:]}"
         python = str(pip_command(venv, "python"))
         argv = [python, "-m", "pip", "install", "-q", *requirements]
-        return _install(argv, 1800, pip_command(venv, command), " ".join(requirements))
+        return _run_installer(argv, 1800, pip_command(venv, command), " ".join(requirements))
 
     return _marked(venv, make)
 
@@ -70,12 +70,12 @@ def install_npm(where: Path, package: str, command: str) -> str | None:
         if npm is None:
             return "npm is not installed"
         argv = [npm, "install", "--prefix", str(where), package]
-        return _install(argv, 600, npm_command(where, command), package)
+        return _run_installer(argv, 600, npm_command(where, command), package)
 
     return _marked(where, make)
 
 
-def _install(argv: list[str], timeout_s: float, binary: Path, what: str) -> str | None:
+def _run_installer(argv: list[str], timeout_s: float, binary: Path, what: str) -> str | None:
     """Run an installer; None when it leaves `binary`, else what went wrong."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)

@@ -227,8 +227,8 @@ class Fleet:
         return " | ".join(f"{lane.device.id} {lane.memory_line()}" for lane in self.lanes)
 
     def aliases_of(self, model: str) -> list[str]:
-        """The `model_aliases` patterns that name `model`, and the standard names that
-        reach it."""
+        """The `model_aliases` patterns that name `model`, the standard names that reach
+        it, and the Hub source it was pulled from in Ollama's spelling."""
         aliases = self.settings.model_aliases
         own = [p for p, served in aliases.items() if served == model]
         own += standard_names_of(model, self._capabilities(), aliases)
@@ -346,7 +346,7 @@ class Fleet:
         """Serve the models `specs` lists from now (a reread config): models already
         placed stay on their devices, new ones go where they fit (see `place`)."""
         self.placement = place_models(self.settings, specs, self._devices(), self.placement)
-        keys = ("added", "removed", "changed", "changed_now", "changed_when_idle")
+        keys = ("added", "removed", "changed", "changed_when_idle")
         changes: dict[str, list[str]] = {key: [] for key in keys}
         for lane in self.lanes:
             mine = lane_specs(specs, self.placement, lane.device.id)
@@ -354,12 +354,12 @@ class Fleet:
                 changes[key] += [name for name in names if name not in changes[key]]
         moved = set(changes["added"]) & set(changes["removed"])  # to another device
         changes["removed"] = [name for name in changes["removed"] if name not in moved]
-        # busy on one device: the change waits for its requests there
-        busy = changes["changed_when_idle"]
-        changes["changed_now"] = [name for name in changes["changed_now"] if name not in busy]
         order = [spec.name for spec in specs]  # the config's order, as on one device
-        for key in ("added", "changed", "changed_now", "changed_when_idle"):
+        for key in ("added", "changed", "changed_when_idle"):
             changes[key].sort(key=order.index)
+        # busy on any device: the change waits for its requests there
+        busy = changes["changed_when_idle"]
+        changes["changed_now"] = [name for name in changes["changed"] if name not in busy]
         return changes
 
 

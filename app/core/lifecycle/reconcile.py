@@ -23,9 +23,9 @@ class Reconcile:
 
     def apply(self, specs: tuple[ModelSpec, ...]) -> dict[str, list[str]]:
         """Serve the models `specs` lists from now; returns the names added, removed and
-        changed, and of the changed ones which take their new entry now (nothing of
-        theirs runs or waits: the next request is served by the new entry) and which
-        once their requests (running or queued) have ended."""
+        changed, and of the changed ones those that take their new entry only once their
+        requests (running or queued) have ended (the others: at once, the next request
+        is served by the new entry)."""
         wanted = {spec.name: spec for spec in specs}
         added, removed, changed = [], [], []
         for name, spec in wanted.items():
@@ -49,14 +49,7 @@ class Reconcile:
                 removed.append(name)
         self.retire()
         busy = [name for name in changed if self._in_flight[name]]
-        now = [name for name in changed if name not in busy]
-        return {
-            "added": added,
-            "removed": removed,
-            "changed": changed,
-            "changed_now": now,
-            "changed_when_idle": busy,
-        }
+        return {"added": added, "removed": removed, "changed": changed, "changed_when_idle": busy}
 
     def retire(self) -> None:
         """Models out of the config (or changed in it) go once idle (housekeeping)."""
