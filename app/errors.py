@@ -318,6 +318,15 @@ class RunnerStopped(Overloaded):
     code = "model_runner_stopped"
 
 
+class RunnerFailed(Overloaded):
+    """A model's runner answered a valid request with a failure of its own (a 5xx, or an
+    error event mid-stream: a decode that failed, a buffer out of memory, its KV pool
+    overflowed): the server's fault, never the caller's, so a 503 the caller may retry;
+    counted in the model's health (/status `runner_failures`)."""
+
+    code = "model_runner_failed"
+
+
 class QueueTimeout(VramgateError):
     status = 504
     error_type = "server_error"

@@ -351,7 +351,7 @@ class Scheduler:
             if run.jobs[0].handler.stalled():  # its engine ended the silent process:
                 run.overdue, run.ended = True, True  # nothing of ours is wedged
                 run.ended_error = RunnerStopped(
-                    f"model {run.jobs[0].model!r}'s runner sent nothing for {limit_s:g}s "
+                    f"model {run.jobs[0].model!r}'s runner's work did not move for {limit_s:g}s "
                     "(run_timeout) and was ended; it is reloaded on the next request",
                     retry_after=1,
                 )

@@ -8,7 +8,7 @@ the ratio to llama.cpp's own server went from 0.87 to 0.99 for one stream)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -16,9 +16,6 @@ import orjson
 # How long a runner's HTTP threads may take to answer /health: they answer at once, even
 # while the runner computes (tried: 0.03-0.08 s during a 168 s embedding on 2 busy cores).
 HEALTH_TIMEOUT_S = 5.0
-# How many `timeout_s` one silence of a stream (one prefill batch) may last while the
-# runner answers its /health: a batch's time varies several-fold with the machine's load.
-VOUCHED = 10
 
 
 class RunnerAnswer(Exception):
@@ -106,20 +103,22 @@ class RunnerClient:
             writer.close()
 
     async def events(
-        self, path: str, body: Any, alive: Callable[[], None] | None = None
+        self, path: str, body: Any, look: Callable[[], Awaitable[None]] | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """A POST answered with server-sent events: each event's JSON as it comes.
-        Leaving the iteration closes the connection, which cancels the runner's task.
+        Leaving the iteration closes the connection; the runner cancels the task when
+        it notices (its HTTP thread polls the socket: up to a second and a batch).
         Only its connection has a deadline (`timeout_s`): between events the watchdog
         watches the run (a prefill's progress events and each token are its beats).
 
-        `alive`: called while the stream is silent and the runner answers its /health
-        (`_vouch`), for a prefill batch that outlasts `timeout_s` on a busy machine."""
+        `look`: awaited while the stream has been silent for half `timeout_s`, every
+        half `timeout_s`: the caller looks at the runner's work itself (its /slots,
+        answered between batches) and beats where it moved."""
         async with asyncio.timeout(self.timeout_s):
             reader, writer = await self._send("POST", path, body)
         loop = asyncio.get_running_loop()
         heard = [loop.time()]
-        vouching = asyncio.ensure_future(self._vouch(heard, alive)) if alive else None
+        looking = asyncio.ensure_future(self._look_while_silent(heard, look)) if look else None
         try:
             status, chunked, _ = await _head(reader)
             if status >= 400:
@@ -134,31 +133,23 @@ class RunnerClient:
                     if event.startswith(b"data: "):
                         yield orjson.loads(event[6:])
         finally:
-            if vouching is not None:
-                vouching.cancel()
+            if looking is not None:
+                looking.cancel()
             writer.close()
 
-    async def _vouch(self, heard: list[float], alive: Callable[[], None]) -> None:
-        """While a stream has been silent for half `timeout_s`, ask the runner for its
-        /health every half `timeout_s`; each answer calls `alive`. Its HTTP threads
-        answer while a batch computes (a 512-token prefill batch, which sends nothing
-        until it is done, took 2-7 s on 2 shared cores and over 12 s on a busier
-        machine); a stopped or gone runner answers nothing and is not vouched for. A
-        silence is vouched for up to `VOUCHED` times `timeout_s`, for a runner whose
-        HTTP threads live while its computation hangs."""
+    async def _look_while_silent(
+        self, heard: list[float], look: Callable[[], Awaitable[None]]
+    ) -> None:
+        """While a stream has been silent for half `timeout_s`, `look` every half
+        `timeout_s`. A request whose prompt waits behind others' prefill batches, or a
+        batch that sends nothing until it is done, is silent while the runner works; a
+        runner whose loop hangs while its HTTP threads answer is silent and still."""
         loop = asyncio.get_running_loop()
         period = self.timeout_s / 2
         while True:
             await asyncio.sleep(period)
-            silent = loop.time() - heard[0]
-            if silent < period or silent > VOUCHED * self.timeout_s:
-                continue
-            try:
-                async with asyncio.timeout(min(period, HEALTH_TIMEOUT_S)):
-                    await self._call("GET", "/health", None)
-            except (OSError, asyncio.IncompleteReadError, ValueError, RunnerAnswer):
-                continue  # TimeoutError among them: no answer, no beat
-            alive()
+            if loop.time() - heard[0] >= period:
+                await look()
 
     async def _send(
         self, method: str, path: str, body: Any

@@ -7,16 +7,17 @@ for our CPU pool or device threads (app.models.stages)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from app.config.settings import ModelSpec
-from app.engines.llama_cpp.client import RunnerAnswer
+from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.requests import completion_body, decode_result, logprobs_of
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
+from app.engines.llama_cpp.slots import TAG_FIELD
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.card import ModelCard
 from app.models.decoding import (
@@ -85,39 +86,22 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         return asyncio.ensure_future(elsewhere(self._generate(prepared, stream)))
 
     async def _generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
-        """Stream one completion from the runner, each piece of text to the stream."""
+        """Stream one completion from the runner, each piece of text to the stream. A
+        stream our side ends early returns once the runner has let go of its slot
+        (app.engines.llama_cpp.watch): only then do its cells come back to the gate."""
         task: GenerationInput = prepared.payload
-        client = self._client
-        if client is None:
+        client, watch = self._client, self._watch
+        if client is None or watch is None:
             raise RunnerStopped(f"model {self.name!r} is not loaded; retry", retry_after=1)
-        text: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        final: dict[str, Any] = {}
+        tag = next(watch.tags)
+        body = {**completion_body(task, self.spec.prefix_cache), TAG_FIELD: tag}
+        self.open_cells[tag] = self.cells_for(prepared)
         try:
-            body = completion_body(task, self.spec.prefix_cache)
-            async for chunk in client.events("/completion", body, alive=self._vouched(stream)):
-                if stream.cancelled.is_set():
-                    break  # closing the connection cancels the task in llama.cpp
-                if "error" in chunk:
-                    raise InvalidRequest(f"model {self.name!r}: {chunk['error']}")
-                # the runner's beat, for every run of it: a request whose prompt waits
-                # behind another's long prefill hears nothing of its own meanwhile
-                self.progress_at = time.monotonic()
-                if "prompt_progress" in chunk and not chunk.get("content"):
-                    stream.beat()  # its prefill goes on: alive, with nothing to say yet
-                    continue
-                self.forward_calls += 1
-                piece = str(chunk.get("content", ""))
-                text.append(piece)
-                logprobs.extend(logprobs_of(chunk))
-                stream.push(piece)
-                if chunk.get("stop"):
-                    final = chunk
-                    break
-        except RunnerAnswer as answer:
-            raise InvalidRequest(f"model {self.name!r}: {answer}") from None
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            raise self._stopped(exc) from exc
+            final, text, logprobs = await self._read(client, body, stream)
+            if not final and stream.cancelled.is_set():
+                await self._let_go(tag)
+        finally:
+            del self.open_cells[tag]
         if not final and not stream.cancelled.is_set():
             raise self._stopped(RuntimeError("the stream ended early"))
         result = decode_result(final, text, logprobs, prepared)
@@ -125,14 +109,60 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             self.prefix_store.record(result.cached_tokens)  # its hits in /status
         return result
 
-    def _vouched(self, stream: TokenStream) -> Callable[[], None]:
-        """A silent stream whose runner answers its /health: alive, computing."""
+    async def _read(
+        self, client: RunnerClient, body: dict[str, Any], stream: TokenStream
+    ) -> tuple[dict[str, Any], list[str], list[TokenLogprob]]:
+        """The completion's events until its last (`final`: empty if the stream was
+        cancelled or ended early); its connection is closed when this returns."""
+        assert self._watch is not None
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        try:
+            events = client.events("/completion", body, look=self._watch.look)
+            async with contextlib.aclosing(events) as chunks:
+                async for chunk in chunks:
+                    if stream.cancelled.is_set():
+                        break  # the connection closes now: llama.cpp cancels the task
+                    if "error" in chunk:
+                        raise self._answered(_error_status(chunk["error"]), chunk["error"])
+                    # the runner's beat, for every run of it: a request whose prompt waits
+                    # behind another's long prefill hears nothing of its own meanwhile
+                    self.progress_at = time.monotonic()
+                    if "prompt_progress" in chunk and not chunk.get("content"):
+                        stream.beat()  # its prefill goes on: alive, with nothing to say yet
+                        continue
+                    self.forward_calls += 1
+                    piece = str(chunk.get("content", ""))
+                    text.append(piece)
+                    logprobs.extend(logprobs_of(chunk))
+                    stream.push(piece)
+                    if chunk.get("stop"):
+                        return chunk, text, logprobs
+        except RunnerAnswer as answer:
+            raise self._answered(answer.status, str(answer)) from None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            # a runner that broke the stream and lives on may still hold its slot; one
+            # that died is given a moment to be seen so (its exit code then says why)
+            for _ in range(10):
+                if self.exited() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                self.end_runner(f"broke a stream ({exc!r})")
+            raise self._stopped(exc) from exc
+        return {}, text, logprobs
 
-        def alive() -> None:
-            self.progress_at = time.monotonic()
-            stream.beat()
-
-        return alive
+    async def _let_go(self, tag: int) -> None:
+        """Hold a cancelled request's cells until the runner has let go of its slot; a
+        runner that does not (or stops answering) is ended, which frees them all."""
+        assert self._watch is not None
+        took = await self._watch.let_go(tag)
+        if took is not None:
+            log.debug(
+                "model %s: the runner let go of a cancelled request in %.2fs", self.name, took
+            )
+            return
+        self.end_runner(f"did not let go of a cancelled request within {self.run_timeout:g}s")
 
     def held_bytes(self, prepared: Prepared) -> int:
         """Its cells' bytes: what it holds of the runner's KV pool."""
@@ -147,3 +177,11 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
     def card(self) -> ModelCard:
         card = super().card()
         return replace(card, chat_template=self.chat_template or self.facts().chat_template)
+
+
+def _error_status(error: Any) -> int:
+    """The status of an error event mid-stream, which llama.cpp sends as
+    `{"error": {"code": 500, "message": ..., "type": "server_error"}}` (its server's
+    format_error_response); 500 where it names none."""
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, int) else 500

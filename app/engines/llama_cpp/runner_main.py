@@ -6,7 +6,13 @@ command line), loads the model with `xllamacpp.Server` (the constructor is the l
 prints one JSON line on stdout, `{"address": ..., "pid": ...}` or `{"error": ...}`, and
 lives until its stdin closes: the server closes it to unload, and the OS closes it when
 the server dies (or the parent it was started by is gone: checked every
-`PARENT_CHECK_S`), so a runner never outlives its server. It then exits at once,
+`PARENT_CHECK_S` from the moment its settings are read, before anything loads), so a
+runner never outlives its server, not even during a load of tens of seconds. While it
+loads, Linux also kills it the moment the thread that started it ends
+(`PR_SET_PDEATHSIG`, which needs no Python thread to run: a load may hold the
+interpreter); the server's loading thread waits for the ready line, so the signal is
+cleared just before that line is printed, and the parent watch goes on alone (on
+Windows the server's job object ends its runners with it). It then exits at once,
 abandoning what it was computing: `del server` would first wait for the batch in flight
 (a long prefill kept a runner alive for 24 s after its server was killed), and the OS
 frees all it holds anyway. llama.cpp's HTTP listener, bound
@@ -74,7 +80,10 @@ def params_of(config: dict[str, Any]) -> Any:
 
 
 def main() -> int:
+    parent = os.getppid()
     config = json.loads(sys.stdin.readline())
+    _die_with_loader(True, parent)
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     try:
         import xllamacpp as xlc
     except ImportError as exc:  # the engine itself cannot load here (e.g. CUDA's driver)
@@ -88,10 +97,27 @@ def main() -> int:
     except Exception as exc:  # the cause is on stderr; the parent reads it from there
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
+    _die_with_loader(False, parent)  # the loading thread ends once it has read the next line
     print(json.dumps({"address": server.listening_address, "pid": os.getpid()}), flush=True)
-    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
     sys.stdin.read()  # until the server closes our stdin, or dies
     os._exit(0)  # now, without `del server`: see the module's docstring
+
+
+def _die_with_loader(on: bool, parent: int) -> None:
+    """Linux: SIGKILL this process when the thread that started it ends (`on`), or no
+    longer (PR_SET_PDEATHSIG is the parent *thread's* death: the server's loading
+    thread ends after the load). Elsewhere nothing: the parent watch and, on Windows,
+    the server's job object do it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL) if on else 0)
+    if on and os.getppid() != parent:  # it died before the signal was set
+        os._exit(0)
 
 
 def _end_with(parent: int) -> None:

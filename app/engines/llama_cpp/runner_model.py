@@ -35,7 +35,8 @@ from app.engines.llama_cpp.process import (
     runner_argv,
 )
 from app.engines.llama_cpp.runner_main import RUNNER_COMMAND
-from app.errors import InvalidRequest, RunnerStopped
+from app.engines.llama_cpp.watch import RunnerWatch
+from app.errors import InvalidRequest, RunnerFailed, RunnerStopped
 from app.models.base import ModelHandler
 from app.models.card import ModelCard
 from app.models.prepared import Prepared
@@ -83,6 +84,10 @@ class LlamaRunnerModel(ModelHandler):
         self._facts: GgufFacts | None = None
         self._runner: RunnerProcess | None = None
         self._client: RunnerClient | None = None  # its listener, while loaded
+        self._watch: RunnerWatch | None = None  # looks at its slots, while loaded
+        # the requests sent to the runner and not yet let go of: their tags and cells
+        self.open_cells: dict[int, int] = {}
+        self.runner_failures = 0  # requests its runners failed (5xx, an error mid-stream)
         self._device: Device | None = None
         self._footprint = Footprint({}, {})
         self._measured: int | None = None  # on a GPU: the process's own use, as measured
@@ -293,6 +298,7 @@ class LlamaRunnerModel(ModelHandler):
         device.adopt(int(ready["pid"]), self.weights_bytes())
         host, _, port = str(ready["address"]).removeprefix("http://").rpartition(":")
         self._client = RunnerClient(host, int(port), key, timeout_s=self.run_timeout)
+        self._watch = RunnerWatch(self._client, self._alive, self.run_timeout)
         self.loaded(asyncio.run(self._client.call("GET", "/props")))  # the loader's thread
 
     def _process_bytes(self, device: Device, pid: int, free_before: int) -> int | None:
@@ -337,21 +343,26 @@ class LlamaRunnerModel(ModelHandler):
         return self._ended_because
 
     def stalled(self) -> bool:
-        """Its runner sent nothing (no token, no prefill progress) for `run_timeout`: a
-        failed runner, ended now. Its requests' reads end with it (503
-        model_runner_stopped), and housekeeping unloads it; the next request loads it
-        again. The server itself is not wedged."""
+        """Its runner's work did not move (no token, no prefill progress, no look at its
+        slots that showed any) for `run_timeout`: a failed runner, ended now. Its
+        requests' reads end with it (503 model_runner_stopped), and housekeeping
+        unloads it; the next request loads it again. The server itself is not wedged."""
+        self.end_runner(f"its work did not move for {self.run_timeout:g}s (run_timeout)")
+        return True
+
+    def end_runner(self, why: str) -> None:
+        """End a failed runner at once (SIGKILL), saying `why`: the OS frees all it held,
+        every cell of its pool among them."""
         runner = self._runner
         if runner is None or runner.exited() is not None:
-            return True
-        self._ended_because = f"it sent nothing for {self.run_timeout:g}s (run_timeout)"
-        log.error("model %s: the runner %s; ended", self.name, self._ended_because)
+            return
+        self._ended_because = why
+        log.error("model %s: the runner %s; ended", self.name, why)
         runner.kill()
-        return True
 
     def unload(self) -> None:
         runner, self._runner = self._runner, None  # first: a `stalled` now finds none
-        self._client, self.pool = None, None
+        self._client, self._watch, self.pool = None, None, None
         self._ended_because = None
         if runner is not None:
             runner.stop(STOP_GRACE_S)
@@ -370,7 +381,7 @@ class LlamaRunnerModel(ModelHandler):
         try:
             found = await client.call("POST", path, body, budget_s=budget_s, alive=self._alive)
         except RunnerAnswer as answer:
-            raise InvalidRequest(f"model {self.name!r}: {answer}", param="messages") from None
+            raise self._answered(answer.status, str(answer), param="messages") from None
         except TimeoutError as exc:  # a runner that stopped answering: a failed runner
             self.stalled()
             raise self._stopped(exc) from exc
@@ -379,8 +390,35 @@ class LlamaRunnerModel(ModelHandler):
         return found if isinstance(found, dict) else {}
 
     def _alive(self) -> None:
-        """Its runner answered while it computes: a beat for the watchdog."""
+        """Its runner's work moved (or, for a computation that reports no progress, it
+        answered while it computes): a beat for the watchdog."""
         self.progress_at = time.monotonic()
+
+    def _answered(
+        self, status: int, error: Any, param: str | None = None
+    ) -> InvalidRequest | RunnerFailed:
+        """The runner answered a request with an error: its own 4xx refuses the request
+        (a prompt it cannot take: 400); anything else is its failure, never the
+        caller's (503, counted in `runner_failures`). A KV pool that overflowed is a bug
+        of ours (the gate admits requests for at most its cells): logged with the pool."""
+        message = error.get("message", error) if isinstance(error, dict) else error
+        if 400 <= status < 500:
+            return InvalidRequest(f"model {self.name!r}: {message}", param=param)
+        self.runner_failures += 1
+        log.error("model %s: the runner failed a request (%d): %s", self.name, status, message)
+        if "Context size has been exceeded" in str(message):
+            log.error(
+                "model %s: its KV pool overflowed: %s cells, %d open requests holding %d "
+                "(%s); a bug of ours",
+                self.name,
+                self.pool.cells if self.pool is not None else "?",
+                len(self.open_cells),
+                sum(self.open_cells.values()),
+                sorted(self.open_cells.values()),
+            )
+        return RunnerFailed(
+            f"model {self.name!r}'s runner failed the request: {message}; retry", retry_after=1
+        )
 
     def _stopped(self, exc: Exception) -> RunnerStopped:
         code = self.exited()
@@ -418,6 +456,7 @@ class LlamaRunnerModel(ModelHandler):
             "prompt_cache_ram_bytes": self.prompt_cache_ram(),  # host RAM it may fill
             "runner_pid": self.runner_pid,
             "runner_ended_because": self._ended_because,
+            "runner_failures": self.runner_failures,
             "split": self.split.describe() if self.split is not None else None,
             "measured": {
                 "device_bytes": footprint.device_bytes,

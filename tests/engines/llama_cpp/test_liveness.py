@@ -105,7 +105,7 @@ def test_a_stopped_runner_is_ended_and_reloaded_while_the_server_lives(
     assert healths and all(code in (200, 503) for code in healths)  # it answered each time
     assert live.service.state.exit_code == 0 and live.service.scheduler.wedged == 0
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    wait_until(lambda: "sent nothing" in (model_row(live)["error"] or ""), 30, "said why")
+    wait_until(lambda: "did not move" in (model_row(live)["error"] or ""), 30, "said why")
     again = httpx.post(
         live.url + "/v1/chat/completions",
         json={**body, "stream": False, "max_tokens": 4},
