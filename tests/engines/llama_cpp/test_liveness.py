@@ -6,12 +6,15 @@ Each would fail on the code before: a prefill sends no tokens, so the watchdog t
 blocked stream for a wedged thread and ended the whole server (exit 76) after
 2 x `run_timeout`; a SIGSTOPped runner did the same, and a request arriving meanwhile
 hung in `/tokenize`; a runner whose server was SIGKILLed during a prefill lived 24 s more
-(its `del server` waited for the batch); a prefill batch longer than `run_timeout`
-ended the runner (503 model_runner_stopped) before its /health answers vouched for it."""
+(its `del server` waited for the batch); a runner whose computation hung while its HTTP
+threads answered /health was trusted for 10 x `run_timeout`; a runner still loading
+outlived a SIGKILLed server by its whole load (its parent watch began after it)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -28,10 +31,10 @@ from tests.support.live import ServerProcess, clean_env, sse_events, wait_until
 
 pytestmark = pytest.mark.slow
 
-# below a prefill batch's time (512 tokens: 2-7 s on 2 shared cores, over 12 s on a busier
-# machine): the runner's /health answers vouch for the silence in between
-RUN_TIMEOUT = 3.0
-LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 560  # ~5,600 tokens
+# above a prefill batch's time (512 tokens: 1.6 s alone, 2-7 s on 2 shared cores): the
+# watchdog's bound is one batch, no more; a whole prefill is many
+RUN_TIMEOUT = 10.0
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 780  # ~7,800 tokens
 
 
 def model_row(live) -> dict:
@@ -183,5 +186,107 @@ def test_sigkill_of_the_server_during_a_prefill_leaves_no_runner(tmp_path, smoll
         killed = time.monotonic()
         wait_until(lambda: not runner.is_running() or runner.status() == "zombie", 2.0, "gone")
         assert time.monotonic() - killed <= 2.0
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+# ptrace(2)'s requests (linux/ptrace.h): a seized thread stops alone on PTRACE_INTERRUPT,
+# the process's other threads (llama.cpp's HTTP threads) run on
+PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207
+HUNG_RUN_TIMEOUT = 5.0
+
+
+def busiest_thread(pid: int) -> int:
+    """The runner's thread that computes most over half a second (its loop, or a ggml
+    worker the loop waits for at each step)."""
+
+    def times() -> dict[int, float]:
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+
+    before = times()
+    time.sleep(0.5)
+    after = times()
+    return max(after, key=lambda tid: after[tid] - before.get(tid, 0.0))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ptrace(2) is Linux's here")
+def test_a_runner_whose_compute_hangs_while_its_http_threads_answer_is_replaced(
+    server_factory, smollm2_gguf
+):
+    """One thread of the runner stopped mid-stream (ptrace), the rest running: its
+    /health answers, its work does not move. The stream ends 503 model_runner_stopped
+    within about 2 x run_timeout, and the next request is served by a new runner."""
+    live = server_factory(device="cpu", models=(spec(smollm2_gguf),), run_timeout=HUNG_RUN_TIMEOUT)
+    pid = model_row(live)["runner_pid"]
+    client = live.service.registry.entries["smol"].handler._client
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
+        "max_tokens": 2000,
+        "temperature": 0,
+        "stream": True,
+    }
+    libc = ctypes.CDLL(None, use_errno=True)
+    events: list[dict] = []
+    hung_at = 0.0
+    health = None
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for event in sse_events(r):
+            events.append(event)
+            if len(events) == 3:
+                tid = busiest_thread(pid)
+                assert libc.ptrace(PTRACE_SEIZE, tid, 0, 0) == 0, os.strerror(ctypes.get_errno())
+                assert libc.ptrace(PTRACE_INTERRUPT, tid, 0, 0) == 0
+                hung_at = time.monotonic()
+                # the premise: its HTTP threads answer while its computation is still
+                health = asyncio.run(client.call("GET", "/health"))
+    ended_after = time.monotonic() - hung_at
+    assert health == {"status": "ok"}, health
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors and errors[-1]["code"] == "model_runner_stopped", events[-2:]
+    assert ended_after <= 2 * HUNG_RUN_TIMEOUT + 2, f"ended {ended_after:.1f}s after the hang"
+    wait_until(lambda: "did not move" in (model_row(live)["error"] or ""), 30, "said why")
+    again = httpx.post(
+        live.url + "/v1/chat/completions",
+        json={**body, "stream": False, "max_tokens": 4},
+        timeout=120,
+    )
+    assert again.status_code == 200, again.text
+    assert model_row(live)["runner_pid"] not in (None, pid)
+
+
+def test_sigkill_of_the_server_during_a_slow_runner_load_leaves_no_runner(tmp_path, smollm2_gguf):
+    """A pool of 131,072 cells (16 x 8,192) takes the runner 8-9 s to load here: the
+    server killed a moment into it, the runner is gone within 2 s (before, it lived to
+    the end of its load, whose parent watch only then began)."""
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'device = "cpu"\n[[models]]\nname = "smol"\nkind = "generation"\n'
+        f'path = "{smollm2_gguf.as_posix()}"\ncontext_length = 8192\nparallel = 16\n'
+        'load = "startup"\n'
+    )
+    logs = tmp_path / "l"
+    argv = [sys.executable, "-m", "app", "serve", "--config", str(config)]
+    argv += ["--data-dir", str(tmp_path / "d"), "--log-dir", str(logs)]
+    server = ServerProcess(argv, clean_env())
+    try:
+        parent = psutil.Process(server.process.pid)
+        found: list[psutil.Process] = []
+
+        def runner_started() -> bool:
+            found[:] = [c for c in parent.children() if "runner_main" in " ".join(c.cmdline())]
+            return bool(found)
+
+        wait_until(runner_started, 180, "the runner started")
+        runner = found[0]
+        time.sleep(1.0)  # into its load: the import is behind it, the pool not yet made
+        server.process.kill()
+        server.process.wait(10)
+        killed = time.monotonic()
+        wait_until(lambda: not runner.is_running() or runner.status() == "zombie", 5, "gone")
+        assert time.monotonic() - killed <= 2.0
+        said = " ".join(p.read_text() for p in logs.rglob("*.log*") if p.is_file())
+        assert "runner pid" not in said, "the load had ended: no test of a load"
     finally:
         server.stop(signal.SIGKILL)
