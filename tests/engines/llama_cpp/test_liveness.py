@@ -193,6 +193,7 @@ def test_sigkill_of_the_server_during_a_prefill_leaves_no_runner(tmp_path, smoll
 # ptrace(2)'s requests (linux/ptrace.h): a seized thread stops alone on PTRACE_INTERRUPT,
 # the process's other threads (llama.cpp's HTTP threads) run on
 PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207
+WALL = 0x40000000  # waitpid's __WALL: a thread's notices too (linux/wait.h)
 HUNG_RUN_TIMEOUT = 5.0
 
 
@@ -207,6 +208,21 @@ def busiest_thread(pid: int) -> int:
     time.sleep(0.5)
     after = times()
     return max(after, key=lambda tid: after[tid] - before.get(tid, 0.0))
+
+
+def let_go_of(tid: int) -> None:
+    """Take the seized thread's notices (its stop, then its end with the runner), as a
+    tracer must: until it does, its process cannot be reaped by its parent."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            found, status = os.waitpid(tid, os.WNOHANG | WALL)
+        except ChildProcessError:
+            return
+        if found and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"thread {tid} never ended")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ptrace(2) is Linux's here")
@@ -242,6 +258,7 @@ def test_a_runner_whose_compute_hangs_while_its_http_threads_answer_is_replaced(
                 # the premise: its HTTP threads answer while its computation is still
                 health = asyncio.run(client.call("GET", "/health"))
     ended_after = time.monotonic() - hung_at
+    let_go_of(tid)
     assert health == {"status": "ok"}, health
     errors = [e["error"] for e in events if "error" in e]
     assert errors and errors[-1]["code"] == "model_runner_stopped", events[-2:]
