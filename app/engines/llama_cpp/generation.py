@@ -181,7 +181,8 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
 
 def _error_status(error: Any) -> int:
     """The status of an error event mid-stream, which llama.cpp sends as
-    `{"error": {"code": 500, "message": ..., "type": "server_error"}}` (its server's
-    format_error_response); 500 where it names none."""
+    `{"error": {"code": 500, "message": "Context size has been exceeded.", "type":
+    "server_error"}}` (as xllamacpp 2026.10.11549 sent it here,
+    tests/engines/llama_cpp/test_runner_failures.py); 500 where it names none."""
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, int) else 500

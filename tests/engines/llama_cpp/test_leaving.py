@@ -39,9 +39,8 @@ CELLS = 2048  # the pool, on the defaults otherwise: 32 slots, a request may tak
 RUNNING = 4  # requests of 504 cells it admits at once
 MAX_TOKENS = 72
 ROUNDS = 3
-# what llama.cpp logs when a batch finds no room in the pool and when it fails its tasks
-# (tools/server/server-context.cpp: "failed to find free space in the KV cache",
-# "Context size has been exceeded.")
+# what llama.cpp's server logs when a batch finds no room in the pool, and the error it
+# then gives every running task (both seen here from xllamacpp 2026.10.11549's runner)
 OVERFLOW_WORDS = ("Context size has been exceeded", "failed to find free space")
 
 
