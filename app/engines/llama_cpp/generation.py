@@ -18,6 +18,7 @@ from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.requests import completion_body, decode_result, logprobs_of
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.engines.llama_cpp.slots import TAG_FIELD
+from app.engines.llama_cpp.watch import RunnerWatch
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.card import ModelCard
 from app.models.decoding import (
@@ -97,9 +98,9 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         body = {**completion_body(task, self.spec.prefix_cache), TAG_FIELD: tag}
         self.open_cells[tag] = self.cells_for(prepared)
         try:
-            final, text, logprobs = await self._read(client, body, stream)
+            final, text, logprobs = await self._read(client, watch, body, stream)
             if not final and stream.cancelled.is_set():
-                await self._let_go(tag)
+                await self._let_go(watch, tag)
         finally:
             del self.open_cells[tag]
         if not final and not stream.cancelled.is_set():
@@ -110,15 +111,14 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         return result
 
     async def _read(
-        self, client: RunnerClient, body: dict[str, Any], stream: TokenStream
+        self, client: RunnerClient, watch: RunnerWatch, body: dict[str, Any], stream: TokenStream
     ) -> tuple[dict[str, Any], list[str], list[TokenLogprob]]:
         """The completion's events until its last (`final`: empty if the stream was
         cancelled or ended early); its connection is closed when this returns."""
-        assert self._watch is not None
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
         try:
-            events = client.events("/completion", body, look=self._watch.look)
+            events = client.events("/completion", body, look=watch.look)
             async with contextlib.aclosing(events) as chunks:
                 async for chunk in chunks:
                     if stream.cancelled.is_set():
@@ -152,11 +152,12 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             raise self._stopped(exc) from exc
         return {}, text, logprobs
 
-    async def _let_go(self, tag: int) -> None:
+    async def _let_go(self, watch: RunnerWatch, tag: int) -> None:
         """Hold a cancelled request's cells until the runner has let go of its slot; a
-        runner that does not (or stops answering) is ended, which frees them all."""
-        assert self._watch is not None
-        took = await self._watch.let_go(tag)
+        runner that does not (or stops answering) is ended, which frees them all. The
+        watch is the one the request began with: an unload that ended the stream has
+        dropped the model's own (and a stopped runner answers no look)."""
+        took = await watch.let_go(tag)
         if took is not None:
             log.debug(
                 "model %s: the runner let go of a cancelled request in %.2fs", self.name, took
