@@ -29,8 +29,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from app.config.settings import ModelSpec
-from app.engines.gguf_facts import read_gguf_facts
+from tests.engines.llama_cpp.pools import pool_of
 from tests.support.live import live_server, make_settings, wait_until
 
 pytestmark = pytest.mark.slow
@@ -73,13 +72,7 @@ def busy_machine(processes: int = 2, limit_s: float = 600.0):
 
 @pytest.fixture(scope="module")
 def pool(smollm2_gguf, tmp_path_factory):
-    spec = ModelSpec(
-        name="smol",
-        kind="generation",
-        path=smollm2_gguf,
-        kv_budget=CELLS * read_gguf_facts(smollm2_gguf).kv_bytes_per_token("f16"),
-        load="startup",
-    )
+    spec = pool_of(smollm2_gguf, CELLS)
     tmp = tmp_path_factory.mktemp("leaving")
     settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=600)
     runner_log = RunnerLog()

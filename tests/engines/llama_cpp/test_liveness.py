@@ -47,6 +47,19 @@ def spec(gguf: Path) -> ModelSpec:
     )
 
 
+def served_by_a_new_runner(live, body: dict, pid: int) -> None:
+    """/status says why the runner `pid` was ended, and `body` (unstreamed, 4 tokens) is
+    answered by a runner loaded again."""
+    wait_until(lambda: "did not move" in (model_row(live)["error"] or ""), 30, "said why")
+    again = httpx.post(
+        live.url + "/v1/chat/completions",
+        json={**body, "stream": False, "max_tokens": 4},
+        timeout=120,
+    )
+    assert again.status_code == 200, again.text
+    assert model_row(live)["runner_pid"] not in (None, pid)
+
+
 def test_a_prefill_longer_than_twice_run_timeout_is_served(server_factory, smollm2_gguf):
     live = server_factory(device="cpu", models=(spec(smollm2_gguf),), run_timeout=RUN_TIMEOUT)
     body = {"model": "smol", "prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0}
@@ -108,14 +121,7 @@ def test_a_stopped_runner_is_ended_and_reloaded_while_the_server_lives(
     assert healths and all(code in (200, 503) for code in healths)  # it answered each time
     assert live.service.state.exit_code == 0 and live.service.scheduler.wedged == 0
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    wait_until(lambda: "did not move" in (model_row(live)["error"] or ""), 30, "said why")
-    again = httpx.post(
-        live.url + "/v1/chat/completions",
-        json={**body, "stream": False, "max_tokens": 4},
-        timeout=120,
-    )
-    assert again.status_code == 200, again.text
-    assert model_row(live)["runner_pid"] not in (None, pid)
+    served_by_a_new_runner(live, body, pid)
 
 
 EMBED_RUN_TIMEOUT = 6.0
@@ -263,14 +269,7 @@ def test_a_runner_whose_compute_hangs_while_its_http_threads_answer_is_replaced(
     errors = [e["error"] for e in events if "error" in e]
     assert errors and errors[-1]["code"] == "model_runner_stopped", events[-2:]
     assert ended_after <= 2 * HUNG_RUN_TIMEOUT + 2, f"ended {ended_after:.1f}s after the hang"
-    wait_until(lambda: "did not move" in (model_row(live)["error"] or ""), 30, "said why")
-    again = httpx.post(
-        live.url + "/v1/chat/completions",
-        json={**body, "stream": False, "max_tokens": 4},
-        timeout=120,
-    )
-    assert again.status_code == 200, again.text
-    assert model_row(live)["runner_pid"] not in (None, pid)
+    served_by_a_new_runner(live, body, pid)
 
 
 def test_sigkill_of_the_server_during_a_slow_runner_load_leaves_no_runner(tmp_path, smollm2_gguf):

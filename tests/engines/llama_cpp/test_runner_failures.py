@@ -18,9 +18,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from app.config.settings import ModelSpec
-from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
+from tests.engines.llama_cpp.pools import pool_of
 from tests.support.live import live_server, make_settings, wait_until
 
 pytestmark = pytest.mark.slow
@@ -31,13 +30,7 @@ LONG = "A cat walked along the old river and looked around. " * 40  # ~440 token
 
 @pytest.fixture(scope="module")
 def smol(smollm2_gguf, tmp_path_factory):
-    spec = ModelSpec(
-        name="smol",
-        kind="generation",
-        path=smollm2_gguf,
-        kv_budget=CELLS * read_gguf_facts(smollm2_gguf).kv_bytes_per_token("f16"),
-        load="startup",
-    )
+    spec = pool_of(smollm2_gguf, CELLS)
     settings = make_settings(tmp_path_factory.mktemp("failures"), device="cpu", models=(spec,))
     with live_server(settings) as live:
         yield live
