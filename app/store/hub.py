@@ -8,11 +8,12 @@ it in bits per weight; with the repo's `mmproj` projector (the F16 one of severa
 other repo (safetensors) comes as a snapshot of its model files (`snapshot_download`).
 
 Free disk is checked before the first byte. Each GGUF file is fetched into a partial
-folder beside the models (`pull-partial/ORG--NAME/COMMIT/`) with huggingface_hub's
-`http_get`, which appends to what an interrupted pull left there: the next pull of the
-same commit asks for the rest (an HTTP Range), never for the bytes it has. huggingface_hub
-itself does not resume across processes (its `.incomplete` files are unique to a process
-and deleted when a download fails).
+folder beside the models (`pull-partial/ORG--NAME/COMMIT/`), appended to what an
+interrupted pull left there: the next pull of the same commit asks for the rest (an HTTP
+Range), never for the bytes it has, and no file grows past the size the listing gave it.
+huggingface_hub itself does not resume across processes (its `.incomplete` files are
+unique to a process and deleted when a download fails). Two pulls of one repo never
+share that folder at once: the second waits for the first (app.store.pull_lock).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 from app.store.progress import Progress
+from app.store.pull_lock import partial_root, repo_key
 from app.store.sources import PullError, Source
 
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
@@ -49,7 +51,6 @@ BITS = {
     "Q5_0": 5.54, "Q5_K_S": 5.54, "Q5_K_M": 5.7, "Q5_1": 6.0, "Q6_K": 6.56, "Q8_0": 8.5,
     "F16": 16.0, "FP16": 16.0, "BF16": 16.0, "F32": 32.0,
 }  # fmt: skip
-PARTIAL = "pull-partial"  # beside the models; `pull-` folders are no models (folders.py)
 
 
 @dataclass(frozen=True)
@@ -204,9 +205,7 @@ def fetch_hub(
     fetched.mkdir()
     for path in files:
         os.replace(partial / path, fetched / PurePosixPath(path).name)  # one disk
-    shutil.rmtree(partial.parent)
-    if not any(partial.parent.parent.iterdir()):
-        partial.parent.parent.rmdir()
+    shutil.rmtree(partial.parent)  # `pull-partial` itself goes with the pull's lock
     return fetched, name
 
 
@@ -223,7 +222,7 @@ def list_repo(repo: str) -> Any:
 def partial_folder(models_dir: Path, repo: str, commit: str) -> Path:
     """Where this commit's files gather until all have come; an older commit's partial
     files (the repo changed since) are deleted."""
-    folder = models_dir / PARTIAL / repo.replace("/", "--")
+    folder = partial_root(models_dir) / repo_key(repo)
     if folder.is_dir():
         for old in folder.iterdir():
             if old.name != commit:
@@ -262,6 +261,8 @@ def download_files(
             local.parent.mkdir(parents=True, exist_ok=True)
             url = file_url(constants.ENDPOINT, repo, commit, path)
             download_file(url, local, size, headers, progress.advance)
+    except Oversized as exc:
+        raise PullError(f"could not download {repo!r} from the Hugging Face hub: {exc}") from exc
     except Exception as exc:
         raise PullError(
             f"could not download {repo!r} from the Hugging Face hub: {exc}. What came is "
@@ -306,11 +307,20 @@ def download_file(
                     hf_raise_for_status(response)
                     if have and response.status_code != 206:  # the whole file came again
                         file.truncate(0)
+                        file.seek(0)  # where the next write goes, and what tell() says
                         advance(-have)
                     for chunk in response.iter_bytes():
-                        file.write(chunk)
-                        advance(len(chunk))
-            except HfHubHTTPError:
+                        room = size - file.tell()
+                        file.write(chunk[:room])
+                        advance(min(len(chunk), room))
+                        if len(chunk) > room:
+                            file.truncate(0)  # which bytes are wrong is unknown
+                            advance(-size)
+                            raise Oversized(
+                                f"{local.name} came with more than the {size} bytes the "
+                                "hub lists for it; none of it was kept"
+                            )
+            except (HfHubHTTPError, Oversized):
                 raise
             except Exception:
                 tries -= 1
@@ -320,6 +330,11 @@ def download_file(
             if file.tell() != size:
                 raise PullError(f"{local.name} came with {file.tell()} bytes, not {size}")
             return
+
+
+class Oversized(PullError):
+    """A file that came with more bytes than its listed size: stopped at that size (the
+    free disk was checked for the listed sizes), and never taken as whole."""
 
 
 SNAPSHOT_PATTERNS = [

@@ -16,6 +16,7 @@ tensor (app.engines.torch.gguf_conversion).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -30,6 +31,7 @@ from app.store.fetch import fetch
 from app.store.folders import left_behind, moved_in, remove_tree, scratch_folder
 from app.store.hub import quant_of
 from app.store.progress import Progress
+from app.store.pull_lock import one_pull_of
 from app.store.recognise import (
     SINGLE_FILES,
     Kind,
@@ -100,10 +102,18 @@ def pull(
     models_dir = settings.resolved_models_dir
     models_dir.mkdir(parents=True, exist_ok=True)
     scratch = scratch_folder(models_dir)
+    # a Hub repo's partial folder is shared by every pull of it, and its name checked
+    # before its download: one pull of it at a time, from its listing to its config entry
+    one_at_a_time = (
+        one_pull_of(source.ref, models_dir, progress)
+        if source.kind == "hub"
+        else contextlib.nullcontext()
+    )
     try:
-        spec = _pull_into(
-            source, settings, config_file, scratch, name, kind, force, convert, progress
-        )
+        with one_at_a_time:
+            spec = _pull_into(
+                source, settings, config_file, scratch, name, kind, force, convert, progress
+            )
     finally:
         left = remove_tree(scratch)
         if left:

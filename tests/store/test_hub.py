@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +21,7 @@ from app.store.progress import EventProgress
 from app.store.pull import pull
 from app.store.sources import PullError, Source, parse_source
 from tests.support.hub import Hub
-from tests.support.live import clean_env, live_server, make_settings
+from tests.support.live import clean_env, live_server, make_settings, wait_until
 from tests.support.random_models import save_random_llama, save_random_llama_gguf
 
 VRAMGATE = [sys.executable, "-m", "app"]
@@ -394,3 +396,92 @@ def test_progress_events_carry_the_speed_and_time_left():
     progress.advance(400)
     assert events[-1] == {"status": "downloading o/m", "total": 1000, "completed": 600,
                           "bytes_per_second": 200, "seconds_left": 2.0}  # fmt: skip
+
+
+def test_two_pulls_of_one_repo_at_once_both_end_with_a_whole_model(
+    fresh, files, tmp_path, monkeypatch
+):
+    """`vramgate pull` in a terminal, paused by the hub 100 kB into its Q4_K_M, and a
+    running server's pull of the same repo's IQ3_M (Ollama's client): the server's waits,
+    saying whose pull it waits for, and goes on when that one has ended; both models are
+    whole, each byte sent once, and nothing is left in `pull-partial`. Before: the two
+    shared the repo's partial folder, and the first to end deleted it under the other."""
+    from huggingface_hub import constants
+    from ollama import Client
+
+    from app.config.settings import ConfigSource
+
+    monkeypatch.setattr(constants, "ENDPOINT", fresh.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    first_file, second_file = "Tiny-Chat-Q4_K_M.gguf", "Tiny-Chat-IQ3_M.gguf"
+    go_on = threading.Event()
+    fresh.paused[f"{REPO}/{first_file}"] = (100_000, go_on)
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nname = "sim"\nkind = "simulated"\n')
+    command, env = pull_command(fresh, f"hf:{REPO}:Q4_K_M", tmp_path)
+    first = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    events: list[Any] = []
+    try:
+        wait_until(lambda: fresh.sent[f"{REPO}/{first_file}"] == 100_000, 120, "the pause")
+        source = ConfigSource(config, {"device": "cpu", "models_dir": tmp_path / "models"})
+        settings = make_settings(tmp_path / "s", device="cpu", models=source.settings().models)
+        with live_server(settings, models_source=source) as live:
+
+            def second_pull() -> None:
+                events.extend(Client(host=live.url).pull(f"hf.co/{REPO}:iq3_m", stream=True))
+
+            second = threading.Thread(target=second_pull)
+            second.start()
+            waits = lambda: any("another pull" in (e.status or "") for e in events)  # noqa: E731
+            wait_until(lambda: waits() or not second.is_alive(), 120, "the second pull's wait")
+            go_on.set()
+            told, _ = first.communicate(timeout=300)
+            second.join(300)
+            assert not second.is_alive()
+    finally:
+        go_on.set()
+        first.kill()
+        first.wait()
+    assert first.returncode == 0, told[-3000:]
+    statuses = [e.status for e in events]
+    assert statuses[-1] == "success", statuses
+    (waited,) = [s for s in statuses if "another pull" in (s or "")]
+    assert f"another pull of {REPO} is under way, by process {first.pid} (" in waited
+    assert f"the other pull of {REPO} has ended; this one goes on" in statuses
+    for name, file in (("Tiny-Chat-Q4_K_M", first_file), ("Tiny-Chat-IQ3_M", second_file)):
+        assert (tmp_path / "models" / name / file).read_bytes() == files[file]
+        assert fresh.sent[f"{REPO}/{file}"] == len(files[file])  # each byte once
+    projector = "mmproj-Tiny-Chat-f16.gguf"
+    assert fresh.sent[f"{REPO}/{projector}"] == 2 * len(files[projector])  # one per model
+    names = [m.name for m in load_settings({}, config).models]
+    assert names == ["sim", "Tiny-Chat-Q4_K_M", "Tiny-Chat-IQ3_M"]
+    assert not (tmp_path / "models" / "pull-partial").exists()
+
+
+def test_a_file_that_comes_longer_than_listed_stops_at_its_listed_size(
+    fresh, files, tmp_path, monkeypatch
+):
+    """The hub sends 50 kB more of the Q4_K_M than its listing says (the free disk was
+    checked for the listed bytes): the pull stops there and says so, keeping none of it;
+    the next pull, of a hub that sends what it lists, fetches it whole. Before: all of it
+    was written, and refused only after."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", fresh.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    name = "Tiny-Chat-Q4_K_M.gguf"
+    size = len(files[name])
+    fresh.oversend[f"{REPO}/{name}"] = 50_000
+    settings = make_settings(tmp_path, models_dir=tmp_path / "models")
+    with pytest.raises(PullError) as refused:
+        pull(f"hf:{REPO}:Q4_K_M", settings, tmp_path / "config.toml")
+    assert f"{name} came with more than the {size} bytes the hub lists for it" in str(refused.value)
+    (partial,) = (tmp_path / "models" / "pull-partial").rglob(name)
+    assert partial.stat().st_size == 0
+    assert not (tmp_path / "config.toml").exists()
+    fresh.reset()  # the twin: the hub sends what it lists
+    spec = pull(f"hf:{REPO}:Q4_K_M", settings, tmp_path / "config.toml")
+    assert spec.path is not None and spec.path.read_bytes() == files[name]
+    assert not (tmp_path / "models" / "pull-partial").exists()

@@ -2,7 +2,9 @@
 huggingface_hub calls to list a repo (`/api/models/ORG/NAME[/revision/REV]` with its
 files' sizes, and its tree) and to fetch a file (`/ORG/NAME/resolve/REV/PATH`, HEAD and
 GET, with HTTP Range). It counts the bytes it sends per file and keeps the Range headers
-it was sent; a file can be set to stall after N bytes (a pull killed there resumes)."""
+it was sent; a file can be set to stall after N bytes (a pull killed there resumes), to
+pause after N bytes until the test lets it go on, or to come with more bytes than its
+listing says."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ class Hub:
         self.ranges: list[tuple[str, str]] = []  # (ORG/NAME/PATH, Range header)
         self.paths: list[str] = []  # every request's path
         self.stall: dict[str, int] = {}  # "ORG/NAME/PATH": bytes sent before it stalls
+        # "ORG/NAME/PATH": bytes sent before it pauses, and what lets it go on
+        self.paused: dict[str, tuple[int, threading.Event]] = {}
+        self.oversend: dict[str, int] = {}  # "ORG/NAME/PATH": bytes sent past its end
         self._release = threading.Event()
         hub = self
 
@@ -48,6 +53,10 @@ class Hub:
         self.ranges.clear()
         self.paths.clear()
         self.stall.clear()
+        for _, go_on in self.paused.values():
+            go_on.set()
+        self.paused.clear()
+        self.oversend.clear()
 
     def __enter__(self) -> Hub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -55,6 +64,8 @@ class Hub:
 
     def __exit__(self, *exc: object) -> None:
         self._release.set()  # stalled answers end
+        for _, go_on in self.paused.values():
+            go_on.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -119,7 +130,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         if wanted is not None:
             self.hub.ranges.append((key, wanted))
             start = int(re.match(r"bytes=(\d+)-", wanted)[1])  # type: ignore[index]
-        body = content[start:]
+        body = content[start:] + b"\0" * self.hub.oversend.get(key, 0)
         self.send_response(206 if wanted else 200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
@@ -138,5 +149,13 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
             self.hub.sent[key] += stall - start
             self.hub._release.wait()  # until the hub stops: the client is killed meanwhile
             return
+        pause = self.hub.paused.get(key)
+        if pause is not None and start < pause[0]:
+            first = body[: pause[0] - start]
+            self.wfile.write(first)
+            self.wfile.flush()
+            self.hub.sent[key] += len(first)
+            pause[1].wait()  # until the test lets it go on
+            body = body[len(first) :]
         self.wfile.write(body)
         self.hub.sent[key] += len(body)
