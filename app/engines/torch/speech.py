@@ -4,10 +4,22 @@ through transformers, safetensors only.
 A clip is decoded and cut into 30-second windows on the CPU pool (app.models.audio);
 each window is a row. Windows of one or several requests run together, `max_batch`
 windows to a `generate` call, each decoded on its own with Whisper's timestamp tokens
-(`return_timestamps=True`), greedy at temperature 0: the same tokens transformers'
-pipeline gives for the same window (chunk_length_s=30, no stride). Segments are the
-tokenizer's offsets, placed in the clip and kept within its audio. Word timestamps, where
-asked for, are the pipeline's `return_timestamps="word"`: each token's time from the
+(`return_timestamps=True`), one sequence a window (`num_beams=1`, whatever the model's
+generation config names): greedy at temperature 0, sampled above it. Greedy, a window
+gets the tokens transformers' pipeline gives for it (chunk_length_s=30, no stride) when
+the pipeline is asked for greedy decoding (`generate_kwargs={"num_beams": 1}`). Left to
+its defaults the pipeline searches 5 beams wherever the model's generation config names
+no `num_beams` (its `_default_generation_config`), and beam search may choose otherwise
+from the first token on: on the random Whisper of tests/support it starts at <|0.54|>,
+the second most likely first token, where greedy takes the first, <|0.28|> (logits 2.21
+and 2.34). The prompt, the features, the suppressed tokens and the timestamp rules are
+the same on both paths (the pipeline's attention mask changes no token: Whisper's
+encoder reads none). The server stays greedy: temperature 0 means the most likely token
+at each step (temperature > 0 samples one sequence), and a window's memory quote
+(`speech_bytes`) and its decoding time count one sequence, which 5 beams would make five
+(decoder caches, encoder states repeated for each beam). Segments are the tokenizer's
+offsets, placed in the clip and kept within its audio. Word timestamps, where asked for,
+are the pipeline's `return_timestamps="word"`: each token's time from the
 cross-attention of the config's `alignment_heads` (dynamic time warping), cut into words
 by the tokenizer, within the audio too.
 
@@ -248,7 +260,9 @@ class SpeechHandler(InThreads, TorchModule, Transcriber):
             return_attention_mask=options.words,
         )
         features = found.input_features.to(self._device, self._torch_dtype)
-        kwargs: dict[str, Any] = {"return_timestamps": True, "task": options.task}
+        # one sequence a window, whatever num_beams the model's generation config names
+        # (see the module's docstring: the pipeline's own default searches 5 beams)
+        kwargs: dict[str, Any] = {"return_timestamps": True, "task": options.task, "num_beams": 1}
         if self.multilingual:
             kwargs["language"] = options.language
         else:

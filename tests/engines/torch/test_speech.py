@@ -61,8 +61,12 @@ def transcribe(handler: SpeechHandler, data: bytes, options: SpeechOptions = EN)
     return Transcript.of(handler.postprocess(handler.forward(prepared)))
 
 
-def pipeline_transcript(handler: SpeechHandler, samples: np.ndarray, **chunking) -> dict:
-    """transformers' own ASR pipeline on the same weights, greedy, in 30-second chunks."""
+def pipeline_transcript(
+    handler: SpeechHandler, samples: np.ndarray, beams: int | None = 1, **chunking
+) -> dict:
+    """transformers' own ASR pipeline on the same weights, in 30-second chunks, greedy
+    (`beams=1`); `beams=None` leaves the beams to the pipeline (the model's generation
+    config, else its own default, 5)."""
     from transformers import pipeline
 
     asr = pipeline(
@@ -73,7 +77,9 @@ def pipeline_transcript(handler: SpeechHandler, samples: np.ndarray, **chunking)
         chunk_length_s=30,
         **chunking,
     )
-    kwargs = {"language": "en", "task": "transcribe", "num_beams": 1}
+    kwargs: dict = {"language": "en", "task": "transcribe"}
+    if beams is not None:
+        kwargs["num_beams"] = beams
     return asr(samples, return_timestamps=True, generate_kwargs=kwargs)
 
 
@@ -95,6 +101,44 @@ def test_a_short_clip_is_the_pipelines_own_transcript(loaded, tmp_path):
     assert [(s.start, s.end, s.text) for s in ours.segments] == within(theirs, 12.0)
     assert all(0 <= s.start <= s.end <= 12.0 for s in ours.segments)
     assert ours.duration == 12.0 and ours.windows == 1
+
+
+def short_whisper(folder: Path, num_beams: int | None) -> SpeechHandler:
+    """`save_random_whisper`'s, its generation config writing at most 37 tokens (5 beams
+    over the 445 a random window writes take 15 s here) and naming `num_beams` where
+    given, loaded."""
+    from transformers import GenerationConfig
+
+    save_random_whisper(folder)
+    config = GenerationConfig.from_pretrained(folder)
+    config.max_length = 40  # the prompt's 3 tokens and 37 generated
+    if num_beams is not None:
+        config.num_beams = num_beams
+    config.save_pretrained(folder)
+    handler = SpeechHandler(ModelSpec(name="whisper", kind="speech", path=folder, max_batch=4))
+    handler.load(CpuDevice())
+    assert handler._model.generation_config.max_length == 40
+    return handler
+
+
+@pytest.mark.parametrize("num_beams", [None, 5])
+def test_a_window_is_the_pipelines_greedy_transcript_whatever_beams_the_config_names(
+    tmp_path: Path, num_beams: int | None
+) -> None:
+    """The server decodes greedily, as the pipeline does when asked for `num_beams=1`, even
+    where the model's generation config names 5 beams. Left to itself (the config's beams,
+    else its own default, 5) the pipeline searches beams and answers otherwise from the
+    first token (when this was written, at <|0.54|>, the second most likely first
+    timestamp, where greedy takes the first, <|0.28|>)."""
+    torch.set_num_threads(1)
+    handler = short_whisper(tmp_path / "whisper", num_beams)
+    path = write_wav(tmp_path / "tone.wav", tone(5.0))
+    ours = transcribe(handler, path.read_bytes())
+    greedy = pipeline_transcript(handler, read_wav(path))
+    beams = pipeline_transcript(handler, read_wav(path), beams=None)
+    assert ours.text == greedy["text"] and ours.text
+    assert [(s.start, s.end, s.text) for s in ours.segments] == within(greedy, 5.0)
+    assert within(beams, 5.0)[0][0] != ours.segments[0].start  # 5 beams: another first token
 
 
 def test_a_long_clip_is_the_pipelines_own_transcript_in_30_second_windows(loaded, tmp_path):
