@@ -103,7 +103,24 @@ def _error(status: int, code: str, message: str, retry_after: str | None = None)
     return JSONResponse({"error": error}, status_code=status, headers=headers)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
+# The ingress runs on the head machine, beside Ray Serve's one HTTP proxy
+# (`proxy_location="HeadOnly"`, app.cluster.deploy). Ray gives the head node a resource
+# of its own, "node:__internal_head__" (ray/_common/constants.py,
+# HEAD_NODE_RESOURCE_NAME; Ray's own train state actor is pinned there the same way,
+# with 0.001 of it). Placed anywhere else, the ingress shared the fate of a worker
+# machine: when that machine left the cluster, every request the ingress held failed in
+# the proxy, which does not retry. Ray Serve's proxy logs such a request as "Request
+# failed: The actor died unexpectedly before finishing this task." and counts it a 500
+# (ray/serve/_private/http_util.py, get_http_response_status), sends no answer of its
+# own for it (send_http_response_on_exception answers 408, 429 and 503 only), and its
+# uvicorn answers the bare 500 "Internal Server Error" that callers saw. On the head
+# the ingress is lost only with the proxy itself.
+HEAD_NODE = {"node:__internal_head__": 0.001}
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0, "resources": HEAD_NODE}, max_ongoing_requests=4096
+)
 @serve.ingress(ingress_app)
 class Ingress:
     def __init__(self, replicas: DeploymentHandle, max_body_bytes: int) -> None:
