@@ -33,6 +33,7 @@ log = logging.getLogger("vramgate.cluster")
 # Refusals that another replica may not give: the request moves there.
 RETRY_CODES = {"queue_full", "exceeds_device_memory", "out_of_memory", "paused"}
 RETRY_CODES |= {"shutting_down", "device_failed", "model_loading"}
+LOST_CODE = "device_failed"  # no replica could answer: every one asked was lost
 MAX_TRIES = 4  # replicas asked for one request (a dead one, a refusing one, ...)
 TRIES_HEADER = "x-vramgate-tries"  # how many replicas were asked
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
@@ -89,10 +90,37 @@ def _headers(head: Head) -> dict[str, str]:
     return headers
 
 
-async def _rest(answer: DeploymentResponseGenerator) -> AsyncIterator[bytes]:
-    async for part in answer:
-        if isinstance(part, bytes):
-            yield part
+def _stream_error(path: str, media: str, message: str) -> bytes | None:
+    """The event that ends a stream whose replica was lost after it began, in the shape
+    the server itself ends a stream that fails midway (a runner that died): OpenAI's
+    `data: {"error": ...}` and `[DONE]`; on other event streams (Anthropic's
+    /v1/messages, images) an `error` event; Ollama's NDJSON `{"error", "code"}`. None
+    for a stream with no error event of its own (audio bytes)."""
+    error = {"message": message, "type": "server_error", "param": None, "code": LOST_CODE}
+    if media.startswith("text/event-stream"):
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n"
+        return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": error}) + b"\n\n"
+    if media.startswith("application/x-ndjson"):
+        return orjson.dumps({"error": message, "code": LOST_CODE}) + b"\n"
+    return None
+
+
+async def _rest(answer: DeploymentResponseGenerator, path: str, media: str) -> AsyncIterator[bytes]:
+    """The rest of a stream. Its replica lost midway (its machine left the cluster, its
+    process died: Ray raises `ActorDiedError`, a `RayError`), the stream cannot move, as
+    its beginning has reached the caller: it ends with an error event where its shape
+    has one, and otherwise (a raw body) its connection closes before its end."""
+    try:
+        async for part in answer:
+            if isinstance(part, bytes):
+                yield part
+    except RayError as exc:
+        log.warning("a replica was lost in the middle of a stream on %s: %s", path, exc)
+        end = _stream_error(path, media, "the replica answering was lost; the answer is incomplete")
+        if end is None:
+            raise
+        yield end
 
 
 def _error(status: int, code: str, message: str, retry_after: str | None = None) -> Response:
@@ -191,8 +219,11 @@ class Ingress:
                 head, rest = await self._first(forwarded, model, tuple(tried), streamed)
                 head.headers.append((TRIES_HEADER.encode(), str(attempt + 1).encode()))
                 if isinstance(rest, DeploymentResponseGenerator):
+                    media = head.header("content-type") or ""
                     return StreamingResponse(
-                        _rest(rest), status_code=head.status, headers=_headers(head)
+                        _rest(rest, forwarded.path, media),
+                        status_code=head.status,
+                        headers=_headers(head),
                     )
             except RayError as exc:  # the replica died or is gone: another one answers
                 failure = exc
@@ -201,7 +232,7 @@ class Ingress:
                 continue
             if not self._another(head, rest, tried):
                 return _response(head, rest)
-        return _error(503, "device_failed", f"no replica could answer: {failure}", "1")
+        return _error(503, LOST_CODE, f"no replica could answer: {failure}", "1")
 
     async def _first(
         self, forwarded: Forwarded, model: str | None, avoid: tuple[str, ...], streamed: bool
