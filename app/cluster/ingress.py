@@ -33,6 +33,9 @@ log = logging.getLogger("vramgate.cluster")
 # Refusals that another replica may not give: the request moves there.
 RETRY_CODES = {"queue_full", "exceeds_device_memory", "out_of_memory", "paused"}
 RETRY_CODES |= {"shutting_down", "device_failed", "model_loading"}
+# A GGUF model's runner that ended or failed a valid request (app.errors.RunnerStopped,
+# RunnerFailed): that replica reloads it on its next request; another's may be sound.
+RETRY_CODES |= {"model_runner_stopped", "model_runner_failed"}
 LOST_CODE = "device_failed"  # no replica could answer: every one asked was lost
 MAX_TRIES = 4  # replicas asked for one request (a dead one, a refusing one, ...)
 TRIES_HEADER = "x-vramgate-tries"  # how many replicas were asked
