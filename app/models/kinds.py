@@ -396,6 +396,23 @@ LACKING: dict[type[ModelHandler], str] = {
     Transcriber: "it does not transcribe audio",
     SpeechSynthesizer: "it does not speak text (it is no text-to-speech model)",
 }
+# A model's kind as a refusal says it: "model 'x' is an embedding model: ...".
+KIND_PHRASES = {
+    "embedding": "an embedding model",
+    "generation": "a text generation model",
+    "vision": "an image model",
+    "rerank": "a reranking model",
+    "diffusion": "an image generation model",
+    "speech": "a speech recognition model",
+    "speech_synthesis": "a text-to-speech model",
+    "simulated": "a simulated model",
+}
+
+
+def kind_phrase(kind: str) -> str:
+    return KIND_PHRASES.get(kind, f"a model of kind {kind!r}")
+
+
 CAPABILITIES: tuple[type[ModelHandler], ...] = tuple(LACKING)
 ONE_SHOT = frozenset(c for c in CAPABILITIES if issubclass(c, OneShotModel))
 H = TypeVar("H", bound=ModelHandler)
@@ -406,6 +423,7 @@ def required(handler: ModelHandler, capability: type[H], name: str) -> H:
     is a 400 that says what it lacks."""
     if not isinstance(handler, capability):
         raise WrongModelKind(
-            f"model {name!r} is a {handler.kind} model: {LACKING[capability]}", param="model"
+            f"model {name!r} is {kind_phrase(handler.kind)}: {LACKING[capability]}",
+            param="model",
         )
     return handler

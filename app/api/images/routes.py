@@ -46,7 +46,7 @@ from app.core.requests import ValidImageGeneration
 from app.core.work import InferenceResult
 from app.errors import InvalidRequest, WrongModelKind
 from app.models.images import encode_png
-from app.models.kinds import LACKING, ImageGenerator
+from app.models.kinds import LACKING, ImageGenerator, kind_phrase
 
 router = APIRouter(prefix="/v1", tags=["images"])
 
@@ -127,7 +127,7 @@ async def answer(
         card = fleet.card(valid.model)  # 404 for a model not served
         if card.image_size is None:  # no image generator: refused before anything runs
             raise WrongModelKind(
-                f"model {valid.model!r} is a {card.kind} model: {LACKING[ImageGenerator]}",
+                f"model {valid.model!r} is {kind_phrase(card.kind)}: {LACKING[ImageGenerator]}",
                 param="model",
             )
         width, height = card.image_size

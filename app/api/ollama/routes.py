@@ -111,8 +111,8 @@ async def tags(request: Request) -> dict[str, Any]:
     """The served models: size on disk, when the folder changed."""
     fleet = fleet_of(request)
     models = []
-    for status in fleet.models():
-        if status.retired or not _listed(card := fleet.card(status.name)):
+    for status in fleet.listed():
+        if not _listed(card := fleet.card(status.name)):
             continue
         folder = _folder(fleet, status.name)
         changed = folder.stat().st_mtime if folder is not None and folder.exists() else 0

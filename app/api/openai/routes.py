@@ -50,9 +50,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
 async def list_models(request: Request) -> dict[str, Any]:
     fleet = fleet_of(request)
     data = []
-    for status in fleet.models():
-        if status.retired:
-            continue
+    for status in fleet.listed():
         card = fleet.card(status.name)
         data.append(
             {

@@ -296,6 +296,13 @@ class Fleet:
                 rows.setdefault(row["name"], []).append({**row, "device": lane.device.id})
         return [ModelStatus.of(_merged(copies)) for copies in rows.values() if copies]
 
+    def listed(self) -> list[ModelStatus]:
+        """The models a list shows (not retired): those that chat first, then the rest,
+        each group in config order. A chat app picks the first one it is given (Open
+        WebUI's new chat), and an embedding model there answers no chat."""
+        shown = [status for status in self.models() if not status.retired]
+        return sorted(shown, key=lambda s: "completion" not in self.card(s.name).capabilities)
+
     def model(self, name: str) -> ModelStatus:
         """One served model, by its name or an alias (404 for a model not served)."""
         name = self.resolve(name)

@@ -45,7 +45,7 @@ def test_version_tags_show_and_ps(served):
     live, client, _ = served
     assert httpx.get(live.url + "/api/version").json()["version"]
     names = [m.model for m in client.list().models]
-    assert names == [MINILM, "tiny"]
+    assert names == ["tiny", MINILM]  # what chats first (Open WebUI picks the first)
     assert all(m.size and m.size > 0 and m.digest for m in client.list().models)
     shown = client.show("tiny")
     assert shown.capabilities == ["completion", "tools"]
@@ -263,7 +263,7 @@ def test_pull_and_delete_refuse_callers_that_are_not_on_loopback(served, tmp_pat
     for error in asyncio.run(calls()):
         assert error.status_code == 403, error
         assert error.error == "admin routes, pull and delete answer loopback callers only"
-    assert [m.model for m in client.list().models] == [MINILM, "tiny"]
+    assert [m.model for m in client.list().models] == ["tiny", MINILM]
     settings = live.app.state.models_source.settings()
     assert [m.name for m in settings.models] == [MINILM, "tiny"]
     assert not (settings.resolved_models_dir / "lan-embed").exists()
