@@ -37,6 +37,7 @@ class VramgateError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.details = details or {}
+        self.counted = False  # in /metrics and /status, and logged (once, wherever first)
 
     @property
     def metric_label(self) -> str:

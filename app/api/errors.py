@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from app.core.work import log_refusal
 from app.errors import (
     BodyTooLarge,
     ContextLengthExceeded,
@@ -177,24 +178,39 @@ def from_http(exc: HTTPException) -> VramgateError:
     return InternalError("internal server error")
 
 
+def counted(scope: Mapping[str, Any], error: VramgateError) -> VramgateError:
+    """`error`, counted by its code (/metrics' vramgate_rejections, /status' counters)
+    and logged with its route, unless the service already did both (a refusal of a
+    model's request is counted with its model there)."""
+    if not error.counted:
+        error.counted = True
+        fleet = getattr(getattr(scope.get("app"), "state", None), "fleet", None)
+        if fleet is not None:
+            fleet.metrics.observe_refusal(error.metric_label)
+        log_refusal(error, f"{scope.get('method', '')} {scope.get('path', '')}")
+    return error
+
+
 async def _vramgate_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, VramgateError)
-    return error_response(exc, request.url.path)
+    return error_response(counted(request.scope, exc), request.url.path)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(from_validation_errors(exc.errors()), request.url.path)
+    error = counted(request.scope, from_validation_errors(exc.errors()))
+    return error_response(error, request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return error_response(from_http(exc), request.url.path)
+    return error_response(counted(request.scope, from_http(exc)), request.url.path)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(InternalError("internal server error"), request.url.path)
+    error = InternalError("internal server error")
+    return error_response(counted(request.scope, error), request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -73,11 +73,11 @@ OLLAMA_APP_ORIGINS = ("app://", "file://", "tauri://", "vscode-webview://", "vsc
 
 
 async def refuse(
-    send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]], path: str = ""
+    send: Send, error: VramgateError, extra: list[tuple[bytes, bytes]], scope: Scope
 ) -> None:
-    from app.api.errors import error_response
+    from app.api.errors import counted, error_response
 
-    response = error_response(error, path)
+    response = error_response(counted(scope, error), scope["path"])
     await send(
         {
             "type": "http.response.start",
@@ -118,7 +118,7 @@ class RequestGuard:
         raw = scope["headers"]
         if len(raw) > MAX_HEADERS or sum(len(k) + len(v) for k, v in raw) > MAX_HEADER_BYTES:
             too_many = HeadersTooLarge("too many or too large request headers")
-            await refuse(send, too_many, [], scope["path"])
+            await refuse(send, too_many, [], scope)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(raw)}
         origin = headers.get("origin")
@@ -131,7 +131,7 @@ class RequestGuard:
                 await self._sign_in(scope, headers, page_token, send)
                 return
         except VramgateError as error:
-            await refuse(send, error, cors_headers, scope["path"])
+            await refuse(send, error, cors_headers, scope)
             return
         if scope["method"] == "OPTIONS" and cors:  # a CORS preflight from an allowed origin
             await send({"type": "http.response.start", "status": 204, "headers": cors_headers})
@@ -141,7 +141,7 @@ class RequestGuard:
         if declared is None or not declared.isdigit():  # chunked: counted as it streams in
             receive = self._limited(receive)
         elif int(declared) > self.max_body:
-            await refuse(send, BodyTooLarge(self._body_detail()), cors_headers, scope["path"])
+            await refuse(send, BodyTooLarge(self._body_detail()), cors_headers, scope)
             return
         # else the HTTP server holds the body to its declared length: nothing to count
 

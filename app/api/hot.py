@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.errors import error_response, from_http
+from app.api.errors import counted, error_response, from_http
 from app.errors import InternalError, VramgateError
 
 log = logging.getLogger("vramgate.api")
@@ -42,10 +42,10 @@ class HotRoutes:
         try:
             response = await endpoint(Request(scope, receive, send))
         except VramgateError as exc:
-            response = error_response(exc)
+            response = error_response(counted(scope, exc))
         except HTTPException as exc:  # the body limit, raised while the body streams in
-            response = error_response(from_http(exc))
+            response = error_response(counted(scope, from_http(exc)))
         except Exception as exc:
             log.error("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
-            response = error_response(InternalError("internal server error"))
+            response = error_response(counted(scope, InternalError("internal server error")))
         await response(scope, receive, send)

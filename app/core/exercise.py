@@ -76,11 +76,15 @@ async def exercise(service: Door, model: str, handler: ModelHandler, *, probe_on
 
 
 async def probe_loop(service: Door) -> None:
-    """The readiness check's tiny real inference on a loaded model, every
-    `health_interval`, so a wedged worker shows. With every model unloaded (the user's
-    choice) nothing can wedge."""
+    """The readiness check's tiny real inference on a loaded model, after each
+    `health_interval` in which no job completed and none runs (`Health.needs_probe`), so
+    a wedged worker shows. With every model unloaded (the user's choice) nothing can
+    wedge."""
+    interval = service.settings.health_interval
     while True:
-        await asyncio.sleep(service.settings.health_interval)
+        await asyncio.sleep(interval)
+        if not service.health.needs_probe(interval):
+            continue
         loaded = [n for n, e in service.registry.entries.items() if e.state == "ready"]
         if not loaded:
             service.health.alive()

@@ -36,6 +36,13 @@ class Health:
         """A job completed."""
         self.last_alive = self._clock()
 
+    def needs_probe(self, seconds: float) -> bool:
+        """Whether a probe would tell anything: no job completed in the last `seconds`,
+        and none runs now (running work has the watchdog, and a probe beside a long
+        prefill would only wait behind it)."""
+        idle = not self._scheduler.running_models()
+        return idle and self._clock() - self.last_alive >= seconds
+
     @property
     def ready(self) -> bool:
         stale_after = 3 * self._settings.health_interval + self._settings.queue_timeout

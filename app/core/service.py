@@ -31,11 +31,20 @@ from app.core.snapshot import CoreSnapshot
 from app.core.spill import SPILL_WARNING, SpillWatch
 from app.core.state import ServerState
 from app.core.watch import ClientWatch
-from app.core.work import AdmittedGeneration, InferenceResult, Job, JobResult, cost_of, log_request
+from app.core.work import (
+    AdmittedGeneration,
+    InferenceResult,
+    Job,
+    JobResult,
+    cost_of,
+    log_refusal,
+    log_request,
+)
 from app.devices.base import Device
 from app.devices.executor import Executor
 from app.errors import (
     EXIT_FATAL_DEVICE,
+    ClientGone,
     DeviceFailed,
     ModelEvicted,
     ModelLoading,
@@ -45,7 +54,7 @@ from app.errors import (
 )
 from app.models.base import ModelHandler
 from app.models.decoding import TokenStream
-from app.models.kinds import Generator, OneShotModel
+from app.models.kinds import Generator, OneShotModel, required
 from app.observe.history import History
 from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook
@@ -248,21 +257,32 @@ class InferenceService:
             self.in_flight[model] -= 1
             raise
         started = self.clock()
-        job.result.add_done_callback(lambda done: self._generation_done(job, done, started))
+        job.result.add_done_callback(lambda done: self._generation_done(job, done, started, probe))
         return AdmittedGeneration(job, stream)
 
-    def _generation_done(self, job: Job, done: asyncio.Future[JobResult], started: float) -> None:
+    def _generation_done(
+        self, job: Job, done: asyncio.Future[JobResult], started: float, probe: bool
+    ) -> None:
         self.in_flight[job.model] -= 1
         if done.cancelled():
             return
         error = done.exception()
         if isinstance(error, VramgateError):
-            self._refused(job.model, error)
-            log_request(job, None, error.code)
+            self._refused(job.model, error, job)
             return
         if error is not None:
             return
-        self._served(job, done.result(), started)
+        result = done.result()
+        ended = job.stream.cancel_reason if job.stream is not None else None
+        if result.output.finish_reason == "cancelled" and not isinstance(ended, VramgateError):
+            # the caller left while it streamed (a Stop button): the caller's, not served
+            self.health.alive()
+            left = ClientGone("the client disconnected while its answer streamed")
+            left.counted = True
+            self.metrics.observe_failure(job.model, left.metric_label, self.device.id)
+            log_request(job, result, left.code)
+            return
+        self._served(job, result, started, probe)
 
     async def one_shot(
         self,
@@ -294,7 +314,7 @@ class InferenceService:
         started = self.clock()
         job = await self._queued(model, handler, prepared, None, watch, probe, model_wait_s)
         result = job.result.result()
-        self._served(job, result, started)
+        self._served(job, result, started, probe)
         return InferenceResult(result.output, prepared.tokens, cost_of(result, job))
 
     async def _queued(
@@ -333,9 +353,7 @@ class InferenceService:
                     if self.clock() >= deadline:
                         raise
         except VramgateError as exc:
-            self._refused(model, exc)
-            if job is not None:
-                log_request(job, None, exc.code)
+            self._refused(model, exc, job)
             raise
 
     def _job(
@@ -359,9 +377,11 @@ class InferenceService:
         `capability` is; a request for a model that is away, or whose changed config
         entry replaces it once what it runs has ended, waits for it (up to
         `queue_timeout`), and sets how long it stays loaded. A refusal is counted."""
-        if not probe and model in self.registry.entries:
-            self.lifecycle.keep_alive.request(model, keep_alive, self.clock())
         try:
+            # a model of another kind is refused before anything loads or waits for it
+            required(self.registry.entry(model).handler, capability, model)
+            if not probe:
+                self.lifecycle.keep_alive.request(model, keep_alive, self.clock())
             lifecycle = self.lifecycle
             if not probe and (lifecycle.away(model) or lifecycle.replacing(model)):
                 deadline = self.clock() + self.settings.queue_timeout
@@ -379,8 +399,13 @@ class InferenceService:
             self._refused(model, exc)
             raise
 
-    def _served(self, job: Job, result: JobResult, started: float) -> None:
+    def _served(self, job: Job, result: JobResult, started: float, probe: bool) -> None:
+        """A job done: the device is alive. A caller's is counted as served; a warm-up's
+        or probe's only logged."""
         self.health.alive()
+        if probe:
+            log_request(job, result, "probe")
+            return
         waited, run_s = job.waited_s, result.measurement.run_s
         total_s = self.clock() - started
         self.metrics.observe_success(job.model, waited, run_s, total_s, self.device.id)
@@ -398,7 +423,16 @@ class InferenceService:
         if self.spill.spilling:
             log.warning("device %s: %s", self.device.id, SPILL_WARNING)
 
-    def _refused(self, model: str, exc: VramgateError) -> None:
+    def _refused(self, model: str, exc: VramgateError, job: Job | None = None) -> None:
+        """Counted (/metrics, /status, the history) and logged, once: `job`'s request line,
+        else a line of its own."""
+        if exc.counted:
+            return
+        exc.counted = True
         label = model if model in self.registry.entries else "unknown"  # bounded labels
         self.metrics.observe_failure(label, exc.metric_label, self.device.id)
         self.history.add_rejection(label, exc.code, exc.message)
+        if job is not None:
+            log_request(job, None, exc.code)
+        else:
+            log_refusal(exc, f"model={label}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.devices.executor import Measurement
+from app.errors import VramgateError
 from app.models.base import ModelHandler
 from app.models.decoding import DecodeResult, TokenStream
 from app.models.prepared import Prepared
@@ -152,6 +153,13 @@ class AdmittedGeneration:
     def close(self) -> None:
         if not self.job.result.done():
             self.stream.cancel()
+
+
+def log_refusal(error: VramgateError, where: str) -> None:
+    """One line per refusal or failure that no request line says (`where`: the model,
+    or the route), warned of when it is the server's."""
+    level = logging.WARNING if error.status >= 500 else logging.INFO
+    log.log(level, "refused %s: %d %s: %s", where, error.status, error.code, error.message)
 
 
 def log_request(job: Job, result: JobResult | None, outcome: str) -> None:

@@ -135,6 +135,12 @@ class Metrics:
         self.rejections.labels(reason).inc()
         self.rejected[reason] += 1
 
+    def observe_refusal(self, reason: str) -> None:
+        """A request refused before it named a model the server knows (a bad body, an
+        unknown route, a foreign origin, ...): counted by reason alone."""
+        self.rejections.labels(reason).inc()
+        self.rejected[reason] += 1
+
     def observe_oom(self, device: str = "") -> None:
         self.ooms.labels(device).inc()
         self.oom_count += 1

@@ -10,11 +10,12 @@ import os
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import pytest
 from ollama import Client, ResponseError
 
 from app.config.settings import ModelSpec
-from tests.support.live import Live, live_server, make_settings
+from tests.support.live import Live, live_server, make_settings, wait_until
 from tests.support.random_models import save_random_llama
 
 CONTEXT = 256
@@ -89,3 +90,69 @@ def test_ollama_routes_say_it_in_ollamas_words(live):
     message = refused.value.error
     assert message.startswith("the input length exceeds the context length: ")
     assert f"the context holds {CONTEXT}" in message
+
+
+def rejections(live: Live) -> dict[str, float]:
+    """/metrics' vramgate_rejections_total, by reason (the Prometheus client's own text)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(live.url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "vramgate_rejections_total":
+                found[sample.labels["reason"]] = sample.value
+    return found
+
+
+def test_every_refusal_and_every_client_that_left_is_counted_and_logged(live, caplog):
+    """Refusals made before a request reaches a model (a body that is no JSON, a route
+    that does not exist, a prompt past the context) and a stream whose client left
+    mid-way: each counted by its code in /metrics and /status and logged with its route
+    or as the client's, none counted as served. Before: none of them was counted, and
+    the stream that was left was logged `outcome=ok` and counted as served. The twin,
+    a whole answer, is served and counted."""
+    from openai import OpenAI
+
+    before, served = rejections(live), live.status()["counters"]["served"]
+    with caplog.at_level("INFO", logger="vramgate"):
+        bad = httpx.post(
+            live.url + "/v1/chat/completions",
+            content=b"{not json",
+            headers={"Content-Type": "application/json"},
+            timeout=30,
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+        assert httpx.get(live.url + "/v1/nowhere", timeout=30).status_code == 404
+        long = {"model": "tiny", "messages": _ask(LONG), "max_tokens": 3}
+        over = httpx.post(live.url + "/v1/chat/completions", json=long, timeout=30)
+        assert over.status_code == 400, over.text
+        client = OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model="tiny", messages=_ask(SHORT), max_tokens=200, temperature=0, stream=True
+        )
+        next(iter(stream))
+        stream.close()  # the client leaves, as a Stop button does
+        wait_until(
+            lambda: (
+                rejections(live).get("client_disconnected", 0)
+                > before.get("client_disconnected", 0)
+            ),
+            60,
+            "the stream that was left, counted",
+        )
+        whole = client.chat.completions.create(
+            model="tiny", messages=_ask(SHORT), max_tokens=3, temperature=0
+        )
+        assert whole.choices[0].finish_reason == "length"
+    after = rejections(live)
+    grew = {code: after[code] - before.get(code, 0) for code in after}
+    code = over.json()["error"]["code"]
+    for reason in ("invalid_json", "not_found", code, "client_disconnected"):
+        assert grew.get(reason) == 1, (reason, grew)
+    status = live.status()
+    assert status["counters"]["served"] == served + 1  # the whole answer alone
+    assert all(status["counters"]["rejected"].get(r) for r in ("invalid_json", code))
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "refused POST /v1/chat/completions: 400 invalid_json" in logged
+    assert "refused GET /v1/nowhere: 404 not_found" in logged
+    assert "outcome=client_disconnected" in logged

@@ -118,7 +118,7 @@ def test_simulated_flood_never_overcommits_and_packs_well(server_factory):
     assert {o.status for o in outcomes} <= {200, 503, 504}
     assert all(o.retry_after for o in outcomes if o.status != 200)
     served = [o for o in outcomes if o.status == 200]
-    assert status["counters"]["served_by_model"]["sim"] - len(MIX) == len(served)
+    assert status["counters"]["served_by_model"]["sim"] == len(served)  # warm-ups are not
     assert status["queue"]["depth"] == 0 and status["queue"]["running"] == 0
     assert status["pool"]["admitted_bytes"] == 0
 

@@ -297,17 +297,21 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
 def test_bad_input_is_a_400_in_anthropics_shape_with_nothing_run(guarded, changes, param, said):
     body = {"model": MODEL, "max_tokens": 8, "messages": ASK, **changes}
     body = {key: value for key, value in body.items() if value is not None}
-    before = counters(guarded)
+    before, refused = counters(guarded), 0
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         if path.endswith("count_tokens") and param in ("max_tokens", "temperature"):
             continue  # count_tokens needs no max_tokens; its temperature is never used
         answer = httpx.post(guarded.url + path, headers={"x-api-key": SECRET}, json=body)
+        refused += 1
         assert answer.status_code == 400, answer.text
         error = answer.json()
         assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
         assert error["error"]["param"] == param and said in error["error"]["message"]
         assert error["error"]["code"] == "invalid_request"
-    assert counters(guarded) == before
+    served, rejected, depth, admitted = counters(guarded)
+    assert (served, depth, admitted) == (before[0], before[2], before[3])  # nothing ran
+    invalid = before[1].get("invalid_request", 0)
+    assert rejected == {**before[1], "invalid_request": invalid + refused}  # each counted
 
 
 def test_an_unknown_model_is_a_404_not_found_error(guarded):

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 from app.config.settings import ModelSpec, SimulatedBucket
 from tests.support.live import wait_until
@@ -152,6 +152,51 @@ def test_wrong_model_kind_is_a_400_both_ways(tiny, minilm):
     body = {"model": "all-MiniLM-L6-v2", "messages": [{"role": "user", "content": "hi"}]}
     r = httpx.post(minilm.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_model"
+
+
+def test_the_lists_start_with_what_chats_and_a_wrong_kind_loads_nothing(
+    server_factory, llama_folder
+):
+    """The embedded MiniLM first in the config, as it is on the defaults: the lists give
+    the chat model first (Open WebUI pre-selects the first), and a chat sent to MiniLM
+    while neither is loaded is refused in plain words without loading it (before: loaded
+    and warmed up, then refused as "a embedding model"); its valid twin, an embedding,
+    loads it and is served."""
+    from ollama import Client, ResponseError
+
+    live = server_factory(
+        models=(
+            ModelSpec(name="all-MiniLM-L6-v2", load="demand"),
+            ModelSpec(name="tiny", kind="generation", path=llama_folder, load="demand"),
+        ),
+        health_interval=3600,
+    )
+    client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["tiny", "all-MiniLM-L6-v2"]
+    tags = Client(host=live.url).list().models
+    assert [m.model for m in tags] == ["tiny", "all-MiniLM-L6-v2"]
+
+    def states() -> dict[str, str]:
+        return {m["name"]: m["state"] for m in live.status()["models"]}
+
+    assert states() == {"all-MiniLM-L6-v2": "unloaded", "tiny": "unloaded"}
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(
+            model="all-MiniLM-L6-v2", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.code == "unsupported_model"
+    assert refused.value.body["message"] == (
+        "model 'all-MiniLM-L6-v2' is an embedding model: it does not generate text"
+    )
+    with pytest.raises(ResponseError) as through_ollama:
+        Client(host=live.url).chat(
+            model="all-MiniLM-L6-v2", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert through_ollama.value.status_code == 400
+    assert states() == {"all-MiniLM-L6-v2": "unloaded", "tiny": "unloaded"}  # nothing loaded
+    served = client.embeddings.create(model="all-MiniLM-L6-v2", input="hi")
+    assert len(served.data[0].embedding) == 384
+    assert states()["all-MiniLM-L6-v2"] in ("warming", "ready")  # loaded for it
 
 
 def test_disconnect_mid_stream_stops_generation_and_frees_the_permit(tiny):
