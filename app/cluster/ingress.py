@@ -205,8 +205,10 @@ class Ingress:
         forwarded = await self._forwarded(request, "/" + path)
         if not isinstance(forwarded, Forwarded):
             return forwarded
-        whole = self._replicas.answer_whole.remote(forwarded, pin=replica)
-        head, body = await whole
+        try:
+            head, body = await self._replicas.answer_whole.remote(forwarded, pin=replica)
+        except RayError as exc:  # that replica was lost: no other one can answer for it
+            return _error(503, LOST_CODE, f"replica {replica!r} was lost: {exc}", "1")
         return _response(head, body)
 
     @ingress_app.api_route("/{path:path}", methods=METHODS)
