@@ -22,6 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
@@ -48,7 +50,9 @@ MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not sim
 STOP_GRACE_S = 5.0
 SLOT_CONTEXT = 4096  # a request's cells where neither the setting nor the file names any
 CACHE_REUSE = 256  # llama.cpp --cache-reuse: the least chunk reused by shifting its KV
-PROMPT_CACHE_MAX = 2**30  # the default host prompt cache's largest size
+PROMPT_CACHE_MAX = 8 * 2**30  # the default host prompt cache's largest: llama.cpp's own
+PROMPT_CACHE_SHARE = 4  # the default takes at most a quarter of the host RAM available
+PROMPT_CACHE_FLOOR = 2**30  # ... and at least one request's KV, up to this
 
 
 # Set once a runner could not import the engine: every later load is refused at once,
@@ -93,6 +97,7 @@ class LlamaRunnerModel(ModelHandler):
         self._measured: int | None = None  # on a GPU: the process's own use, as measured
         self.split: LayerSplit | None = None
         self._room: int | None = None  # the most the gate planned its load to take
+        self._cache_ram: int | None = None  # the host prompt cache its load was planned with
         self._ended_because: str | None = None  # why we ended its runner (`stalled`)
 
     # -- what it is and what it will take ----------------------------------------------
@@ -177,24 +182,43 @@ class LlamaRunnerModel(ModelHandler):
         """The layers that fit in `room` (all, where they do): what the gate admits the
         load for, and the most the load will take (on the CPU, its host prompt cache
         too: the device's own memory)."""
+        self._cache_ram = self._sized_cache(psutil.virtual_memory().available)
         ram = self.prompt_cache_ram() if device.kind == "cpu" else 0
         self._room = room - ram
         return self.planned_split(device, self._room).device_bytes + ram
 
     def prompt_cache_ram(self) -> int:
-        """llama.cpp's host-RAM prompt cache (0: off; its own default is 8 GiB). Idle
-        slots' prompts move there (`cache_idle_slots`), out of the KV pool: a unified
-        KV's attention spans every cell in use, and a pool that kept 32 idle slots' old
-        prompts made a 1,500-token prompt's first token 1.5x later (tried here: 7.5 s
-        against 5.0 s with them moved out, 4.9 s on a fresh pool). By default one
-        whole request's KV, at most PROMPT_CACHE_MAX."""
+        """llama.cpp's host-RAM prompt cache (0: off). Idle slots' prompts move there
+        (`cache_idle_slots`), out of the KV pool: a unified KV's attention spans every
+        cell in use, and a pool that kept 32 idle slots' old prompts made a 1,500-token
+        prompt's first token 1.5x later (tried here: 7.5 s against 5.0 s with them moved
+        out, 4.9 s on a fresh pool). A request that begins as a cached prompt did takes
+        its KV back from there instead of prefilling it: a conversation's next turn, a
+        new chat that sends the same app's system prompt and tools. Sized when its load
+        is planned (`_sized_cache`); before, one request's KV."""
         if not self.spec.prefix_cache:
             return 0
         if self.spec.prompt_cache_ram is not None:
             return int(self.spec.prompt_cache_ram)
+        if self._cache_ram is not None:
+            return self._cache_ram
+        return min(self._request_kv_bytes(), PROMPT_CACHE_FLOOR)
+
+    def _request_kv_bytes(self) -> int:
         facts = self.facts()
-        whole = facts.kv_bytes_per_token(self.spec.kv_cache_type) * self._context_for(facts)
-        return min(whole, PROMPT_CACHE_MAX)
+        return facts.kv_bytes_per_token(self.spec.kv_cache_type) * self._context_for(facts)
+
+    def _sized_cache(self, available: int) -> int:
+        """The default cache for a host with `available` bytes of RAM free: a quarter of
+        them, at most llama.cpp's own 8 GiB, at least one request's KV (up to 1 GiB).
+        One request's KV (180 MiB for SmolLM2's 8k context) kept one conversation of
+        Open WebUI's at most: its title, tags and follow-up requests between two turns
+        pushed the conversation out, and turn 2 prefilled its 8,031 tokens again (109.5
+        s; 1.0 s with 1 GiB). On the CPU it is the device's memory, admitted with the
+        load (`fitted_bytes`), and goes with the model when an idle model is unloaded to
+        make room."""
+        share = min(available // PROMPT_CACHE_SHARE, PROMPT_CACHE_MAX)
+        return max(share, min(self._request_kv_bytes(), PROMPT_CACHE_FLOOR)) // 2**20 * 2**20
 
     def runner_settings(self) -> dict[str, Any]:
         """What this kind adds to the runner's settings

@@ -344,14 +344,16 @@ def test_a_second_load_is_admitted_for_what_the_first_measured_kept_with_the_pri
     estimate = first.fitted_bytes(device, 2**40)
     first.load(device)
     try:
-        measured = first.weights_bytes()
+        # the runner's own bytes, its host prompt cache aside (sized anew at each load
+        # from the RAM then available)
+        measured = first.weights_bytes() - first.prompt_cache_ram()
     finally:
         first.unload()
-    assert measured != estimate  # the compute buffer's prior is not what llama.cpp took
+    assert measured != estimate - first.prompt_cache_ram()  # the prior is not what it took
     book.save()
     again = LlamaCppHandler(spec)
     again.loads = LoadLedger(BudgetBook(tmp_path / "prices.json"), device.key)
-    assert again.fitted_bytes(device, 2**40) == measured
+    assert again.fitted_bytes(device, 2**40) - again.prompt_cache_ram() == measured
 
 
 def test_keep_alive_ends_an_idle_runner_and_its_memory_is_ours_no_more(
@@ -446,9 +448,10 @@ def test_llama_cpp_slots_keep_a_resent_conversations_prompt(smol):
     assert after["hits"] >= before["hits"] + 1
     assert after["tokens_reused"] - before["tokens_reused"] >= usages[0].prompt_tokens - 8
     row = model_row(smol)
-    # its idle slots' prompts go to a host cache of one whole request's KV by default
+    # its idle slots' prompts go to a host cache of at least one whole request's KV
+    # (its size by default: tests/engines/llama_cpp/test_prompt_cache.py)
     per_token = read_gguf_facts(handler(smol).path).kv_bytes_per_token("f16")
-    assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] == per_token * CONTEXT
+    assert row["prefix_cache"] is True and row["prompt_cache_ram_bytes"] >= per_token * CONTEXT
 
 
 def test_a_plain_answer_streams_while_tools_are_offered_on_the_runner(smol):
