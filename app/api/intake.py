@@ -27,6 +27,7 @@ from app.api.openai.schemas import (
 )
 from app.config.model_spec import ModelSpec
 from app.core.fleet.fleet import Fleet
+from app.core.overflow import Overflow
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, InferenceResult
@@ -121,18 +122,22 @@ def generation_request(
     *,
     scope: str = "",
     fit_context: bool = False,
+    overflow: Overflow = "error",
 ) -> ValidGenerationRequest:
     """A chat or completion as the core takes it, whichever API it came through (its
     `chat_request()`): an image for a model that does not see is a 400 naming the model,
     after a 404 for a model that is not served, before any image is read. `scope`: its
     caller's, whose cached prefixes alone it may reuse (app.api.callers.cache_scope).
     `fit_context`: a `max_tokens` past the context stops there (Ollama's way) instead
-    of being refused."""
+    of being refused. `overflow`: what a chat past the context gets on this route where
+    its model's `context_overflow` is `auto` (app.core.overflow)."""
     refuse_unseeing(fleet, body.model, images, images_at)
-    body = with_model_defaults(body, fleet.spec(body.model))
+    spec = fleet.spec(body.model)
+    body = with_model_defaults(body, spec)
     valid = validate_generation_request(body, fleet.settings)
     params = replace(valid.params, cache_scope=scope, fit_context=fit_context)
-    return replace(valid, params=params)
+    chosen = overflow if spec.context_overflow == "auto" else spec.context_overflow
+    return replace(valid, params=params, overflow=chosen)
 
 
 # the config's names of a model's sampling defaults, as chat's fields (ModelSpec)

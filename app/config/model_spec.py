@@ -94,10 +94,16 @@ class ModelSpec(BaseModel):
     # generation: keep ended streams' KV for prompts that begin the same way (torch: the
     # server's prefix cache; llama.cpp: its slots' prompt cache)
     prefix_cache: bool = True
-    # llama.cpp: its host-RAM prompt cache, where idle slots' prompts go (llama.cpp's
-    # default is 8 GiB; None: one whole request's KV, at most 1 GiB; 0: off; on the CPU it
-    # is the device's memory, admitted at load)
+    # llama.cpp: its host-RAM prompt cache, where idle slots' prompts go (None: a quarter
+    # of the host RAM available at load, at most llama.cpp's own 8 GiB, at least one
+    # request's KV; 0: off; on the CPU it is the device's memory, admitted at load)
     prompt_cache_ram: ByteSize | None = None
+    # generation: a chat past the context is refused (`error`) or answered with whole
+    # turns dropped from its middle, said in a header and in usage (`truncate_middle`;
+    # app.core.overflow); `auto`: truncated on Ollama's routes (as Ollama answers one),
+    # refused on the others, whose clients act on the refusal (aider's advice through
+    # litellm, Claude Code's compaction)
+    context_overflow: Literal["auto", "error", "truncate_middle"] = "auto"
     # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from app.core.overflow import Overflow
 from app.errors import InvalidRequest
 from app.models.audio import AudioClip, SpeechOptions
 from app.models.decoding import Prompt, SamplingParams
@@ -100,6 +101,7 @@ class ValidGenerationRequest:
     echo: bool = False  # completions: the answer begins with the prompt
     parallel_tool_calls: bool = True  # False: at most one tool call in an answer
     keep_alive: float | None = None
+    overflow: Overflow = "error"  # a chat past the context: app.core.overflow
 
 
 @dataclass(frozen=True)

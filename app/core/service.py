@@ -24,6 +24,7 @@ from app.core.lifecycle.keep_alive import InFlight
 from app.core.lifecycle.lifecycle import ModelLifecycle
 from app.core.lifecycle.registry import ModelRegistry
 from app.core.memory import MemoryView
+from app.core.overflow import prepare_within
 from app.core.pricing import Pricer
 from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.scheduler import Limits, Scheduler
@@ -246,7 +247,9 @@ class InferenceService:
         self.in_flight[model] += 1  # from here (no await between): no unload takes it away
         try:
             cap, prompt, params = self.settings.default_max_tokens, request.prompt, request.params
-            prepared = await handler.prepare_prompt(prompt, params, cap, self.executor)
+            prepared, truncated = await prepare_within(
+                handler, prompt, params, cap, self.executor, request.overflow
+            )
         except BaseException:
             self.in_flight[model] -= 1
             raise
@@ -258,7 +261,7 @@ class InferenceService:
             raise
         started = self.clock()
         job.result.add_done_callback(lambda done: self._generation_done(job, done, started, probe))
-        return AdmittedGeneration(job, stream)
+        return AdmittedGeneration(job, stream, truncated)
 
     def _generation_done(
         self, job: Job, done: asyncio.Future[JobResult], started: float, probe: bool

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from app.core.overflow import HEADER as TRUNCATED_HEADER
+from app.core.overflow import Truncation
 from app.devices.executor import Measurement
 from app.errors import VramgateError
 from app.models.base import ModelHandler
@@ -60,6 +62,7 @@ class Cost:
     peak_bytes: int
     batch: int = 1  # requests that ran together in one forward, this one included
     device: str = ""  # the id of the device it ran on
+    truncated: Truncation | None = None  # turns dropped from its chat's middle to fit
 
     @staticmethod
     def combined(costs: list[Cost]) -> Cost:
@@ -75,10 +78,13 @@ class Cost:
             sum(c.peak_bytes for c in costs),
             max(c.batch for c in costs),
             ",".join(dict.fromkeys(c.device for c in costs)),
+            first.truncated,
         )
 
     def headers(self) -> dict[str, str]:
+        said = {TRUNCATED_HEADER: self.truncated.header()} if self.truncated else {}
         return {
+            **said,
             "X-Vramgate-Bucket": self.bucket,
             "X-Vramgate-Price-Bytes": str(self.price_bytes),
             "X-Vramgate-Price-Source": self.price_source,
@@ -121,9 +127,10 @@ class AdmittedGeneration:
     outcome and cost. Whoever holds one must `close()` it: one closed early stops before
     its next step, and its permit comes back when the device is done with it."""
 
-    def __init__(self, job: Job, stream: TokenStream) -> None:
+    def __init__(self, job: Job, stream: TokenStream, truncated: Truncation | None = None) -> None:
         self.job = job
         self.stream = stream
+        self.truncated = truncated  # turns dropped from its chat's middle to fit
 
     @staticmethod
     def admission_headers(generations: list[AdmittedGeneration]) -> dict[str, str]:
@@ -131,7 +138,10 @@ class AdmittedGeneration:
         streams of one request (its `n` choices): their prices add up, the wait is the
         longest, bucket and source are the first's (as `Cost.combined`)."""
         first = generations[0].job
+        truncated = generations[0].truncated
+        said = {TRUNCATED_HEADER: truncated.header()} if truncated is not None else {}
         return {
+            **said,
             "X-Vramgate-Bucket": first.label,
             "X-Vramgate-Price-Bytes": str(
                 sum(g.job.quote.nbytes or g.job.quote.held for g in generations)
@@ -148,7 +158,13 @@ class AdmittedGeneration:
     async def outcome(self) -> tuple[DecodeResult, Cost]:
         """After `deltas` ran out: the outcome, or the error that ended the generation."""
         result = await self.job.result
-        return result.output, cost_of(result, self.job)
+        output = result.output
+        cost = cost_of(result, self.job)
+        if self.truncated is not None:
+            gone = self.truncated
+            output = replace(output, dropped_messages=gone.messages, dropped_tokens=gone.tokens)
+            cost = replace(cost, truncated=gone)
+        return output, cost
 
     def close(self) -> None:
         if not self.job.result.done():

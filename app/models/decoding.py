@@ -104,6 +104,9 @@ class DecodeResult:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per generated token, if asked
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
     stop_sequence: str | None = None  # the stop string that ended it (finish "stop"), if one did
+    # what was dropped from a chat's middle to fit its context (app.core.overflow)
+    dropped_messages: int = 0
+    dropped_tokens: int = 0
 
 
 def generation_prepared(

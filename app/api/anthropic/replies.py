@@ -24,6 +24,7 @@ import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from app.api.errors import anthropic_body
+from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
@@ -84,7 +85,7 @@ class ThinkSplitter:
         return [(kind, held)] if held else []
 
 
-def usage(outcome: DecodeResult) -> dict[str, int]:
+def usage(outcome: DecodeResult) -> dict[str, Any]:
     """Anthropic's usage: `input_tokens` are the prompt's tokens not read from the cache."""
     cached = outcome.cached_tokens
     return {
@@ -92,6 +93,7 @@ def usage(outcome: DecodeResult) -> dict[str, int]:
         "output_tokens": outcome.completion_tokens,
         "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
+        **truncation(outcome),
     }
 
 

@@ -53,6 +53,7 @@ from app.api.openai.schemas import (
 )
 from app.core.fleet.fleet import Fleet
 from app.core.fleet.status import ModelStatus
+from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
@@ -323,7 +324,9 @@ async def _generate(
     images = openai.image_count() if isinstance(openai, ChatRequest) else 0
     # num_predict past the context: Ollama stops at the context, so its clients expect that
     scope = cache_scope(request)
-    valid = generation_request(fleet, openai, images, "images", scope=scope, fit_context=True)
+    valid = generation_request(
+        fleet, openai, images, "images", scope=scope, fit_context=True, overflow="truncate_middle"
+    )
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:
         generation = (await admit_choices(fleet, valid, watch))[0]
@@ -431,4 +434,5 @@ class Answer:
             "prompt_eval_duration": _ns(max(0.0, first - cost.queue_s)),
             "eval_count": outcome.completion_tokens,
             "eval_duration": _ns(max(0.0, total - first)),
+            **truncation(outcome),
         }

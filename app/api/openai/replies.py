@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
+from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
@@ -288,4 +289,5 @@ def usage(outcomes: list[DecodeResult], cost: Cost) -> dict[str, Any]:
         "queue_ms": round(cost.queue_s * 1000, 3),
         "run_ms": round(cost.run_s * 1000, 3),
         "vram_bytes": cost.price_bytes,
+        **(truncation(outcomes[0]) if outcomes else {}),
     }

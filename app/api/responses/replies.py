@@ -18,6 +18,7 @@ import orjson
 
 from app.api.responses.schemas import ResponsesRequest
 from app.api.responses.store import new_response_id
+from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
@@ -57,6 +58,7 @@ def usage(outcome: DecodeResult) -> dict[str, Any]:
         "output_tokens": outcome.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        **truncation(outcome),
     }
 
 
