@@ -235,7 +235,11 @@ class Settings(BaseSettings):
         "before it gets 504; a thread still not back after as long again restarts the server",
     )
     health_interval: float = Field(
-        30.0, ge=0.5, le=3600, description="seconds between the readiness probe's tiny inferences"
+        30.0,
+        ge=0.5,
+        le=3600,
+        description="seconds between the readiness probe's tiny inferences, each run only "
+        "after an interval in which no request completed and none runs",
     )
     keep_alive: float = Field(
         300.0,
