@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from app.config.settings import Settings
-from app.core.exercise import exercise, probe_loop
 from app.core.failures import FailureMapper
-from app.core.health import Health
+from app.core.health.exercise import exercise, probe_loop
+from app.core.health.readiness import Health
+from app.core.health.spill import SPILL_WARNING, SpillWatch
 from app.core.lifecycle.keep_alive import InFlight
 from app.core.lifecycle.lifecycle import ModelLifecycle
 from app.core.lifecycle.registry import ModelRegistry
@@ -29,7 +30,6 @@ from app.core.pricing import Pricer
 from app.core.requests import OneShotRequest, ValidGenerationRequest
 from app.core.scheduler import Limits, Scheduler
 from app.core.snapshot import CoreSnapshot
-from app.core.spill import SPILL_WARNING, SpillWatch
 from app.core.state import ServerState
 from app.core.watch import ClientWatch
 from app.core.work import (
@@ -123,7 +123,7 @@ class InferenceService:
         )
         self.memory.reclaimable = self.lifecycle.reclaimable
         self.history = history if history is not None else History()
-        self.spill = SpillWatch()  # a driver spilling into system RAM (app.core.spill)
+        self.spill = SpillWatch()  # a driver spilling into system RAM (app.core.health.spill)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- what it looks like ------------------------------------------------------------

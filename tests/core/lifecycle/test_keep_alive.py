@@ -12,7 +12,7 @@ import pytest
 from app.api.app import build_core
 from app.config.durations import parse_keep_alive
 from app.config.settings import ModelSpec
-from app.core.exercise import exercise
+from app.core.health.exercise import exercise
 from app.core.requests import ValidEmbeddingRequest
 from tests.support.live import make_settings
 

@@ -13,7 +13,7 @@ import contextlib
 from typing import Any, Protocol
 
 from app.config.settings import Settings
-from app.core.health import Health
+from app.core.health.readiness import Health
 from app.core.lifecycle.registry import ModelRegistry
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch

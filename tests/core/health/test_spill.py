@@ -10,7 +10,7 @@ import pytest
 
 from app.config.settings import ModelSpec, SimulatedBucket
 from app.config.simulated_spec import FaultInjection
-from app.core.spill import SPILL_WARNING, SpillWatch
+from app.core.health.spill import SPILL_WARNING, SpillWatch
 
 GiB, MiB = 2**30, 2**20
 
