@@ -39,7 +39,8 @@ def test_minilm_preloads_smollm2_loads_on_its_first_chat_goes_after_keep_alive_a
             return answer.choices[0].message.content or "", time.perf_counter() - started
 
         assert states() == {"all-MiniLM-L6-v2": "ready", "smollm2": "unloaded"}
-        assert [m.id for m in client.models.list().data] == ["all-MiniLM-L6-v2", "smollm2"]
+        # what chats first (Open WebUI picks the first), then the embedding model
+        assert [m.id for m in client.models.list().data] == ["smollm2", "all-MiniLM-L6-v2"]
         embedded = client.embeddings.create(model="all-MiniLM-L6-v2", input="a cat")
         assert len(embedded.data[0].embedding) == 384
 
