@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import orjson
@@ -47,6 +48,11 @@ FLOOD = 500  # requests from CLIENTS clients in each round
 CLIENTS = 32
 REMOVE_AFTER = 120  # answers before the worker leaves
 STREAM_TOKENS = 1600  # 5 ms a step (8 s): each stream outlasts the flood's first answers
+# Ray Serve gives a starting proxy 5 s to say it is ready, then kills it, and
+# `serve.start` fails (ray/serve/_private/constants.py, PROXY_READY_CHECK_TIMEOUT_S): a
+# CI run beside the other worker's tests saw "Proxy actor reported not ready" in its third
+# round. The machine's two cores are shared by three raylets and the test.
+SLOW_MACHINE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 STABLE_503 = {"device_failed", "queue_full", "shutting_down", "model_loading"}
 
 CONFIG = """device = "simulated:2GiB"
@@ -70,12 +76,15 @@ generation = {{ kv_bytes_per_token = "64KiB", fixed_bytes = "16MiB", step_ms = 5
 @contextlib.contextmanager
 def ray_cluster() -> Iterator[Cluster]:
     """A head (no CPU: no replica goes there) and two one-CPU workers; shut down at the
-    end, and none of its processes left (its raylets, their workers, its GCS)."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    end, and none of its processes left (its raylets, their workers, its GCS). Its
+    processes take SLOW_MACHINE from the environment they start in."""
+    with mock.patch.dict(os.environ, SLOW_MACHINE):
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     started: set[psutil.Process] = set()
     try:
         for _ in range(2):
-            cluster.add_node(num_cpus=1)
+            with mock.patch.dict(os.environ, SLOW_MACHINE):
+                cluster.add_node(num_cpus=1)
         yield cluster
     finally:
         for node in [cluster.head_node, *cluster.worker_nodes]:
@@ -103,7 +112,7 @@ def serving(cluster: Cluster, config: Path, port: int, log: Path) -> Iterator[st
     argv = [sys.executable, "-m", "app", "cluster", "serve", "--config", str(config)]
     argv += ["--address", cluster.address, "--replicas", "2", "--gpus-per-replica", "0"]
     argv += ["--cpus-per-replica", "1", "--port", str(port)]
-    env = {k: v for k, v in clean_env().items() if not k.startswith("RAY_")}
+    env = {k: v for k, v in clean_env().items() if not k.startswith("RAY_")} | SLOW_MACHINE
     with log.open("a") as out:
         child = subprocess.Popen(
             argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
