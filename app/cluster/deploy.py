@@ -9,6 +9,7 @@ application down (and the local Ray instance, if it started one).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -70,9 +71,18 @@ def default_replicas(gpus_per_replica: float) -> int:
     return int(gpus // gpus_per_replica)
 
 
+# Ray Serve's controller gives a starting HTTP proxy 5 s to say it is ready, then kills it
+# and `serve.start` fails with ActorDiedError (ray/serve/_private/constants.py,
+# PROXY_READY_CHECK_TIMEOUT_S): seen on a 2-core machine busy with other work. A Ray this
+# command starts gives it a minute; a cluster of its own keeps its own setting.
+PROXY_READY_ENV, PROXY_READY_S = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60"
+
+
 def run(settings: Settings, address: str | None, replicas: int | None, shape: Shape) -> int:
     """Deploy and serve until a signal; returns the exit code."""
     started_here = address is None
+    if started_here:  # the Ray it starts: its processes take this environment
+        os.environ.setdefault(PROXY_READY_ENV, PROXY_READY_S)
     ray.init(address=address, include_dashboard=False, configure_logging=False)
     count = replicas if replicas is not None else default_replicas(shape.gpus_per_replica)
     shape = Shape(count, shape.gpus_per_replica, shape.cpus_per_replica)

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import httpx
+import psutil
 import pytest
 from openai import OpenAI
 
@@ -119,6 +120,13 @@ def test_ray_cluster_of_two_simulated_replicas_answers_every_request_also_when_o
         }
         assert len(replicas) == 2
         assert all(r["status"]["device"]["kind"] == "simulated" for r in replicas.values())
+        # the Ray it started gives Serve's proxy a minute to start (app.cluster.deploy)
+        (controller,) = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "ServeController" in " ".join(p.info["cmdline"] or ())
+        ]
+        assert controller.environ()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "60"
 
         # the official client, unchanged, through the ingress: a stream, and an embedding
         client = OpenAI(base_url=url + "/v1", api_key="unused")
