@@ -1,13 +1,17 @@
-"""A GGUF model spec whose runner's KV pool is exactly a number of cells, on the
-defaults otherwise (its slots, a request's whole context): shared by the tests that
-fill a pool in actual use."""
+"""The SmolLM2 GGUF served as the engine's tests need it: a spec whose runner's KV pool
+is exactly a number of cells, on the defaults otherwise (its slots, a request's whole
+context), for the tests that fill a pool in actual use; and a live server of it with a
+context and slots of the test's choosing."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
+from tests.support.live import Live, live_server, make_settings
 
 
 def pool_of(gguf: Path, cells: int, name: str = "smol") -> ModelSpec:
@@ -16,3 +20,20 @@ def pool_of(gguf: Path, cells: int, name: str = "smol") -> ModelSpec:
     return ModelSpec(
         name=name, kind="generation", path=gguf, kv_budget=cells * per_cell, load="startup"
     )
+
+
+@contextlib.contextmanager
+def serving(gguf: Path, tmp: Path, context: int, parallel: int) -> Iterator[Live]:
+    """A live server of `gguf` as `smol` on the CPU, loaded at start, `parallel` slots of
+    `context` tokens; a queue that waits as long as a slow machine needs."""
+    spec = ModelSpec(
+        name="smol",
+        kind="generation",
+        path=gguf,
+        context_length=context,
+        parallel=parallel,
+        load="startup",
+    )
+    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=900)
+    with live_server(settings) as live:
+        yield live

@@ -23,6 +23,7 @@ from openai import OpenAI
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.generation import LlamaCppHandler
+from tests.engines.llama_cpp.pools import serving
 from tests.support.live import sse_events, wait_until
 from tests.support.schemas import NESTED, structured_schemas
 
@@ -34,19 +35,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 
 @pytest.fixture(scope="module")
 def smol(smollm2_gguf, tmp_path_factory):
-    from tests.support.live import live_server, make_settings
-
-    spec = ModelSpec(
-        name="smol",
-        kind="generation",
-        path=smollm2_gguf,
-        context_length=CONTEXT,
-        parallel=PARALLEL,
-        load="startup",
-    )
-    tmp = tmp_path_factory.mktemp("llama-cpp")
-    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=900)
-    with live_server(settings) as live:
+    with serving(smollm2_gguf, tmp_path_factory.mktemp("llama-cpp"), CONTEXT, PARALLEL) as live:
         yield live
 
 

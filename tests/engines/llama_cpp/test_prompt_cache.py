@@ -12,10 +12,10 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.runner_model import PROMPT_CACHE_MAX
-from tests.support.live import Live, live_server, make_settings
+from tests.engines.llama_cpp.pools import serving
+from tests.support.live import Live
 
 pytestmark = pytest.mark.slow
 CONTEXT, PARALLEL = 2048, 4
@@ -28,18 +28,8 @@ TASKS = ("Write a title of three words for: ", "Write three tags for: ", "Sugges
 
 @pytest.fixture(scope="module")
 def live(smollm2_gguf, tmp_path_factory) -> Iterator[Live]:
-    spec = ModelSpec(
-        name="smol",
-        kind="generation",
-        path=smollm2_gguf,
-        context_length=CONTEXT,
-        parallel=PARALLEL,
-        load="startup",
-    )
-    tmp = tmp_path_factory.mktemp("prompt-cache")
-    settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=900)
-    with live_server(settings) as served:
-        yield served
+    with serving(smollm2_gguf, tmp_path_factory.mktemp("prompt-cache"), CONTEXT, PARALLEL) as up:
+        yield up
 
 
 def ask(client: OpenAI, messages: list[dict[str, str]]) -> tuple[str, int, int]:
