@@ -1,17 +1,32 @@
 """The SmolLM2 GGUF served as the engine's tests need it: a spec whose runner's KV pool
 is exactly a number of cells, on the defaults otherwise (its slots, a request's whole
-context), for the tests that fill a pool in actual use; and a live server of it with a
-context and slots of the test's choosing."""
+context), for the tests that fill a pool in actual use; a live server of it with a
+context and slots of the test's choosing; and the long answer the tests stop, kill or
+overflow a runner in the middle of."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from tests.support.live import Live, live_server, make_settings
+
+STORY = [{"role": "user", "content": "Tell a very long story about a cat."}]
+
+
+def long_story(max_tokens: int) -> dict[str, Any]:
+    """A streamed, greedy chat of `smol` for STORY, up to `max_tokens`."""
+    return {
+        "model": "smol",
+        "messages": STORY,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
 
 
 def pool_of(gguf: Path, cells: int, name: str = "smol") -> ModelSpec:

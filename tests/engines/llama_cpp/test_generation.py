@@ -23,7 +23,7 @@ from openai import OpenAI
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.generation import LlamaCppHandler
-from tests.engines.llama_cpp.pools import serving
+from tests.engines.llama_cpp.pools import long_story, serving
 from tests.support.live import sse_events, wait_until
 from tests.support.schemas import NESTED, structured_schemas
 
@@ -193,13 +193,7 @@ def test_at_the_default_context_the_runner_holds_the_file_and_its_kv_and_gives_a
 
 def test_a_runner_killed_mid_stream_ends_the_stream_with_an_error_and_reloads(smol):
     pid = model_row(smol)["runner_pid"]
-    body = {
-        "model": "smol",
-        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
-        "max_tokens": 400,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_story(400)
     events = []
     with httpx.stream("POST", smol.url + "/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
@@ -374,13 +368,7 @@ def test_a_reader_who_leaves_frees_the_runners_slot_and_the_gates(smol):
     """A streamed chat whose caller goes away after a few tokens: its slot in the gate
     comes back and the runner stops generating for it (the connection is closed, which
     cancels llama.cpp's task), long before its 400 tokens would have been done."""
-    body = {
-        "model": "smol",
-        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
-        "max_tokens": 400,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_story(400)
     predicted = runner_gauge(smol, "tokens_predicted_total")
     with httpx.stream("POST", smol.url + "/v1/chat/completions", json=body, timeout=60) as r:
         for index, _ in enumerate(sse_events(r)):

@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from app.config.settings import ModelSpec
+from tests.engines.llama_cpp.pools import long_story
 from tests.support.live import ServerProcess, clean_env, sse_events, wait_until
 
 pytestmark = pytest.mark.slow
@@ -83,13 +84,7 @@ def test_a_stopped_runner_is_ended_and_reloaded_while_the_server_lives(
     says why, and the next request loads the model again and is answered."""
     live = server_factory(device="cpu", models=(spec(smollm2_gguf),), run_timeout=RUN_TIMEOUT)
     pid = model_row(live)["runner_pid"]
-    body = {
-        "model": "smol",
-        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
-        "max_tokens": 2000,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_story(2000)
     events: list[dict] = []
     healths: list[int] = []
     stop_watching = threading.Event()
@@ -241,13 +236,7 @@ def test_a_runner_whose_compute_hangs_while_its_http_threads_answer_is_replaced(
     live = server_factory(device="cpu", models=(spec(smollm2_gguf),), run_timeout=HUNG_RUN_TIMEOUT)
     pid = model_row(live)["runner_pid"]
     client = live.service.registry.entries["smol"].handler._client
-    body = {
-        "model": "smol",
-        "messages": [{"role": "user", "content": "Tell a very long story about a cat."}],
-        "max_tokens": 2000,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_story(2000)
     libc = ctypes.CDLL(None, use_errno=True)
     events: list[dict] = []
     hung_at = 0.0

@@ -19,7 +19,7 @@ import pytest
 from openai import OpenAI
 
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
-from tests.engines.llama_cpp.pools import pool_of
+from tests.engines.llama_cpp.pools import STORY, pool_of
 from tests.support.live import live_server, make_settings, wait_until
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_an_error_event_mid_stream_is_a_503_event(smol):
     failures = model_row(smol).get("runner_failures", 0)
     stream = client.chat.completions.create(
         model="smol",
-        messages=[{"role": "user", "content": "Tell a very long story about a cat."}],
+        messages=STORY,
         max_tokens=900,
         stream=True,
     )
@@ -107,7 +107,7 @@ def test_an_error_event_mid_stream_is_a_503_event(smol):
     started = time.monotonic()
     whole = client.chat.completions.create(
         model="smol",
-        messages=[{"role": "user", "content": "Tell a very long story about a cat."}],
+        messages=STORY,
         max_tokens=16,
     )
     assert whole.choices[0].message.content and time.monotonic() - started < 120
