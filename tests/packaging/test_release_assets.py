@@ -3,6 +3,7 @@ on a fake bundle with a budget scaled down to kilobytes."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import release_assets
 from release_assets import write_assets
 from rthook_cuda_paths import missing_parts
 
@@ -91,3 +93,25 @@ def test_the_script_prints_the_sizes_and_checks_the_limit(tmp_path):
         "SHA256SUMS.txt",
     }
     assert all(0 < size < printed["limit"] for size in printed["assets"].values())
+
+
+def test_a_part_at_or_past_the_limit_fails_the_script_naming_it(tmp_path, monkeypatch, capsys):
+    """GitHub takes a release file only *under* 2 GiB: with the limit scaled down to
+    kilobytes, parts past it, or exactly at it, make the script exit 1 naming each; one
+    byte more and it passes."""
+    bundle = fake_cuda_bundle(tmp_path)
+    assert release_assets.main([str(bundle), str(tmp_path / "sized")]) == 0
+    sizes: dict[str, int] = json.loads(capsys.readouterr().out)["assets"]
+    biggest = max(sizes, key=lambda name: sizes[name])
+    zips = sorted(name for name in sizes if name.endswith(".zip"))
+    for limit, named in [(4_000, zips), (sizes[biggest], [biggest]), (sizes[biggest] + 1, [])]:
+        monkeypatch.setattr(release_assets, "GITHUB_ASSET_LIMIT", limit)
+        status = release_assets.main([str(bundle), str(tmp_path / f"out-{limit}")])
+        printed, said = capsys.readouterr()
+        assert json.loads(printed) == {"assets": sizes, "limit": limit}  # the same parts
+        assert status == (1 if named else 0), (limit, said)
+        if named:
+            assert said.startswith("release assets FAILED: over GitHub's 2 GiB limit")
+            assert sorted(ast.literal_eval(said.split("limit: ", 1)[1])) == named
+        else:
+            assert said == ""
