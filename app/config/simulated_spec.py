@@ -28,7 +28,8 @@ class SimulatedGeneration(BaseModel):
     """How the simulated model generates. Its "config" declares `kv_bytes_per_token` and
     `fixed_bytes` (the geometry the server prices from; 0: unknown); it really allocates
     `true_fixed_bytes` plus `true_kv_bytes_per_token` per token its cache holds, growing
-    step by step. With `answer_tokens` (lo, hi), answers end at a length drawn from that
+    step by step, after a prefill of `prefill_ms_per_token` for each prompt token it did
+    not find cached. With `answer_tokens` (lo, hi), answers end at a length drawn from that
     range (seeded by the prompt), as real chats end at end-of-sequence."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -37,6 +38,9 @@ class SimulatedGeneration(BaseModel):
     true_kv_bytes_per_token: ByteSize = ByteSize(0)
     true_fixed_bytes: ByteSize = ByteSize(0)
     step_ms: float = Field(default=5, ge=0, le=60_000)
+    # the prefill's time for each prompt token not found in the prefix cache, before the
+    # first step (a real model's long prompt keeps its first token waiting)
+    prefill_ms_per_token: float = Field(default=0, ge=0, le=10_000)
     answer_tokens: tuple[int, int] | None = None
 
     @model_validator(mode="after")

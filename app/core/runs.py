@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from app.core.failures import FailureMapper
+from app.core.prefill import PrefillClock
 from app.core.pricing import Pricer
 from app.core.work import Job, JobResult
 from app.devices.executor import Executor, Measurement
+from app.models.decoding import DecodeResult
 from app.models.prepared import Prepared
 from app.sched.budget import PriceKey
 from app.sched.tickets import Permit
@@ -40,6 +43,8 @@ class Running:
     # what its failed device work tells its requests, mapped when the device came back
     # (before its permit: an out-of-memory's raised price is in place for what waits)
     failure: Exception | None = None
+    # its start on the streams' clock (monotonic; the scheduler's may be a test's)
+    began: float = field(default_factory=time.monotonic)
 
     def progress_at(self) -> float:
         """When it last showed life: its start, a stream's latest text, or a step its
@@ -68,13 +73,16 @@ class GroupRunner:
         failures: FailureMapper,
         wait_s: Callable[[], float],
         clock: Callable[[], float],
+        prefills: PrefillClock,
     ) -> None:
-        """`wait_s`: the queue's estimated wait, the retry hint of an out-of-memory run."""
+        """`wait_s`: the queue's estimated wait, the retry hint of an out-of-memory run.
+        `prefills` learns each stream's prefill time."""
         self._executor = executor
         self._pricer = pricer
         self._failures = failures
         self._wait_s = wait_s
         self._clock = clock
+        self._prefills = prefills
 
     def launch(self, permit: Permit, jobs: list[Job]) -> Running:
         """Start an admitted group's device work now; `settle` hands out its results."""
@@ -124,6 +132,7 @@ class GroupRunner:
         if leader.stream is not None:
             if not run.overdue:  # a late run's time and peak say nothing about its bucket
                 self._pricer.record_generation(run.key, run.merged, output, measurement)
+                self._record_prefill(run, output)
             rows = [output]
         else:
             if not run.overdue:
@@ -136,6 +145,14 @@ class GroupRunner:
             if not job.result.done():
                 job.result.set_result(JobResult(row, measurement, bucket, price, size))
         self._close_stream(leader)
+
+    def _record_prefill(self, run: Running, output: Any) -> None:
+        """A stream's time from its start to its first step, over the prompt tokens it
+        computed (those its prefix cache held cost nothing)."""
+        first = run.jobs[0].stream.first_step_at if run.jobs[0].stream else 0.0
+        if first and isinstance(output, DecodeResult):
+            computed = output.prompt_tokens - output.cached_tokens
+            self._prefills.record(run.jobs[0].model, computed, first - run.began)
 
     @staticmethod
     def _close_stream(job: Job) -> None:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.config.settings import Settings
 from app.core.failures import FailureMapper, queue_timeout, rejection
+from app.core.prefill import PrefillClock, Prefilling
 from app.core.pricing import Pricer
 from app.core.runs import GroupRunner, Running
 from app.core.watch import ClientWatch
@@ -108,7 +110,10 @@ class Scheduler:
             price_group=functools.partial(_price_tickets, pricer),
             batch_wait_s=limits.batch_wait_s,
         )
-        self._runner = GroupRunner(executor, pricer, failures, self.gate.estimated_wait_s, clock)
+        self.prefills = PrefillClock()
+        self._runner = GroupRunner(
+            executor, pricer, failures, self.estimated_wait_s, clock, self.prefills
+        )
         self._entries: dict[int, Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.wedged = 0  # overdue runs whose thread has not come back yet
@@ -206,7 +211,7 @@ class Scheduler:
             )
             self._launch(decision.started)
             if isinstance(decision, Reject):
-                raise rejection(decision)
+                raise rejection(replace(decision, estimated_wait_s=self.estimated_wait_s()))
             if entry.done.done():
                 entry.done.result()  # raises what ended it
                 return
@@ -336,7 +341,7 @@ class Scheduler:
         for ticket in expired:
             entry = self._entries.pop(ticket.id, None)
             if entry is not None and not entry.done.done():
-                wait = self.gate.estimated_wait_s()
+                wait = self.estimated_wait_s()
                 timeout = self._limits.queue_timeout
                 entry.done.set_exception(queue_timeout(timeout, wait, self.gate.depth))
 
@@ -374,6 +379,18 @@ class Scheduler:
             self._release_run(run)
             log.error("job %s overdue after %.1fs", run.key.bucket, limit_s)
         return overdue
+
+    def estimated_wait_s(self) -> float:
+        """How long a request sent now may wait before its work starts: the queue's and
+        the runs' learned times (the gate's estimate), and the prefills running now,
+        which share the device with it (app.core.prefill)."""
+        now = time.monotonic()  # the streams' clock
+        prefilling = [
+            Prefilling(run.jobs[0].model, run.merged.tokens, now - run.began)
+            for run in self.runs()
+            if run.jobs[0].stream is not None and not run.jobs[0].stream.first_step_at
+        ]
+        return self.gate.estimated_wait_s() + self.prefills.remaining_s(prefilling)
 
     # -- ending work -------------------------------------------------------------------
     def runs(self) -> Iterator[Running]:

@@ -137,7 +137,9 @@ class InferenceService:
 
     def view(self) -> CoreSnapshot:
         """One picture of the core now (see app.core.snapshot)."""
-        return CoreSnapshot.of(self.state, self.health.ready, self.memory, self.scheduler.gate)
+        scheduler = self.scheduler
+        wait_s = scheduler.estimated_wait_s()
+        return CoreSnapshot.of(self.state, self.health.ready, self.memory, scheduler.gate, wait_s)
 
     def memory_line(self) -> str:
         """A compact device snapshot for log lines."""

@@ -38,9 +38,15 @@ class CoreSnapshot:
 
     @classmethod
     def of(
-        cls, state: ServerState, ready: bool, memory: MemoryView, gate: MemoryGate
+        cls,
+        state: ServerState,
+        ready: bool,
+        memory: MemoryView,
+        gate: MemoryGate,
+        wait_s: float,
     ) -> CoreSnapshot:
-        """The picture now, from the parts that hold it."""
+        """The picture now, from the parts that hold it (`wait_s`: the scheduler's
+        estimated wait, the gate's with the running prefills)."""
         return cls(
             phase=state.phase,
             paused=state.paused,
@@ -58,7 +64,7 @@ class CoreSnapshot:
             oldest_wait_s=gate.oldest_wait_s(),
             running=gate.running,
             running_streams=gate.running_streams,
-            estimated_wait_s=gate.estimated_wait_s(),
+            estimated_wait_s=wait_s,
         )
 
     @classmethod

@@ -160,21 +160,25 @@ class TokenStream:
         self.deltas: asyncio.Queue[str | None] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.progress_at = 0.0  # monotonic time of the latest step, for the watchdog
+        self.first_step_at = 0.0  # monotonic time of the first step: its prefill's end
         self.cancel_reason: Exception | None = None  # why the server ended it, if it did
 
     def emit(self, text: str) -> None:
         """Called on the inference thread after every step (text may be empty)."""
         self.progress_at = time.monotonic()
+        self.first_step_at = self.first_step_at or self.progress_at
         if text:
             self._loop.call_soon_threadsafe(self.deltas.put_nowait, text)
 
     def beat(self) -> None:
-        """The generation goes on with no text yet (a prefill's progress), on the loop."""
+        """The generation goes on with no token yet (a prefill's progress); from any
+        thread (one float written)."""
         self.progress_at = time.monotonic()
 
     def push(self, text: str) -> None:
         """`emit`, called on the loop itself (a generation streamed on the loop)."""
         self.progress_at = time.monotonic()
+        self.first_step_at = self.first_step_at or self.progress_at
         if text:
             self.deltas.put_nowait(text)
 

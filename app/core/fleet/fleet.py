@@ -380,7 +380,7 @@ def _load_of(lane: InferenceService, model: str) -> Load:
     return Load(
         device=lane.device.id,
         serving=not lane.lifecycle.away(model),
-        wait_s=gate.estimated_wait_s(),
+        wait_s=lane.scheduler.estimated_wait_s(),
         queued=gate.depth + gate.running + gate.running_streams,
         pool=gate.free_bytes(),
     )

@@ -251,6 +251,8 @@ class SimulatedHandler(InThreads, SimulatedWeights, Embedder, ImageModel, Genera
             memory.enter_context(self._device.hold(fixed))  # the prefill's activations
             before_cache = self._device.held_by_this_thread()
             memory.enter_context(self._device.hold(held - fixed))  # the prompt's cache
+            if gen is not None:
+                self._prefill((prompt - cached) * gen.prefill_ms_per_token / 1000, stream)
             for _ in range(task.max_tokens):
                 if stream.cancelled.is_set():
                     finish = "cancelled"
@@ -289,6 +291,14 @@ class SimulatedHandler(InThreads, SimulatedWeights, Embedder, ImageModel, Genera
             stop_sequence=scanner.matched,
             cached_tokens=cached,
         )
+
+    @staticmethod
+    def _prefill(seconds: float, stream: TokenStream) -> None:
+        """The prefill's time, alive (a beat every 50 ms) and stopped by a cancel."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not stream.cancelled.is_set():
+            time.sleep(min(left, 0.05))
+            stream.beat()
 
     def _cached_prefix(self, task: GenerationInput) -> int:
         """The prompt tokens a kept prefix holds (a real model would not prefill them)."""

@@ -205,7 +205,7 @@ class StepBatcher:
             if not self.joinable:
                 break
         for row in taken:
-            row.stream.emit("")  # alive: its prefill comes now
+            row.stream.beat()  # alive: its prefill comes now
         return taken
 
     def _later(self, row: Row, taken: list[Row]) -> bool:
@@ -332,7 +332,7 @@ class StepBatcher:
         out = self._run(input_ids, mask, positions, row.cache)
         row.cache = getattr(out, self._cache_arg)
         row.position, row.steps = end, row.steps + 1
-        row.stream.emit("")
+        row.stream.beat()  # a chunk of its prompt: no token yet
         if end < len(prompt):
             return len(chunk)
         with self._cond:
