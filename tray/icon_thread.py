@@ -84,14 +84,20 @@ def darwin_main_thread(update: Update) -> None:
     AppHelper.callAfter(update)
 
 
-def updates_for(icon: Any) -> Callable[[Update], None]:
-    """How to run an update of `icon` on its own thread, from any thread."""
-    backend = type(icon).__mro__
-    modules = {cls.__module__ for cls in backend}
+def updates_for(
+    icon: Any, post: Callable[[Any, int, int, int], Any] | None = None
+) -> Callable[[Update], None]:
+    """How to run an update of `icon` on its own thread, from any thread. The backend is
+    the module of one of the icon's classes (tray.app's icon may be a subclass of
+    pystray's); a win32 icon's updates are posted with `post` (pystray's PostMessageW
+    where none is given)."""
+    modules = {cls.__module__ for cls in type(icon).__mro__}
     if "pystray._win32" in modules:
-        from pystray._util import win32  # type: ignore[import-not-found]
+        if post is None:
+            from pystray._util import win32  # type: ignore[import-not-found]
 
-        return Win32Updates(icon, win32.PostMessage)
+            post = win32.PostMessage
+        return Win32Updates(icon, post)
     if "pystray._darwin" in modules:
         return darwin_main_thread
     return direct

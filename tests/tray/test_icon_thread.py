@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import queue
 import re
+import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from tray.icon_thread import (
     WM_PYSTRAY_NOTIFY,
@@ -62,6 +66,63 @@ def test_backends_that_marshal_their_own_updates_are_called_directly():
         pass
 
     assert updates_for(XorgLike()) is direct
+
+
+class Win32Icon(Win32IconStandIn):
+    """Of pystray's win32 backend, as its module says."""
+
+    __module__ = "pystray._win32"
+
+
+class AppsWin32Icon(Win32Icon):
+    """A subclass of it in a module of ours, as tray.app may make."""
+
+    __module__ = "tray.app"
+
+
+@pytest.mark.parametrize("icon_class", [Win32Icon, AppsWin32Icon])
+def test_a_win32_icon_gets_its_updates_posted(icon_class):
+    """The backend is told by the modules of the icon's classes: a win32 icon gets the
+    posted path (pystray#60), never the direct one; an update from another thread waits
+    for the window procedure."""
+    icon = icon_class()
+    posted: list[tuple[int, int, int, int]] = []
+    updates = updates_for(icon, lambda *message: posted.append(message))
+    assert isinstance(updates, Win32Updates)
+    ran: list[str] = []
+    monitor = threading.Thread(target=updates, args=(lambda: ran.append("ran"),))
+    monitor.start()
+    monitor.join()
+    assert ran == [] and posted == [(0x1234, WM_VRAMGATE_UPDATE, 0, 0)]
+    icon._message_handlers[WM_VRAMGATE_UPDATE](0, 0)
+    assert ran == ["ran"]
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="pystray's win32 backend: the Windows CI job")
+def test_the_real_win32_icon_runs_an_update_from_another_thread_on_its_own():
+    """pystray's own win32 icon, made as tray.app makes it and running (its window made,
+    not shown): an update from this thread is posted with PostMessageW and run by
+    pystray's window procedure on the icon's thread."""
+    import pystray
+    from PIL import Image
+
+    from tray.xorg_icon import icon_class
+
+    icon = icon_class(pystray.Icon)("vramgate-test", Image.new("RGBA", (16, 16)))
+    updates = updates_for(icon)
+    assert isinstance(updates, Win32Updates)
+    ready = threading.Event()
+    loop = threading.Thread(target=icon.run, kwargs={"setup": lambda _icon: ready.set()})
+    loop.start()
+    try:
+        assert ready.wait(timeout=30)  # its window is made
+        ran: queue.SimpleQueue[threading.Thread] = queue.SimpleQueue()
+        updates(lambda: ran.put(threading.current_thread()))
+        assert ran.get(timeout=30) is loop
+    finally:
+        icon.stop()
+        loop.join(timeout=30)
+    assert not loop.is_alive()
 
 
 def test_win32_an_update_dispatched_while_the_menu_shows_waits_until_it_closes():
