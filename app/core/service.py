@@ -285,6 +285,7 @@ class InferenceService:
             left = ClientGone("the client disconnected while its answer streamed")
             left.counted = True
             self.metrics.observe_failure(job.model, left.metric_label, self.device.id)
+            self.history.add_rejection(job.model, left.code, left.message)  # the dashboard
             log_request(job, result, left.code)
             return
         self._served(job, result, started, probe)

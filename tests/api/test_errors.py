@@ -156,3 +156,6 @@ def test_every_refusal_and_every_client_that_left_is_counted_and_logged(live, ca
     assert "refused POST /v1/chat/completions: 400 invalid_json" in logged
     assert "refused GET /v1/nowhere: 404 not_found" in logged
     assert "outcome=client_disconnected" in logged
+    # and on the dashboard's list, as one that left while queued is
+    shown = httpx.get(live.url + "/history", timeout=30).json()["rejections"]
+    assert any(r["code"] == "client_disconnected" and r["model"] == "tiny" for r in shown)
