@@ -21,21 +21,29 @@ def test_leases_take_within_the_bound_and_give_back_once():
     assert ledger.held == 0
 
 
-def test_threads_taking_at_once_never_pass_the_bound():
-    ledger = HostBytes(1_000)
-    leases = [ledger.lease() for _ in range(8)]
-    took = [0] * len(leases)
+def test_of_two_takers_checking_at_once_only_one_passes():
+    """Two leases of 60 check a ledger of 100 at the same moment: the first, between its
+    check and its take, lets the second take on another thread. The ledger's lock keeps
+    the second waiting until the first has taken (so it is refused); without it both
+    would see room and take 120."""
+    others: list[threading.Thread] = []
+    second_took: list[bool] = []
 
-    def take(i: int) -> None:
-        for _ in range(500):
-            took[i] += leases[i].take(1)
+    class Limit(int):
+        """The ledger's limit; Python asks a subclass first, so `held + n > limit` is
+        `limit.__lt__(held + n)`: where the first check happens, the second taker runs."""
 
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(leases))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sum(took) == ledger.held == 1_000
-    for lease in leases:
-        lease.close()
-    assert ledger.held == 0
+        def __lt__(self, other: int) -> bool:
+            if not others:
+                others.append(threading.Thread(target=lambda: second_took.append(second.take(60))))
+                others[0].start()
+                # without a lock the second is done at once; with one it waits for ours:
+                # a second, then ours goes on
+                others[0].join(timeout=1)
+            return int(self) < other
+
+    ledger = HostBytes(Limit(100))
+    first, second = ledger.lease(), ledger.lease()
+    assert first.take(60)
+    others[0].join()
+    assert second_took == [False] and ledger.held == first.held == 60 and second.held == 0
