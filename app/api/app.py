@@ -32,6 +32,7 @@ from app.api.images import routes as images_routes
 from app.api.intake import request_schemas
 from app.api.ollama import routes as ollama_routes
 from app.api.openai import routes as openai_routes
+from app.api.priority import PriorityLayer
 from app.api.rerank import routes as rerank_routes
 from app.api.responses import routes as responses_routes
 from app.api.responses.store import ResponseStore
@@ -136,7 +137,7 @@ def _outer_layers(settings: Settings, hot_routes: bool) -> Callable[[ASGIApp], A
     def wrap(inner: ASGIApp) -> ASGIApp:
         if hot_routes:
             inner = HotRoutes(inner, openai_routes.HOT_ROUTES)
-        return RequestGuard(inner, settings)
+        return RequestGuard(PriorityLayer(inner, settings.priorities), settings)
 
     return wrap
 

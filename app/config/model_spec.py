@@ -104,6 +104,9 @@ class ModelSpec(BaseModel):
     # refused on the others, whose clients act on the refusal (aider's advice through
     # litellm, Claude Code's compaction)
     context_overflow: Literal["auto", "error", "truncate_middle"] = "auto"
+    # the class its requests queue in when they ask none (app.core.priority): a model
+    # kept for batch work is `background`
+    priority: Literal["priority", "interactive", "background"] = "interactive"
     # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
     # (`matryoshka_dimensions` in config.json) does not say so
     matryoshka_dimensions: tuple[int, ...] = ()

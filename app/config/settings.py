@@ -39,6 +39,7 @@ from app.config.simulated_spec import FaultInjection as FaultInjection
 from app.config.simulated_spec import SimulatedBucket as SimulatedBucket
 from app.config.simulated_spec import SimulatedGeneration as SimulatedGeneration
 from app.config.simulated_spec import SimulatedImages as SimulatedImages
+from app.sched.priority import NAMES as PRIORITY_NAMES
 
 APP_NAME = "vramgate"
 ENV_PREFIX = "VRAMGATE_"
@@ -70,6 +71,20 @@ def is_loopback_host(host: str) -> bool:
 def default_config_file() -> Path:
 
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)) / "config.toml"
+
+
+def _pattern_pairs(value: Any, what: str, target: str) -> Any:
+    """A table of glob patterns from `pattern=target,...` (a flag or an environment
+    variable) or JSON; a dict as it is."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"{what} {value!r} are not pattern={target},...")
+        return {pattern.strip(): name.strip() for pattern, name in pairs}
+    return value
 
 
 class Settings(BaseSettings):
@@ -141,6 +156,34 @@ class Settings(BaseSettings):
         description="names clients send, mapped to served models: glob pattern to model, "
         'first match wins, e.g. "claude-*" = "coder" for Claude Code, "gpt-*" = "coder" for '
         "Codex (a [model_aliases] table in the config file; pattern=model,... as a flag)",
+    )
+    priorities: Annotated[dict[str, str], NoDecode] = Field(
+        {},
+        description="classes by the model name a client sends or the route it calls: glob "
+        'pattern to priority|interactive|background, first match wins, e.g. "task" = '
+        '"background" with a model alias "task" for Open WebUI\'s task model, or '
+        '"/api/embed" = "background" (a [priorities] table in the config file; '
+        "pattern=class,... as a flag); a request's own service_tier, priority or "
+        "X-Vramgate-Priority wins",
+    )
+    background_inputs: int = Field(
+        32,
+        ge=0,
+        le=100_000,
+        description="an embeddings or rerank request of at least this many inputs is "
+        "background unless it asks otherwise (a document's chunks); 0: never",
+    )
+    background_aging_s: float = Field(
+        60.0,
+        ge=0,
+        le=86_400,
+        description="background work that has waited this long counts as interactive: "
+        "the longest it steps aside",
+    )
+    background_steps_aside: bool = Field(
+        True,
+        description="background work waits while interactive work runs or waits on its "
+        "device (false: it runs beside it, ordered after it and kept off the reserve)",
     )
     max_body_bytes: ByteSize = Field(
         ByteSize(32 * 2**20),
@@ -286,14 +329,23 @@ class Settings(BaseSettings):
     @classmethod
     def _alias_pairs(cls, value: Any) -> Any:
         """`pattern=model,pattern=model` (a flag or an environment variable) or JSON."""
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("{"):
-                return json.loads(text)
-            pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
-            if any(len(pair) != 2 for pair in pairs):
-                raise ValueError(f"model aliases {value!r} are not pattern=model,...")
-            return {pattern.strip(): model.strip() for pattern, model in pairs}
+        return _pattern_pairs(value, "model aliases", "model")
+
+    @field_validator("priorities", mode="before")
+    @classmethod
+    def _priority_pairs(cls, value: Any) -> Any:
+        """`pattern=class,...` (a flag or an environment variable) or JSON."""
+        return _pattern_pairs(value, "priorities", "class")
+
+    @field_validator("priorities")
+    @classmethod
+    def _known_classes(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern, name in value.items():
+            if name.strip().lower() not in PRIORITY_NAMES:
+                raise ValueError(
+                    f"priorities: {pattern!r} names {name!r}, not one of "
+                    f"{', '.join(PRIORITY_NAMES)}"
+                )
         return value
 
     @model_validator(mode="after")

@@ -56,12 +56,19 @@ class Limits:
     max_queue: int
     max_head_bypass: int = 16
     batch_wait_s: float = 0.0
+    aging_s: float = 60.0  # background work's longest wait before it is interactive
+    step_aside: bool = True  # background waits while interactive work runs or waits
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
         batch_wait_s = settings.max_batch_wait_ms / 1000
         return cls(
-            settings.queue_timeout, settings.max_queue, settings.max_head_bypass, batch_wait_s
+            settings.queue_timeout,
+            settings.max_queue,
+            settings.max_head_bypass,
+            batch_wait_s,
+            settings.background_aging_s,
+            settings.background_steps_aside,
         )
 
 
@@ -109,6 +116,8 @@ class Scheduler:
             max_head_bypass=limits.max_head_bypass,
             price_group=functools.partial(_price_tickets, pricer),
             batch_wait_s=limits.batch_wait_s,
+            aging_s=limits.aging_s,
+            step_aside=limits.step_aside,
         )
         self.prefills = PrefillClock()
         self._runner = GroupRunner(
@@ -196,6 +205,7 @@ class Scheduler:
             payload=job,
             cells=needs,
             cell_pool=job.model,
+            priority=job.priority,
         )
         await self._enter(Entry(ticket, job, done), watch, ignore_queue_limit=probe)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from app.config.settings import Settings
+from app.core import priority
 from app.core.failures import FailureMapper
 from app.core.health.exercise import exercise, probe_loop
 from app.core.health.readiness import Health
@@ -59,6 +60,7 @@ from app.models.kinds import Generator, OneShotModel, required
 from app.observe.history import History
 from app.observe.metrics import Metrics
 from app.sched.budget import BudgetBook
+from app.sched.priority import Priority
 
 log = logging.getLogger("vramgate.service")
 
@@ -371,6 +373,9 @@ class InferenceService:
         quote = self.pricer.quote(handler, key, prepared)
         done = asyncio.get_running_loop().create_future()
         job = Job(model, handler, prepared, key, quote, done, stream=stream, device=self.device.id)
+        inputs = prepared.count if stream is None else 1
+        default = Priority[handler.spec.priority.upper()]
+        job.priority = priority.settle(default, inputs, self.settings.background_inputs)
         lean = handler.leaner(prepared)
         if lean is not None and stream is None:
             job = self.scheduler.prefer(job, self._job(model, handler, lean, None))

@@ -17,8 +17,12 @@ from app.models.base import ModelHandler
 from app.models.decoding import DecodeResult, TokenStream
 from app.models.prepared import Prepared
 from app.sched.budget import PriceKey, Quote
+from app.sched.priority import Priority
 
 log = logging.getLogger("vramgate.service")
+
+# a request's class, said on every answer and asked by clients that can set no field
+PRIORITY_HEADER = "X-Vramgate-Priority"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Job:
     stream: TokenStream | None = None  # a generation: its text flows here while it runs
     waited_s: float = 0.0  # waiting for its model and in the queue, once admitted
     device: str = ""  # the id of the device it runs on
+    priority: Priority = Priority.INTERACTIVE  # its class in the queue (app.core.priority)
 
     @property
     def label(self) -> str:
@@ -63,6 +68,7 @@ class Cost:
     batch: int = 1  # requests that ran together in one forward, this one included
     device: str = ""  # the id of the device it ran on
     truncated: Truncation | None = None  # turns dropped from its chat's middle to fit
+    priority: Priority = Priority.INTERACTIVE  # the class it was queued in
 
     @staticmethod
     def combined(costs: list[Cost]) -> Cost:
@@ -79,6 +85,7 @@ class Cost:
             max(c.batch for c in costs),
             ",".join(dict.fromkeys(c.device for c in costs)),
             first.truncated,
+            first.priority,
         )
 
     def headers(self) -> dict[str, str]:
@@ -92,6 +99,7 @@ class Cost:
             "X-Vramgate-Run-Ms": f"{self.run_s * 1000:.1f}",
             "X-Vramgate-Batch": str(self.batch),
             "X-Vramgate-Device": self.device,
+            PRIORITY_HEADER: self.priority.label,
         }
 
 
@@ -109,6 +117,7 @@ def cost_of(result: JobResult, job: Job) -> Cost:
         measurement.peak_bytes,
         result.batch,
         job.device,
+        priority=job.priority,
     )
 
 
@@ -149,6 +158,7 @@ class AdmittedGeneration:
             "X-Vramgate-Price-Source": first.quote.source,
             "X-Vramgate-Queue-Ms": f"{max(g.job.waited_s for g in generations) * 1000:.1f}",
             "X-Vramgate-Device": ",".join(dict.fromkeys(g.job.device for g in generations)),
+            PRIORITY_HEADER: first.priority.label,
         }
 
     async def deltas(self) -> AsyncIterator[str]:
@@ -184,9 +194,10 @@ def log_request(job: Job, result: JobResult | None, outcome: str) -> None:
     measurement = result.measurement if result else None
     peak = measurement.peak_bytes if measurement and measurement.alone else None
     log.info(
-        "request model=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f run_ms=%.1f "
-        "peak=%s outcome=%s",
+        "request model=%s class=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f "
+        "run_ms=%.1f peak=%s outcome=%s",
         job.model,
+        job.priority.label,
         result.bucket if result else job.label,
         result.price_bytes if result else job.quote.nbytes,
         " exclusive" if job.quote.exclusive else "",

@@ -11,6 +11,12 @@ that does not fit yet may be overtaken by later, smaller jobs that fit now, at m
 by a stream of small ones. An *exclusive* job (an unseen bucket measured alone) runs
 only on an idle device and nothing runs beside it.
 
+Classes (app.sched.priority): the queue is ordered by class, then arrival. Background
+work steps aside while work of a higher class runs or waits (`step_aside`), never takes
+the pool's last bytes or its model's last cells (a reserve as large as the largest of
+the latest interactive requests, or, before one came, as itself), and after `aging_s`
+of waiting counts as interactive: its wait is bounded by that and the queue ahead.
+
 Slots: one-shot jobs take one of `slots`; with `stream_slots`, a generation stream takes
 one of those instead, so streams that last minutes never leave an embedding waiting for
 a slot (bytes are shared by both). A ticket whose kind has no free slot waits for one
@@ -20,12 +26,16 @@ without blocking the other kind.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable
 
 from app.sched.plan import GroupPricer, grow_group, plan_admissions
+from app.sched.priority import Priority
 from app.sched.tickets import Admit, Decision, Permit, Reject, Ticket, Wait
 
 __all__ = ["Admit", "Decision", "MemoryGate", "Permit", "Reject", "Ticket", "Wait"]
+
+TYPICAL = 8  # the latest interactive requests the background reserve is sized from
 
 
 class MemoryGate:
@@ -43,8 +53,12 @@ class MemoryGate:
         price_group: GroupPricer | None = None,
         batch_wait_s: float = 0.0,
         stream_slots: int = 0,
+        aging_s: float = 60.0,
+        step_aside: bool = True,
     ) -> None:
-        """`stream_slots` 0: streams take job slots like any job."""
+        """`stream_slots` 0: streams take job slots like any job. `aging_s`: how long
+        background work waits before it counts as interactive; `step_aside` False:
+        background starts beside interactive work (ordered and reserved, no more)."""
         if slots < 1:
             raise ValueError("a gate needs at least one slot")
         self._pool = pool  # bytes jobs may hold in total right now (follows the device)
@@ -58,6 +72,10 @@ class MemoryGate:
         # A batchable group short of its limit waits up to this long (from its leader's
         # arrival) for more members; a caller re-plans (pump) when that time is up.
         self.batch_wait_s = batch_wait_s
+        self.aging_s = aging_s
+        self.step_aside = step_aside
+        # the latest interactive requests' (bytes, cells, cell pool): the reserve's size
+        self._typical: deque[tuple[int, int, str]] = deque(maxlen=TYPICAL)
         self._queue: list[Ticket] = []
         self._running: dict[int, Permit] = {}
         self._cells: dict[str, int] = {}  # each cell pool's size (a runner's slots)
@@ -115,6 +133,20 @@ class MemoryGate:
         if not self._queue:
             return 0.0
         return max(0.0, self._clock() - self._queue[0].enqueued_at)
+
+    def rank(self, ticket: Ticket, now: float) -> int:
+        """Its class in the queue now: background that has waited `aging_s` is
+        interactive."""
+        if ticket.priority >= Priority.BACKGROUND and now - ticket.enqueued_at >= self.aging_s:
+            return Priority.INTERACTIVE
+        return ticket.priority
+
+    def depth_by_class(self) -> dict[str, int]:
+        """Waiting tickets by class (as they were asked, aged or not)."""
+        depth = dict.fromkeys((p.label for p in Priority), 0)
+        for ticket in self._queue:
+            depth[Priority(ticket.priority).label] += 1
+        return depth
 
     def estimated_wait_s(self, position: int | None = None) -> float:
         """Rough wait for a ticket at `position` (default: the tail) from learned run times."""
@@ -181,7 +213,10 @@ class MemoryGate:
         return self._pool() - self.held_bytes
 
     def _admit(self, now: float) -> list[Permit]:
+        ranks = {id(t): self.rank(t, now) for t in self._queue}
+        self._queue.sort(key=lambda t: (ranks[id(t)], t.enqueued_at, t.id))
         eligible = self._eligible(now) if self.batch_wait_s > 0 else None
+        eligible = self._stepping_aside(ranks, eligible)
         ends, held, streams, exclusive = [], 0, 0, False  # one pass over what runs
         for p in self._running.values():
             ends.append((p.nbytes, p.admitted_at + p.expected_s))
@@ -199,6 +234,7 @@ class MemoryGate:
             exclusive_running=exclusive,
             max_head_bypass=self.max_head_bypass,
             free_cells=self.free_cells() if self._cells else None,
+            reserve=self._reserve_for(ranks),
         )
         if not chosen:
             return []
@@ -230,10 +266,49 @@ class MemoryGate:
                 stream=leader.stream,
                 cells=sum(t.cells for t in members),
                 cell_pool=leader.cell_pool,
+                priority=ranks[id(leader)],
             )
             self._running[leader.id] = permit
             permits.append(permit)
+            if permit.priority < Priority.BACKGROUND:
+                for t in members:
+                    self._typical.append((t.nbytes, t.cells, t.cell_pool))
         return permits
+
+    def _stepping_aside(
+        self, ranks: dict[int, int], eligible: list[int] | None
+    ) -> list[int] | None:
+        """The queue positions that may start (of `eligible`, None: all): without the
+        background tickets while work of a higher class runs or waits."""
+        if not self.step_aside:
+            return eligible
+        positions = range(len(self._queue)) if eligible is None else eligible
+        busy = any(p.priority < Priority.BACKGROUND for p in self._running.values()) or any(
+            rank < Priority.BACKGROUND for rank in ranks.values()
+        )
+        if not busy:
+            return eligible
+        return [i for i in positions if ranks[id(self._queue[i])] < Priority.BACKGROUND]
+
+    def _reserve_for(self, ranks: dict[int, int]) -> Callable[[Ticket], tuple[int, int]]:
+        """What a ticket must leave free beside it: nothing for interactive work; for
+        background, the bytes and (in its own cell pool) the cells of the largest of the
+        latest interactive requests, or its own where none came yet; none on an idle
+        device (a job as large as the pool would never start otherwise)."""
+        typical_bytes = max((b for b, _, _ in self._typical), default=None)
+
+        idle = not self._running  # one background job may take the whole idle device
+
+        def reserve(ticket: Ticket) -> tuple[int, int]:
+            if idle or ranks[id(ticket)] < Priority.BACKGROUND:
+                return 0, 0
+            cells = [c for _, c, pool in self._typical if pool == ticket.cell_pool and c]
+            return (
+                ticket.nbytes if typical_bytes is None else typical_bytes,
+                max(cells) if cells else ticket.cells,
+            )
+
+        return reserve
 
     def _eligible(self, now: float) -> list[int]:
         """With a batch wait: the queue positions that may start a job now. Of each batch

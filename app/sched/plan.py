@@ -19,6 +19,10 @@ cells is that pool's *cell head*: later tickets of the same pool may overtake it
 they fit, at most `max_head_bypass` times (counting its earlier overtakes), so a request
 for a model's whole context is not starved by a stream of short ones to the same model.
 Other models' tickets pass it freely: it holds none of their cells.
+
+A ticket's `reserve` (bytes, cells) is what it must leave free beside it (background
+work leaves room for an interactive request); one that fits only into the reserve is
+passed over, and is no head.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ from app.sched.tickets import Ticket
 
 # Prices a would-be group of tickets: (bytes, exclusive), or None if they cannot be merged.
 GroupPricer = Callable[[Sequence[Ticket]], tuple[int, bool] | None]
+# What a ticket must leave free beside it: (bytes, cells of its own pool).
+Reserve = Callable[[Ticket], tuple[int, int]]
+
+
+def _no_reserve(ticket: Ticket) -> tuple[int, int]:
+    return 0, 0
 
 
 class Planned(NamedTuple):
@@ -52,6 +62,7 @@ def plan_admissions(
     max_head_bypass: int,
     free_stream_slots: int | None = None,
     free_cells: Mapping[str, int] | None = None,
+    reserve: Reserve = _no_reserve,
 ) -> Planned:
     """Which queued tickets (indices, in order) start now, and who they overtook (see the
     module's words). `running` holds (bytes, expected end) of the jobs on the device."""
@@ -75,6 +86,12 @@ def plan_admissions(
                 break
             continue
         pool = ticket.cell_pool if ticket.cells and ticket.cell_pool in cells else None
+        kept_bytes, kept_cells = reserve(ticket)
+        if (kept_bytes or kept_cells) and (
+            ticket.nbytes + kept_bytes > free_bytes
+            or (pool is not None and ticket.cells + kept_cells > cells[pool])
+        ):
+            continue  # it would take the room kept for others: passed over, no head
         if pool is not None:
             if cells[pool] < ticket.cells:
                 cell_heads.setdefault(pool, (index, ticket))

@@ -31,6 +31,7 @@ class Ticket:
     # `cell_pool` (see MemoryGate.set_cells); 0: it takes none
     cells: int = 0
     cell_pool: str = ""
+    priority: int = 1  # its class (app.sched.priority: 0 first, 1 interactive, 2 background)
     payload: Any = field(default=None, repr=False)  # the owner's; never read by the gate
 
 
@@ -48,6 +49,7 @@ class Permit:
     stream: bool = False  # holds a stream slot, not a job slot
     cells: int = 0  # of its model's pool (Ticket.cells)
     cell_pool: str = ""
+    priority: int = 1  # its leader's class, as it was admitted (aged: interactive)
 
     @property
     def ticket_ids(self) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.sched.gate import Admit, MemoryGate, Reject, Ticket, Wait
+from app.sched.priority import Priority
 from tests.sched.test_plan import cells, stream, t
 
 MiB = 2**20
@@ -247,3 +248,82 @@ def test_a_full_runner_holds_back_only_its_own_requests():
     # another model's job behind it is no victim of head-of-line blocking (bypass 0)
     assert isinstance(gate.submit(t(10)), Admit)
     assert isinstance(gate.submit(runner_request("other")), Admit)  # a pool never set
+
+
+# -- classes (app.sched.priority) ------------------------------------------------------------
+def classed(nbytes: int, priority: Priority, *, cell_count: int = 0) -> Ticket:
+    ticket = cells(cell_count) if cell_count else t(nbytes)
+    ticket.priority = priority
+    return ticket
+
+
+def test_background_queued_before_interactive_work_starts_after_it():
+    gate, clock = make_gate(pool=100, slots=1)
+    running = gate.submit(t(10))
+    assert isinstance(running, Admit)
+    early = classed(10, Priority.BACKGROUND)
+    assert isinstance(gate.submit(early), Wait)
+    clock.now += 1
+    late = classed(10, Priority.INTERACTIVE)
+    decision = gate.submit(late)
+    assert isinstance(decision, Wait) and decision.position == 0  # ahead of the early one
+    assert [p.ticket_id for p in gate.release(running.permit)] == [late.id]
+    # and a `priority` one goes ahead of interactive work
+    first = classed(10, Priority.PRIORITY)
+    behind = classed(10, Priority.INTERACTIVE)
+    gate.submit(behind)
+    assert gate.submit(first).position == 0  # type: ignore[union-attr]
+
+
+def test_background_steps_aside_while_interactive_work_runs_then_takes_the_gap():
+    gate, _ = make_gate(pool=100, slots=4)
+    chat = gate.submit(t(10))
+    assert isinstance(chat, Admit)
+    title = classed(10, Priority.BACKGROUND)
+    assert isinstance(gate.submit(title), Wait)  # room and slots, but a person's work runs
+    assert [p.ticket_id for p in gate.release(chat.permit)] == [title.id]
+    # once it runs, interactive work starts beside it (running work is never stopped)
+    assert isinstance(gate.submit(t(10)), Admit)
+
+
+def test_background_starts_beside_interactive_work_where_it_is_told_it_may():
+    gate, _ = make_gate(pool=100, slots=4)
+    gate.step_aside = False
+    assert isinstance(gate.submit(t(10)), Admit)
+    assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
+
+
+def test_background_that_waited_aging_s_counts_as_interactive():
+    gate, clock = make_gate(pool=100, slots=1, max_queue=8)
+    running = gate.submit(t(10))
+    old = classed(10, Priority.BACKGROUND)
+    gate.submit(old)
+    clock.now += gate.aging_s - 1
+    younger = classed(10, Priority.INTERACTIVE)
+    gate.submit(younger)
+    clock.now += 1  # `old` has waited aging_s: before `younger`, which came later
+    assert gate.rank(old, clock.now) == Priority.INTERACTIVE
+    assert [p.ticket_id for p in gate.release(running.permit)] == [old.id]  # type: ignore[union-attr]
+    assert gate.depth_by_class() == {"priority": 0, "interactive": 1, "background": 0}
+
+
+def test_background_leaves_a_typical_interactive_request_s_cells_free():
+    """A model's pool of 100 cells; interactive requests of 30 cells came before.
+    Background streams of 20 cells fill it only to 70: an interactive request that
+    arrives then is admitted at once."""
+    gate, _ = make_gate(pool=100, slots=16)
+    gate.set_cells("llama", 100)
+    gate.step_aside = False  # the reserve alone
+    chats = [gate.submit(classed(0, Priority.INTERACTIVE, cell_count=30)) for _ in range(2)]
+    for chat in chats:
+        assert isinstance(chat, Admit)
+        gate.release(chat.permit)
+    flood = [gate.submit(classed(0, Priority.BACKGROUND, cell_count=20)) for _ in range(5)]
+    assert [isinstance(d, Admit) for d in flood] == [True, True, True, False, False]
+    assert gate.free_cells()["llama"] == 40
+    assert isinstance(gate.submit(classed(0, Priority.INTERACTIVE, cell_count=30)), Admit)
+
+
+def test_background_alone_on_an_idle_device_may_take_it_all():
+    gate, _ = make_gate(pool=100, slots=4)
+    assert isinstance(gate.submit(classed(100, Priority.BACKGROUND)), Admit)

@@ -49,6 +49,9 @@ def _refused(note: str, asks_nothing: Callable[[Any], bool] = _absent) -> FieldS
 
 
 NOT_YET = "not implemented yet"
+# the request's class in the queue (app.sched.priority)
+TIER_NOTE = "`flex`: background (waits for a person's work), `priority`: ahead of it; echoed"
+PRIORITY_NOTE = "vLLM's: below 0 ahead of interactive work, above 0 background"
 _SHARED: dict[str, FieldSupport] = {
     "model": _done(),
     "frequency_penalty": _done("-2 to 2, on the tokens generated so far"),
@@ -68,6 +71,7 @@ _SHARED: dict[str, FieldSupport] = {
     "min_p": _done("vLLM / llama.cpp extra"),
     "repetition_penalty": _done("vLLM extra (llama.cpp: repeat_penalty); prompt and output"),
     "keep_alive": _done("Ollama's: how long the model stays loaded idle (5m, 0, -1)"),
+    "priority": _done(PRIORITY_NOTE),
 }
 
 FIELDS: dict[Route, dict[str, FieldSupport]] = {
@@ -94,7 +98,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "reasoning_effort": _ignored("no reasoning models' effort setting"),
         "response_format": _done("`text`, `json_object`, `json_schema`: constrained decoding"),
         "safety_identifier": _done(CALLER_ID),
-        "service_tier": _ignored("one tier: this machine"),
+        "service_tier": _done(TIER_NOTE),
         "store": _ignored("nothing is stored"),
         "tool_choice": _done("`required` or a named function: the call is decoded by grammar"),
         "tools": _done("functions; through the chat template, or the system message"),
@@ -116,6 +120,8 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "encoding_format": _done("`float` or `base64`"),
         "user": _ignored("no accounts here"),
         "keep_alive": _SHARED["keep_alive"],
+        "priority": _SHARED["priority"],
+        "service_tier": _done(TIER_NOTE),
     },
 }
 

@@ -38,6 +38,7 @@ class Reply:
         self.kind = kind
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.tier = "default"  # the tier it ran in, as OpenAI names it (once admitted)
 
     async def respond(self, generations: list[AdmittedGeneration], watch: ClientWatch) -> Response:
         """The whole answer as one JSON body. A client that leaves stops every choice
@@ -47,6 +48,7 @@ class Reply:
             for generation in generations:
                 generation.close()
 
+        self.tier = generations[0].job.priority.service_tier
         watch.on_leave(close_all)  # one callback: the watch keeps the last one given
         try:
             answers = await asyncio.gather(*(_collect(g) for g in generations))
@@ -64,6 +66,7 @@ class Reply:
 
     def stream(self, generations: list[AdmittedGeneration]) -> Response:
         """Server-sent events as the text is decoded."""
+        self.tier = generations[0].job.priority.service_tier
         headers = AdmittedGeneration.admission_headers(generations)
         return StreamingResponse(
             self._events(generations),
@@ -131,6 +134,7 @@ class Reply:
             "created": self.created,
             "model": self.body.model,
             "choices": choices,
+            "service_tier": self.tier,
         }
         if self.body.stream and self.body.include_usage:
             envelope["usage"] = None  # every chunk but the last, as OpenAI sends them

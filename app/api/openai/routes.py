@@ -30,6 +30,7 @@ from app.api.openai.schemas import (
     PredictRequest,
     validate_embedding_request,
 )
+from app.core import priority
 from app.core.requests import ValidEmbeddingRequest
 from app.core.work import InferenceResult
 
@@ -82,6 +83,7 @@ async def create_embeddings(request: Request) -> Response:
 
     fleet = fleet_of(request)
     body = await read_parsed(request, EmbeddingRequest)
+    priority.say(body.service_tier, body.priority)
     valid = validate_embedding_request(body, fleet.settings)
     with client_watch(request) as watch:
         result = await fleet.run(valid, watch)
@@ -138,6 +140,7 @@ async def _complete(
     request: Request, body: ChatRequest | CompletionRequest, kind: str, prefix: str
 ) -> Response:
     fleet = fleet_of(request)
+    priority.say(body.service_tier, body.priority)
     images = body.image_count() if isinstance(body, ChatRequest) else 0
     valid = generation_request(fleet, body, images, scope=cache_scope(request, *body.caller_ids()))
     reply = Reply(valid, kind, prefix)

@@ -45,6 +45,8 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, le=65_536)
     keep_alive: KeepAlive = None
+    service_tier: str | None = Field(default=None, max_length=32)
+    priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
 
     @model_validator(mode="before")
     @classmethod
@@ -227,6 +229,8 @@ class _GenerationFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     keep_alive: KeepAlive = None
+    service_tier: str | None = Field(default=None, max_length=32)
+    priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.config.settings import DEFAULT_MAX_STREAMS, ModelSpec, Settings
+from app.core import priority
 from app.core.fleet.names import (
     aliased,
     hub_target,
@@ -99,7 +100,9 @@ class Fleet:
         for claude-..., Codex for gpt-...), or of a standard name (app.core.fleet.names:
         `dall-e-2`, an empty name for speech to text), or the model pulled from the Hub
         source it spells (`hf.co/ORG/NAME:QUANT`); a name none of these serve stays as is
-        (its lane answers 404)."""
+        (its lane answers 404). The name's class in `priorities`, if any, is the
+        request's (app.core.priority)."""
+        priority.name(model, self.settings.priorities)
         if any(_serves(lane, model) for lane in self.lanes):
             return model
         base = model.removesuffix(":latest")  # Ollama's tag for a name without one
