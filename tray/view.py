@@ -182,6 +182,9 @@ def view_of(
             + " GiB"
         )
     tooltip = f"{memory} · {queue['running']} running · {queue['depth']} waiting"
+    background = queue.get("by_class", {}).get("background", {}).get("waiting", 0)
+    if background:  # of those waiting, how many may wait (a batch, an app's tasks)
+        tooltip += f" ({background} background)"
     images = image_steps(status.get("models", []))
     if images:  # the first running image's step: "image 12/30"
         tooltip += " · " + images[0].partition(": ")[2].partition(" (")[0]

@@ -4,7 +4,7 @@ all read it, so they never disagree about what they show."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app import __version__
@@ -35,6 +35,8 @@ class CoreSnapshot:
     running: int
     running_streams: int
     estimated_wait_s: float
+    # by class (app.sched.priority): (waiting, longest wait)
+    classes: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -65,6 +67,10 @@ class CoreSnapshot:
             running=gate.running,
             running_streams=gate.running_streams,
             estimated_wait_s=wait_s,
+            classes={
+                label: (depth, gate.oldest_wait_by_class()[label])
+                for label, depth in gate.depth_by_class().items()
+            },
         )
 
     @classmethod
@@ -84,6 +90,13 @@ class CoreSnapshot:
             memory=memory,
             oldest_wait_s=max(p.oldest_wait_s for p in parts),
             estimated_wait_s=min(p.estimated_wait_s for p in parts),
+            classes={
+                label: (
+                    sum(p.classes[label][0] for p in parts),
+                    max(p.classes[label][1] for p in parts),
+                )
+                for label in parts[0].classes
+            },
             **added,
         )
 
@@ -114,6 +127,9 @@ class CoreSnapshot:
         """/metrics' gauges of one device as of this picture."""
         snap = self.memory
         metrics.queue_depth.labels(device).set(self.depth)
+        for label, (depth, oldest) in self.classes.items():
+            metrics.queue_depth_by_class.labels(device, label).set(depth)
+            metrics.oldest_wait_by_class.labels(device, label).set(oldest)
         metrics.running.labels(device).set(self.running)
         metrics.pool.labels(device).set(self.pool)
         metrics.admitted.labels(device).set(self.admitted)
@@ -206,6 +222,10 @@ def status_document(
             "running": core.running,
             "running_streams": core.running_streams,
             "estimated_wait_s": round(core.estimated_wait_s, 3),
+            "by_class": {
+                label: {"waiting": depth, "oldest_wait_s": round(oldest, 3)}
+                for label, (depth, oldest) in core.classes.items()
+            },
         },
         "models": [
             {**model, "prices": [p for p in prices if p["model"] == model["name"]]}

@@ -80,6 +80,18 @@ class Metrics:
             return Gauge(name, text, ["device"], registry=r)
 
         self.queue_depth = per_device("vramgate_queue_depth", "Jobs waiting")
+        self.queue_depth_by_class = Gauge(
+            "vramgate_queue_depth_by_class",
+            "Jobs waiting, by class (priority, interactive, background)",
+            ["device", "priority"],
+            registry=r,
+        )
+        self.oldest_wait_by_class = Gauge(
+            "vramgate_queue_oldest_wait_seconds",
+            "The longest wait now, by class",
+            ["device", "priority"],
+            registry=r,
+        )
         self.running = per_device("vramgate_running_jobs", "Jobs on the device")
         self.pool = per_device("vramgate_pool_bytes", "Bytes jobs may hold in total now")
         self.admitted = per_device("vramgate_admitted_bytes", "Bytes held by running jobs")

@@ -148,6 +148,15 @@ class MemoryGate:
             depth[Priority(ticket.priority).label] += 1
         return depth
 
+    def oldest_wait_by_class(self) -> dict[str, float]:
+        """Each class's longest wait now (0: none waits)."""
+        now = self._clock()
+        oldest = dict.fromkeys((p.label for p in Priority), 0.0)
+        for ticket in self._queue:
+            label = Priority(ticket.priority).label
+            oldest[label] = max(oldest[label], now - ticket.enqueued_at)
+        return oldest
+
     def estimated_wait_s(self, position: int | None = None) -> float:
         """Rough wait for a ticket at `position` (default: the tail) from learned run times."""
         ahead = self._queue if position is None else self._queue[:position]
@@ -177,7 +186,7 @@ class MemoryGate:
         position = self._queue.index(ticket)
         if position >= self.max_queue and not ignore_queue_limit:
             self._queue.remove(ticket)
-            wait = self.estimated_wait_s()
+            wait = self.estimated_wait_s(position)  # behind what its class lets ahead
             free = self.free_bytes()
             return Reject("queue_full", ticket.nbytes, free, self.depth, wait, started)
         return Wait(position, self.estimated_wait_s(position), started)

@@ -61,6 +61,16 @@ def test_state_table(doc, kwargs, state):
     assert view_of(doc, **kwargs).icon.state == state
 
 
+def test_the_tooltip_says_how_many_of_those_waiting_are_background_work():
+    doc = copy.deepcopy(STATUS)
+    doc["queue"]["by_class"] = {
+        "priority": {"waiting": 0, "oldest_wait_s": 0.0},
+        "interactive": {"waiting": 1, "oldest_wait_s": 0.2},
+        "background": {"waiting": 4, "oldest_wait_s": 31.0},
+    }
+    assert view_of(doc).tooltip == "VRAM 6.1 / 24.0 GiB · 2 running · 5 waiting (4 background)"
+
+
 def test_restarts_and_problems_show_in_the_tooltip():
     assert view_of(None, restarts=2).tooltip == "vramgate: restarting · restarts 2"
     gave_up = view_of(None, supervisor_state="gave_up", supervisor_message="port 8450 in use")
