@@ -76,6 +76,7 @@ class MemoryGate:
         self.step_aside = step_aside
         # the latest interactive requests' (bytes, cells, cell pool): the reserve's size
         self._typical: deque[tuple[int, int, str]] = deque(maxlen=TYPICAL)
+        self._aside: set[int] = set()
         self._queue: list[Ticket] = []
         self._running: dict[int, Permit] = {}
         self._cells: dict[str, int] = {}  # each cell pool's size (a runner's slots)
@@ -223,6 +224,7 @@ class MemoryGate:
 
     def _admit(self, now: float) -> list[Permit]:
         ranks = {id(t): self.rank(t, now) for t in self._queue}
+        self._aside = set()  # background tickets held back this time: no lead, no ride
         self._queue.sort(key=lambda t: (ranks[id(t)], t.enqueued_at, t.id))
         eligible = self._eligible(now) if self.batch_wait_s > 0 else None
         eligible = self._stepping_aside(ranks, eligible)
@@ -297,7 +299,9 @@ class MemoryGate:
         )
         if not busy:
             return eligible
-        return [i for i in positions if ranks[id(self._queue[i])] < Priority.BACKGROUND]
+        kept = [i for i in positions if ranks[id(self._queue[i])] < Priority.BACKGROUND]
+        self._aside = {id(t) for t in self._queue if ranks[id(t)] >= Priority.BACKGROUND}
+        return kept
 
     def _reserve_for(self, ranks: dict[int, int]) -> Callable[[Ticket], tuple[int, int]]:
         """What a ticket must leave free beside it: nothing for interactive work; for
@@ -358,7 +362,10 @@ class MemoryGate:
             riders = [
                 t
                 for j, t in enumerate(self._queue)
-                if j > index and j not in taken and t.batch_key == leader.batch_key
+                if j > index
+                and j not in taken
+                and t.batch_key == leader.batch_key
+                and id(t) not in self._aside
             ]
             members, nbytes, exclusive = grow_group(
                 leader,

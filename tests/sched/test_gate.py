@@ -327,3 +327,22 @@ def test_background_leaves_a_typical_interactive_request_s_cells_free():
 def test_background_alone_on_an_idle_device_may_take_it_all():
     gate, _ = make_gate(pool=100, slots=4)
     assert isinstance(gate.submit(classed(100, Priority.BACKGROUND)), Admit)
+
+
+def test_an_interactive_batch_takes_its_inputs_first_and_no_background_rider():
+    """A document's chunks (background) wait; a query's input (interactive) comes: it
+    leads the next forward, and the chunks do not ride in it while it is a person's."""
+    gate, clock = batch_gate(0.0)
+    running = gate.submit(batchable())  # the device is busy: what comes next waits
+    assert isinstance(running, Admit)
+    chunks = [batchable() for _ in range(3)]
+    for chunk in chunks:
+        chunk.priority = Priority.BACKGROUND
+        gate.submit(chunk)
+        clock.now += 0.01
+    query = batchable()
+    gate.submit(query)
+    [permit] = gate.release(running.permit)
+    assert permit.members == (query.id,)
+    [permit] = gate.release(permit)  # then the chunks, together
+    assert permit.members == tuple(chunk.id for chunk in chunks)
