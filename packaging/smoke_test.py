@@ -176,7 +176,7 @@ def transcribe(url: str, model: str, audio: Path) -> dict:
 
 def spoken_seconds(url: str, model: str) -> float:
     """The seconds of one sentence spoken through /v1/audio/speech, as OpenAI's `pcm`
-    (24 kHz, 16-bit mono: two bytes a sample)."""
+    (24 kHz, 16-bit signed little-endian mono: two bytes a sample); silence fails."""
     body = json.dumps({"model": model, "input": "Hello from the bundle.", "voice": "alloy",
                        "response_format": "pcm"}).encode()  # fmt: skip
     request = urllib.request.Request(
@@ -184,9 +184,13 @@ def spoken_seconds(url: str, model: str) -> float:
     )
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
-            return len(response.read()) / 2 / 24_000
+            pcm = response.read()
     except urllib.error.HTTPError as error:
         raise RuntimeError(f"speech: {error.code} {error.read()[:2000]!r}") from None
+    peak = max((abs(s) for (s,) in struct.iter_unpack("<h", pcm[: len(pcm) // 2 * 2])), default=0)
+    if peak < 100:  # of 32,768: a random model's speech peaks near full scale
+        raise RuntimeError(f"speech: {len(pcm)} bytes of silence (peak {peak})")
+    return len(pcm) / 2 / 24_000
 
 
 def image_bytes(url: str, model: str) -> int:
