@@ -192,8 +192,8 @@ class ServerProcess:
 
 def npm_binary(where: Path, package: str, command: str) -> Path:
     """`package` installed with npm (a coding agent's CLI), and the path of its
-    `command`; the test skips where npm or the package cannot be had. Kept as
-    `pip_binary` keeps its environments."""
+    `command`; where npm or the package cannot be had, the test fails in CI and skips
+    elsewhere (`_install`). Kept as `pip_binary` keeps its environments."""
     folder = _kept(command) or where
     binary = apps.npm_command(folder, command)
     _install(folder, binary, lambda: apps.install_npm(folder, package, command))
@@ -203,7 +203,8 @@ def npm_binary(where: Path, package: str, command: str) -> Path:
 def pip_binary(where: Path, requirements: list[str], command: str) -> Path:
     """`requirements` installed with pip into a virtual environment of their own under
     `where` (an app whose pinned dependencies would clash with vramgate's: Open WebUI),
-    and the path of its `command`; the test skips where they cannot be had. Where
+    and the path of its `command`; where they cannot be had, the test fails in CI and
+    skips elsewhere (`_install`). Where
     VRAMGATE_TEST_VENVS names a folder, the environment is kept there under `command`'s
     name and reused, so that running the test again does not install it again (and
     `python -m tests.support.apps` can install it ahead, even while the tests run)."""
@@ -220,8 +221,10 @@ def _kept(command: str) -> Path | None:
 
 def _install(folder: Path, binary: Path, install: Any, wait_s: float = 1800) -> None:
     """`binary`'s install in `folder`: taken where it is complete, waited for where
-    another process is making it (`python -m tests.support.apps`), made here otherwise;
-    the test skips where it fails."""
+    another process is making it (`python -m tests.support.apps`), made here otherwise.
+    Where it fails (its installer's timeout too), the test fails in CI, naming the app:
+    a CI run that never ran an app must not end green; elsewhere (a developer's machine
+    without network) it skips, saying why."""
     deadline = time.monotonic() + wait_s
     while not apps.installed(folder, binary):
         if apps.installing(folder) and time.monotonic() < deadline:
@@ -233,7 +236,15 @@ def _install(folder: Path, binary: Path, install: Any, wait_s: float = 1800) -> 
         if failed is not None:
             import pytest
 
-            pytest.skip(failed)
+            app = binary.stem  # the app's command: claude, codex, aider, llm, open-webui
+            if in_ci():
+                pytest.fail(f"{app} was not installed, in CI (CI={os.environ['CI']}): {failed}")
+            pytest.skip(f"{app} was not installed (outside CI, so skipped): {failed}")
+
+
+def in_ci() -> bool:
+    """Whether CI runs the tests: CI set, as CI services and .ci/run set it."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:

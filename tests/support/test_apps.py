@@ -1,7 +1,8 @@
 """The end-to-end tests' apps installed ahead (`python -m tests.support.apps DIR`, which
 may run while the tests do): a finished install is taken as it is, one under way in a
 live process is waited for and never emptied by a second installer, and one whose
-installer died half-way is made again. Real processes hold the marks."""
+installer died half-way is made again. Real processes hold the marks. One that fails
+fails its test in CI, naming the app, and skips it only outside CI."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.support import apps
 from tests.support.live import _install
@@ -87,3 +90,24 @@ def test_an_install_whose_installer_died_is_made_again(tmp_path):
     # the positive control: a finished install is taken at once, made no more
     _install(folder, apps.pip_command(folder, "app"), made_here(folder, calls), wait_s=0)
     assert calls == ["made"]
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"),
+    [
+        ("true", pytest.fail.Exception),  # GitHub Actions', GitLab's and .ci/run's
+        ("1", pytest.fail.Exception),
+        ("", pytest.skip.Exception),  # a developer's machine: skipped, saying why
+        ("false", pytest.skip.Exception),
+    ],
+)
+def test_an_app_that_cannot_be_installed_fails_in_ci_and_skips_elsewhere(
+    tmp_path, monkeypatch, ci, outcome
+):
+    folder, failed = tmp_path / "aider", "aider-chat==0.86.2 could not be installed: offline"
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match=r"^aider was not installed.*: aider-chat==0\.86\.2 could"):
+        _install(
+            folder, apps.pip_command(folder, "aider"), lambda: apps._marked(folder, lambda: failed)
+        )
+    assert not apps.installed(folder, apps.pip_command(folder, "aider"))
