@@ -151,6 +151,7 @@ class Scheduler:
             expected_s=1.0,
             label=f"{label}/load",
             owner=label,
+            typical=False,  # a load's bytes are no request's: they size no reserve
         )
         entry = Entry(ticket, None, asyncio.get_running_loop().create_future())
         await self._enter(entry, None, ignore_queue_limit=True)

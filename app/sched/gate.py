@@ -283,7 +283,8 @@ class MemoryGate:
             permits.append(permit)
             if permit.priority < Priority.BACKGROUND:
                 for t in members:
-                    self._typical.append((t.nbytes, t.cells, t.cell_pool))
+                    if t.typical:
+                        self._typical.append((t.nbytes, t.cells, t.cell_pool))
         return permits
 
     def _stepping_aside(

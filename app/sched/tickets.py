@@ -32,6 +32,7 @@ class Ticket:
     cells: int = 0
     cell_pool: str = ""
     priority: int = 1  # its class (app.sched.priority: 0 first, 1 interactive, 2 background)
+    typical: bool = True  # it sizes the background reserve (a model's load does not)
     payload: Any = field(default=None, repr=False)  # the owner's; never read by the gate
 
 

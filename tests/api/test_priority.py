@@ -65,6 +65,13 @@ def test_service_tier_reaches_the_class_through_the_openai_client_and_comes_back
     assert header.json()["service_tier"] == "flex"
     task = client.chat.completions.create(model="task", messages=messages, max_tokens=2)
     assert task.service_tier == "flex"
+    # listed on its own, so that an app that picks models from the list can pick it
+    listed = {m.id: m for m in client.models.list()}
+    assert listed["task"].model_extra["priority"] == "background"
+    assert (
+        listed["task"].model_extra["alias_of"] == "sim"
+        and "priority" not in listed["sim"].model_extra
+    )
     own = client.chat.completions.create(
         model="task", messages=messages, max_tokens=2, service_tier="default"
     )

@@ -346,3 +346,17 @@ def test_an_interactive_batch_takes_its_inputs_first_and_no_background_rider():
     assert permit.members == (query.id,)
     [permit] = gate.release(permit)  # then the chunks, together
     assert permit.members == tuple(chunk.id for chunk in chunks)
+
+
+def test_a_model_load_does_not_size_the_background_reserve():
+    gate, _ = make_gate(pool=100, slots=4)
+    load = t(80)
+    load.typical = False  # the scheduler's admit_load: a model's weights, not a request
+    gate.release(gate.submit(load).permit)  # type: ignore[union-attr]
+    chat = gate.submit(t(10))
+    gate.release(chat.permit)  # type: ignore[union-attr]
+    gate.step_aside = False
+    assert isinstance(gate.submit(t(10)), Admit)  # something runs: the reserve applies
+    # 10 running, 10 kept for a typical chat: 80 bytes of background fit, not 81
+    assert isinstance(gate.submit(classed(80, Priority.BACKGROUND)), Admit)
+    assert isinstance(gate.submit(classed(1, Priority.BACKGROUND)), Wait)

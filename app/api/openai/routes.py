@@ -69,6 +69,16 @@ async def list_models(request: Request) -> dict[str, Any]:
                 "defaults": fleet.spec(status.name).request_defaults(),
             }
         )
+        # an alias the config gives a class (`task` for background) is listed on its
+        # own, so that an app can choose it where it chooses models from this list (Open
+        # WebUI's Task Model)
+        for alias in fleet.aliases_of(status.name):
+            tier = priority.configured(alias, fleet.settings.priorities)
+            if tier is not None and not any(c in alias for c in "*?["):
+                data.append(
+                    {**data[-1], "id": alias, "alias_of": status.name}
+                    | {"aliases": [], "priority": tier.label}
+                )
     return {"object": "list", "data": data}
 
 
