@@ -150,6 +150,48 @@ def test_plan_exclusive_behind_the_head_is_not_overtaking():
     assert plan([t(90), t(10, exclusive=True)], free=50) == []
 
 
+# two jobs running, listed out of the order they end in: 50 bytes back at t=10, 30 at t=20
+TWO = [(30, 20.0), (50, 10.0)]
+
+
+@pytest.mark.parametrize(
+    ("head", "behind", "admitted"),
+    [
+        # 20 free + 50 at t=10 = 70: the head of 60 fits then, 10 spare beside it; a job
+        # of 15 ending at t=15 would delay it (by the end at t=20 it would not)
+        (60, (15, 15.0), []),
+        (60, (10, 15.0), [1]),  # it fits in the spare bytes
+        (60, (15, 5.0), [1]),  # it ends before the head's bytes come back
+        # the head of 50 fits at t=10 with 20 spare (taking the ends by size, it would fit
+        # at t=20 with none): a job of 15 ending at t=25 fits in the spare
+        (50, (15, 25.0), [1]),
+        # exactly 70 at t=10: the head of 70 fits then, nothing spare
+        (70, (15, 15.0), []),
+        # exactly 100 once both end: the head fits at t=20, nothing spare
+        (100, (15, 25.0), []),
+        (100, (15, 15.0), [1]),
+        # more than will ever be free: only memory other programs hold can let it in
+        (101, (15, 1000.0), [1]),
+    ],
+)
+def test_a_blocked_head_reserves_the_first_moment_it_fits(head, behind, admitted):
+    """The head's reservation: the earliest end of the running jobs by which enough
+    bytes are back for it, and the bytes spare beside it then. A job behind it starts
+    now only if it ends by then or fits in the spare."""
+    nbytes, expected_s = behind
+    queue = [t(head), t(nbytes, expected_s=expected_s)]
+    assert plan(queue, free=20, running=TWO) == admitted
+
+
+def test_an_exclusive_head_reserves_all_the_bytes_once_everything_has_ended():
+    """Nothing runs beside an exclusive head: it fits once every running job has ended
+    (t=20), with nothing spare, however few bytes it needs."""
+    queue = [t(10, exclusive=True), t(1, expected_s=25.0)]
+    assert plan(queue, free=100, running=TWO) == []
+    queue = [t(10, exclusive=True), t(1, expected_s=15.0)]
+    assert plan(queue, free=100, running=TWO) == [1]
+
+
 @pytest.mark.parametrize(
     ("queue", "free_slots", "free_streams", "admitted"),
     [
