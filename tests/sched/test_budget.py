@@ -14,7 +14,15 @@ from app.sched.budget import (
     Geometry,
     PriceKey,
 )
-from app.sched.entry import ONE_SAMPLE_MARGIN, P95_SAMPLES, WINDOW, p95, peak_price
+from app.sched.entry import (
+    DEFAULT_RUN_S,
+    ONE_SAMPLE_MARGIN,
+    OOM_PENALTY,
+    P95_SAMPLES,
+    WINDOW,
+    p95,
+    peak_price,
+)
 
 MiB = 2**20
 
@@ -279,3 +287,76 @@ def test_generation_lines_survive_a_restart(tmp_path):
     assert again.quote_generation(k, 16, 512, GEOMETRY) == book.quote_generation(
         k, 16, 512, GEOMETRY
     )
+
+
+def test_an_out_of_memory_raises_what_larger_buckets_are_extrapolated_from():
+    book = BudgetBook()
+    book.record(key("s16"), 16, 1000, 0.1)
+    book.penalize(key("s16"), 16, alone=False, pool=10**9)
+    measured = math.ceil(1000 * OOM_PENALTY)  # its P95 with its penalty
+    assert book.quote(key("s32"), 32).nbytes == math.ceil(measured * 2 * EXTRAPOLATION_MARGIN)
+
+
+def test_an_unseen_bucket_expects_the_run_time_of_the_nearest_larger_one_measured():
+    book = BudgetBook()
+    book.record_run_time(key("s8"), 8, 0.01)
+    book.record_run_time(key("s64"), 64, 0.4)
+    book.record_run_time(key("s32"), 32, 0.2)
+    book.record_run_time(key("s32", model="other"), 32, 0.1)  # another model's: no neighbour
+    assert book.quote(key("s16"), 16).expected_s == 0.2
+    assert book.quote(key("s32"), 32).expected_s == 0.2
+    assert book.quote(key("s128"), 128).expected_s == DEFAULT_RUN_S  # none larger measured
+
+
+def test_the_snapshot_shows_every_bucket_by_model_then_size():
+    """What /status shows of the learned prices: one row per bucket, a model's buckets
+    from the smallest, each with where its price comes from and its out-of-memories."""
+    book = BudgetBook()
+    book.record(key("s64", model="b"), 64, 2000, 0.5)
+    book.record(key("s32", model="a"), 32, 1000, 0.25)
+    book.record_run_time(key("s16", model="a"), 16, 0.125)
+    for _ in range(2):
+        book.penalize(key("s32", model="a"), 32, alone=False, pool=10**9)
+    book.penalize(key("s8", model="b"), 8, alone=False, pool=10**9)  # first seen failing
+    rows = book.snapshot()
+    assert [(row["model"], row["size"]) for row in rows] == [
+        ("a", 16), ("a", 32), ("b", 8), ("b", 64)
+    ]  # fmt: skip
+    same = {"device": "cpu:test", "dtype": "float32"}
+    assert rows[0] == {
+        "model": "a", "bucket": "s16", "size": 16, **same, "price_bytes": None,
+        "source": "unseen", "samples": 0, "expected_run_s": 0.125, "penalty": 1.0, "ooms": 0,
+    }  # fmt: skip
+    assert rows[1] == {
+        "model": "a", "bucket": "s32", "size": 32, **same,
+        "price_bytes": math.ceil(math.ceil(1000 * ONE_SAMPLE_MARGIN) * OOM_PENALTY**2),
+        "source": "learned", "samples": 1, "expected_run_s": 0.25,
+        "penalty": round(OOM_PENALTY**2, 4), "ooms": 2,
+    }  # fmt: skip
+    assert rows[2] == {
+        "model": "b", "bucket": "s8", "size": 8, **same, "price_bytes": None,
+        "source": "unseen", "samples": 0, "expected_run_s": DEFAULT_RUN_S,
+        "penalty": OOM_PENALTY, "ooms": 1,
+    }  # fmt: skip
+
+
+def test_each_change_is_marked_for_saving_and_a_save_clears_the_mark(tmp_path):
+    """The service saves the book while it is marked (app.core.service): each sample and
+    each out-of-memory marks it; a save, into folders not made yet, clears the mark, and
+    a restart reads back what was saved, the floor a failure alone set too."""
+    path = tmp_path / "state" / "prices" / "prices.json"
+    book = BudgetBook(path)
+    assert book.dirty is False
+    for change in (
+        lambda: book.record(key("s16"), 16, 1000, 0.1),
+        lambda: book.record_run_time(key("s16"), 16, 0.2),
+        lambda: book.record_generation(key("p16"), 16, chat(40, clean=True)),
+        lambda: book.penalize(key("s16"), 16, alone=True, pool=5000),
+    ):
+        change()
+        assert book.dirty is True
+        book.save()
+        assert book.dirty is False
+    again = BudgetBook(path)
+    assert again.snapshot() == book.snapshot()
+    assert again.quote(key("s16"), 16).nbytes == book.quote(key("s16"), 16).nbytes >= 5001
