@@ -185,6 +185,34 @@ def test_a_batch_wait_does_not_hold_jobs_that_cannot_batch():
     assert isinstance(gate.submit(t(10)), Admit)
 
 
+def test_a_gathering_group_does_not_hold_up_the_jobs_queued_behind_it():
+    gate, _ = batch_gate(10.0)
+    assert isinstance(gate.submit(batchable()), Wait)  # gathering for 10 s
+    assert isinstance(gate.submit(t(10)), Admit)
+
+
+def test_a_group_leaves_once_it_has_waited_the_batch_wait_exactly():
+    gate, clock = batch_gate(0.5)
+    ticket = batchable()
+    assert isinstance(gate.submit(ticket), Wait)
+    clock.now += 0.25
+    assert gate.pump() == []
+    clock.now += 0.25  # 1000.5 - 1000.0 is 0.5 exactly in binary
+    [permit] = gate.pump()
+    assert permit.members == (ticket.id,)
+
+
+def test_the_oldest_wait_is_the_queue_heads():
+    gate, clock = make_gate(pool=100)
+    assert gate.oldest_wait_s() == 0.0  # nobody waits
+    assert isinstance(gate.submit(t(80)), Admit)
+    assert isinstance(gate.submit(t(50)), Wait)
+    clock.now += 2.0
+    assert isinstance(gate.submit(t(50)), Wait)
+    clock.now += 1.0
+    assert gate.oldest_wait_s() == 3.0
+
+
 # -- stream slots: streams that last minutes do not take the slots of one-shot jobs ------
 def test_four_streams_leave_the_job_slots_to_one_shot_jobs():
     clock = FakeClock()
