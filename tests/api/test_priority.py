@@ -76,6 +76,11 @@ def test_service_tier_reaches_the_class_through_the_openai_client_and_comes_back
         model="task", messages=messages, max_tokens=2, service_tier="default"
     )
     assert own.service_tier == "default"  # the request's own word wins over the table
+    # OpenAI's Responses API takes and tells the tier the same way
+    answer = client.responses.create(
+        model="sim", input="hello there", max_output_tokens=2, service_tier="flex"
+    )
+    assert answer.service_tier == "flex"
     log = "\n".join(record.getMessage() for record in caplog.records)
     assert "class=background" in log and "class=priority" in log
 

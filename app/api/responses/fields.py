@@ -81,7 +81,7 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "prompt_cache_options": _ignored("no routing between caches on one machine"),
     "prompt_cache_retention": _ignored("no routing between caches on one machine"),
     "safety_identifier": _done("echoed; " + CALLER_ID),
-    "service_tier": _ignored("one tier: this machine"),
+    "service_tier": _done("`flex`: background (waits for a person's work), `priority`: ahead"),
     "moderation": _ignored("no moderation here"),
     "max_tool_calls": _ignored("hosted tools only; none run here"),
     "context_management": _ignored("no server-side compaction"),

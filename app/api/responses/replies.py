@@ -70,6 +70,7 @@ class ResponseDraft:
         self.valid = valid
         self.id = new_response_id()
         self.created_at = int(time.time())
+        self.tier = "default"  # the tier it ran in, as OpenAI names it (once admitted)
 
     @property
     def calls_possible(self) -> bool:
@@ -86,6 +87,7 @@ class ResponseDraft:
             "error": None,
             "incomplete_details": None,
             "usage": None,
+            "service_tier": self.tier,
             **self.body.echoed(),
             **extra,
         }

@@ -41,6 +41,7 @@ from app.api.responses.store import (
     StoredResponse,
     check_response_id,
 )
+from app.core import priority
 from app.core.fleet.fleet import Fleet
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
@@ -79,6 +80,7 @@ async def create_response(request: Request) -> Response:
     fleet, store = fleet_of(request), _store(request)
     raw = await read_body(request)
     body = parsed(ResponsesRequest, raw)
+    priority.say(body.service_tier)
     _log_ignored(raw)
     items = [*await _previous(store, body.previous_response_id), *body.items()]
     if has_image(items):
@@ -98,6 +100,7 @@ async def create_response(request: Request) -> Response:
         scope = cache_scope(request, *body.caller_ids())
         items, valid, generation = await _admitted(fleet, body, items, scope, watch)
         draft = ResponseDraft(body, valid)
+        draft.tier = generation.job.priority.service_tier
 
         async def on_done(finished: dict[str, Any]) -> None:
             if body.store:  # a thread: the file can be megabytes of JSON

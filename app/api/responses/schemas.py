@@ -264,6 +264,7 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = None
     stream: bool = False
     keep_alive: KeepAlive = None
+    service_tier: str | None = Field(default=None, max_length=32)
 
     @model_validator(mode="before")
     @classmethod
