@@ -222,7 +222,8 @@ class Scheduler:
             )
             self._launch(decision.started)
             if isinstance(decision, Reject):
-                raise rejection(replace(decision, estimated_wait_s=self.estimated_wait_s()))
+                wait_s = decision.estimated_wait_s + self.prefill_wait_s()  # its class's
+                raise rejection(replace(decision, estimated_wait_s=wait_s))
             if entry.done.done():
                 entry.done.result()  # raises what ended it
                 return
@@ -395,13 +396,17 @@ class Scheduler:
         """How long a request sent now may wait before its work starts: the queue's and
         the runs' learned times (the gate's estimate), and the prefills running now,
         which share the device with it (app.core.prefill)."""
+        return self.gate.estimated_wait_s() + self.prefill_wait_s()
+
+    def prefill_wait_s(self) -> float:
+        """What the prefills running now still take."""
         now = time.monotonic()  # the streams' clock
         prefilling = [
             Prefilling(run.jobs[0].model, run.merged.tokens, now - run.began)
             for run in self.runs()
             if run.jobs[0].stream is not None and not run.jobs[0].stream.first_step_at
         ]
-        return self.gate.estimated_wait_s() + self.prefills.remaining_s(prefilling)
+        return self.prefills.remaining_s(prefilling)
 
     # -- ending work -------------------------------------------------------------------
     def runs(self) -> Iterator[Running]:
