@@ -23,7 +23,7 @@ from app.store.folders import remove_model
 from app.store.manage import model_folder
 from app.store.progress import EventProgress
 from app.store.pull import pull
-from app.store.sources import PullError, SourceRefused, parse_source
+from app.store.sources import PullError, SourceRefused, UnknownName, parse_source
 
 log = logging.getLogger("vramgate.admin")
 
@@ -141,6 +141,10 @@ def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any]
         parse_source(body.source)
     except SourceRefused as exc:
         raise UnsafeSource(str(exc), param="source") from exc
+    except UnknownName as exc:  # as Ollama answers a name its library lacks
+        raise ModelNotFound(
+            str(exc), param="source", details={"suggestions": exc.suggestions}
+        ) from exc
     except PullError as exc:
         raise InvalidRequest(str(exc), param="source") from exc
     if request.app.state.pulling is not None:

@@ -108,7 +108,9 @@ def bits_per_weight(label: str) -> float:
     return int(digit[1]) + 0.5 if digit else 1000.0
 
 
-def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Quant, str]:
+def choose(
+    quants: dict[str, Quant], wanted: str | None, repo: str, default: str = DEFAULT_QUANT
+) -> tuple[Quant, str]:
     """The quantisation to fetch, and why it was chosen. Without the one named or the
     default: the nearest to it in bits per weight, then the shortest label, then the
     smallest."""
@@ -117,11 +119,11 @@ def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Qua
         if wanted.upper() in quants:
             return quants[wanted.upper()], "the one asked for"
         raise PullError(f"{repo} has no quantisation {wanted}; it has {listed}")
-    if DEFAULT_QUANT in quants:
-        return quants[DEFAULT_QUANT], f"the default ({DEFAULT_QUANT}, as Ollama's)"
+    if default in quants:
+        return quants[default], f"the default ({default}, as Ollama's)"
     if len(quants) == 1:
         return next(iter(quants.values())), "the repo's only one"
-    target = BITS[DEFAULT_QUANT]
+    target = bits_per_weight(default)
     quant = min(
         quants.values(),
         key=lambda q: (abs(bits_per_weight(q.label) - target), len(q.label), q.size),
@@ -130,7 +132,7 @@ def choose(quants: dict[str, Quant], wanted: str | None, repo: str) -> tuple[Qua
     if bits >= 1000:
         return quant, f"no file names a quantisation llama.cpp has; the smallest (of {listed})"
     return quant, (
-        f"the repo has no {DEFAULT_QUANT}; {quant.label} is the nearest to it in bits per "
+        f"the repo has no {default}; {quant.label} is the nearest to it in bits per "
         f"weight ({bits:g} against {target:g}; it has {listed})"
     )
 
@@ -172,6 +174,8 @@ def fetch_hub(
 ) -> tuple[Path, str]:
     """The repo's model on this disk, under `scratch`, and its name: the repo's, with the
     GGUF quantisation's label. `check_name` refuses a taken name before the download."""
+    if source.library is not None:
+        progress.step(f"{source.library} is {source.ref} (vramgate's table of Ollama's names)")
     info = list_repo(source.ref)
     sizes = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
     quants = quants_of(sizes)
@@ -184,7 +188,7 @@ def fetch_hub(
         check_name(model_name(source.ref, None))
         snapshot = download_snapshot(source.ref, sizes, scratch / "hub", progress)
         return snapshot, model_name(source.ref, None)
-    quant, why = choose(quants, source.quant, source.ref)
+    quant, why = choose(quants, source.quant, source.ref, source.default_quant or DEFAULT_QUANT)
     files = list(quant.files)
     extra = projector(sizes)
     if extra is not None:

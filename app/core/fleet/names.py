@@ -4,7 +4,8 @@ standard names below, what apps send when their model field is left empty, then 
 source a model was pulled from. Open WebUI's OpenAI image engine sends `dall-e-2`, its
 speech to text an empty `model`, its text to speech `tts-1`: each reaches the served
 model of its kind. After `ollama pull hf.co/ORG/NAME:QUANT` Ollama's clients chat with
-that name (`ollama run` does both): it reaches the model pulled from there.
+that name (`ollama run` does both): it reaches the model pulled from there; after
+`ollama pull llama3.2` (one of Ollama's library names), `llama3.2` does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.config.hub_names import hub_reference
+from app.config.ollama_names import library
 from app.errors import InvalidRequest
 
 
@@ -82,9 +84,12 @@ def standard_names_of(
 
 def hub_target(name: str, pulled: Sequence[tuple[str, str | None]]) -> str | None:
     """The served model pulled from the Hub source `name` spells (`hf.co/ORG/NAME:QUANT`,
-    any case; without a quantisation, the first pulled from that repo), of `pulled`
-    (each model's name and `pulled_from`, in config order), or None."""
+    any case; without a quantisation, the first pulled from that repo) or one of Ollama's
+    library names means (`llama3.2`: app.config.ollama_names), of `pulled` (each model's
+    name and `pulled_from`, in config order), or None."""
     asked = hub_reference(name)
+    if asked is None and (known := library().find(name)) is not None:
+        asked = known.repo, known.quant if known.named else None
     if asked is None:
         return None
     repo, quant = asked
