@@ -3,6 +3,12 @@
 `build_menu` returns `Item`s whose actions take the icon; the tray app turns them into
 pystray menu items. Kept free of pystray so the menu is tested without a display.
 Actions talk to the server over HTTP only, like everything in the tray.
+
+Every action returns at once: they run on the icon's own thread, which draws the icon
+and its menu and answers Windows' messages (a tray that blocks there freezes, and at
+logoff holds up Windows). What waits on the server (a request, a drain, a restart) runs
+on a thread of its own; what is left on the icon's thread is local and quick (the
+registry, starting a browser or a file manager).
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class TrayActions:
         self.open_path = open_path
         self.on_quit = on_quit
         self.token = token  # read each time: an `auto` token appears when the server starts
+        self._quit_lock = threading.Lock()  # guards _quitting: a second Quit does nothing
+        self._quitting = False
 
     def post(self, path: str) -> dict[str, Any] | None:
         request = urllib.request.Request(self.url + path, data=b"", method="POST")
@@ -91,7 +99,7 @@ class TrayActions:
             return None
 
     def set_paused(self, paused: bool) -> None:
-        self.post("/admin/pause" if paused else "/admin/resume")
+        self._in_background(self.post, "/admin/pause" if paused else "/admin/resume")
 
     def unload(self, name: str) -> Action:
         return lambda icon: self._in_background(self.post, f"/admin/models/{name}/unload")
@@ -118,16 +126,26 @@ class TrayActions:
         self.autostart.set(not self.autostart.enabled())
 
     def quit(self, icon: Any) -> None:
-        """Drain and stop the server, then end the tray."""
-        self.supervisor.stop()
-        self.on_quit()
-        if icon is not None and hasattr(icon, "stop"):
-            icon.stop()
+        """Drain and stop the server (up to its drain bound), then end the tray: off the
+        icon's thread, which goes on answering meanwhile."""
+        with self._quit_lock:
+            if self._quitting:
+                return
+            self._quitting = True
+        self._in_background(self._quit, icon)
+
+    def _quit(self, icon: Any) -> None:
+        try:
+            self.supervisor.stop()
+            self.on_quit()
+        finally:  # whatever the drain did, the tray ends
+            if icon is not None and hasattr(icon, "stop"):
+                icon.stop()
 
     @staticmethod
     def _in_background(fn: Callable[..., object], *args: object) -> None:
         # Menu callbacks run on the tray's event thread: never block it on the network.
-        threading.Thread(target=fn, args=args, daemon=True).start()
+        threading.Thread(target=fn, args=args, name="tray-action", daemon=True).start()
 
 
 def _mib(value: int) -> str:

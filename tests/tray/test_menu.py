@@ -60,12 +60,14 @@ def test_pause_item_makes_the_server_refuse_and_resume_undoes_it(server_factory,
     icon = FakeIcon()
     pause = find(menu(live.url, actions), "Pause new requests")
     assert pause.checked is False
-    pause.action(icon)
+    pause.action(icon)  # posts off the icon's thread (test_menu_never_blocks.py)
+    wait_until(lambda: live.status()["paused"], 10, "paused")
     refused = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "paused"
     resume = find(menu(live.url, actions), "Pause new requests")
     assert resume.checked is True
     resume.action(icon)
+    wait_until(lambda: not live.status()["paused"], 10, "resumed")
     ok = httpx.post(live.url + "/v1/embeddings", json={"model": "sim", "input": "x"})
     assert ok.status_code == 200
 
@@ -157,8 +159,9 @@ def test_quit_stops_the_server_and_the_icon(tmp_path):
     wait_until(lambda: supervisor.state == "running", 10, "running")
     actions = TrayActions("http://127.0.0.1:1", supervisor, tmp_path / "log")
     icon = FakeIcon()
-    find(build_menu(view_of(None), actions), "Quit").action(icon)
-    assert icon.stopped and supervisor.state == "stopped"
+    find(build_menu(view_of(None), actions), "Quit").action(icon)  # drains off its thread
+    wait_until(lambda: icon.stopped, 30, "the icon stopped")
+    assert supervisor.state == "stopped"
     assert not (tmp_path / "pid").exists()
 
 
