@@ -22,6 +22,7 @@ from app.errors import EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE
 from app.process import streams
 from app.process.ports import port_free
 from tray import single_instance
+from tray.autostart import Autostart, tray_command
 from tray.icon import render
 from tray.icon_thread import updates_for
 from tray.menu import Item, TrayActions, build_menu, page_url
@@ -100,6 +101,7 @@ class Tray:
         supervisor: Supervisor,
         log_dir: Path,
         token: Callable[[], str | None] = lambda: None,
+        autostart: Autostart | None = None,
     ) -> None:
         import pystray
 
@@ -108,7 +110,7 @@ class Tray:
         self.supervisor = supervisor
         self.exit_code = 0
         self.view = view_of(None)
-        self.actions = TrayActions(url, supervisor, log_dir, token=token)
+        self.actions = TrayActions(url, supervisor, log_dir, token=token, autostart=autostart)
         self.icon = icon_class(pystray.Icon)(
             "vramgate",
             render(self.view.icon),
@@ -205,8 +207,12 @@ def run_tray(config_file: Path | None = None) -> int:
         pid_file=settings.resolved_data_dir / "server.pid",
         shutdown_url=url + "/admin/shutdown",
     )
+    # start at login runs this tray with this config; an entry left pointing at a moved
+    # or deleted copy, or at another config of this one, is written again
+    autostart = Autostart(tray_command(config_file=config_file))
+    autostart.repair()
     try:
         token = functools.partial(client_auth.client_token, settings)
-        return Tray(url, supervisor, settings.resolved_log_dir, token).run()
+        return Tray(url, supervisor, settings.resolved_log_dir, token, autostart).run()
     finally:
         lock.release()

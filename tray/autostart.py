@@ -9,18 +9,27 @@ the change (zeros when enabled); Microsoft does not document the format, and val
 other even first bytes (0x06) are seen on enabled entries, so an odd first byte reads as
 disabled. No value there means enabled. Switching on from our menu removes a disabled
 flag as well, or Windows would go on skipping the entry.
+
+The entry starts the tray with the config it runs with (`tray --config FILE`), and a tray
+that finds the entry pointing elsewhere (a folder moved or deleted since, another config
+of this same program) writes it again at start (`Autostart.repair`); an entry that
+starts another copy of vramgate that still exists (a developer's venv beside the
+installed one) is that copy's, and left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path, PureWindowsPath
 from typing import Protocol
 
 import platformdirs
 
+log = logging.getLogger("vramgate.tray.autostart")
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
 APPROVED_KEY = r"Software\Microsoft\Windows\CurrentVersion\Explorer\StartupApproved\Run"
 VALUE_NAME = "vramgate"
@@ -91,17 +100,60 @@ def tray_command(
     executable: str = sys.executable,
     frozen: bool = getattr(sys, "frozen", False),
     platform: str = sys.platform,
+    config_file: Path | None = None,
 ) -> list[str]:
     """What starts the tray at login: the bundle's own (windowed) executable, or Python
     running the app. On Windows, `pythonw.exe` (no console window at every login), which
-    every Windows Python install and venv has beside `python.exe`."""
+    every Windows Python install and venv has beside `python.exe`. With the config the
+    tray runs with, as an absolute path (login starts it from another folder)."""
     if frozen:
-        return [executable]
-    if platform == "win32":
-        path = PureWindowsPath(executable)
-        if path.name.lower() == "python.exe":
-            executable = str(path.with_name("pythonw.exe"))
-    return [executable, "-m", "app"]
+        command = [executable]
+    else:
+        if platform == "win32":
+            path = PureWindowsPath(executable)
+            if path.name.lower() == "python.exe":
+                executable = str(path.with_name("pythonw.exe"))
+        command = [executable, "-m", "app"]
+    if config_file is not None:
+        command += ["tray", "--config", str(config_file.absolute())]
+    return command
+
+
+def split_command(line: str) -> list[str]:
+    """A command line as Windows' CommandLineToArgvW splits it (what
+    `subprocess.list2cmdline` writes): blanks separate arguments outside double quotes;
+    2n backslashes before a quote are n and the quote delimits, 2n+1 are n and a
+    literal quote; other backslashes are themselves."""
+    args: list[str] = []
+    current, quoted, started, slashes = "", False, False, 0
+    for char in line:
+        if char == "\\":
+            slashes += 1
+            continue
+        if char == '"':
+            current += "\\" * (slashes // 2) + ('"' if slashes % 2 else "")
+            quoted = quoted if slashes % 2 else not quoted
+        elif char in " \t" and not quoted:
+            if started or slashes:
+                args.append(current + "\\" * slashes)
+            current, started, slashes = "", False, 0
+            continue
+        else:
+            current += "\\" * slashes + char
+        slashes, started = 0, True
+    if started or slashes:
+        args.append(current + "\\" * slashes)
+    return args
+
+
+def points_elsewhere(registered: list[str], ours: list[str], exists: Callable[[str], bool]) -> bool:
+    """Whether an entry that starts `registered` should be written again as `ours`: it is
+    not ours, and either its program is gone (a folder moved or deleted) or it is our
+    program with other arguments (another config). Pure; `exists` looks at the disk."""
+    if not registered or registered == ours:
+        return False
+    same_program = registered[0].lower() == ours[0].lower()
+    return same_program or not exists(registered[0])
 
 
 class Autostart:
@@ -130,13 +182,44 @@ class Autostart:
         if self.registry is not None:
             set_run_key(self.registry, self.command, enabled)
         elif enabled:
-            self.desktop_file.parent.mkdir(parents=True, exist_ok=True)
-            self.desktop_file.write_text(
-                "[Desktop Entry]\nType=Application\nName=vramgate\n"
-                "Comment=Local GPU inference server\n"
-                f"Exec={subprocess.list2cmdline(self.command)}\n"
-                "X-GNOME-Autostart-enabled=true\n",
-                encoding="utf-8",
-            )
+            self._write_desktop_file()
         else:
             self.desktop_file.unlink(missing_ok=True)
+
+    def registered(self) -> list[str] | None:
+        """The command the entry starts, as written; None without an entry."""
+        if self.registry is not None:
+            value = self.registry.read(RUN_KEY, VALUE_NAME)
+            return split_command(value) if isinstance(value, str) else None
+        if not self.desktop_file.is_file():
+            return None
+        text = self.desktop_file.read_text(encoding="utf-8", errors="replace")
+        lines = [line for line in text.splitlines() if line.startswith("Exec=")]
+        return split_command(lines[0].removeprefix("Exec=")) if lines else []
+
+    def repair(self, exists: Callable[[str], bool] = lambda p: Path(p).exists()) -> bool:
+        """Writes the entry again where it points elsewhere (`points_elsewhere`), leaving
+        whether Windows runs it (Task Manager's flag) as the person set it; whether it did."""
+        registered = self.registered()
+        if registered is None or not points_elsewhere(registered, self.command, exists):
+            return False
+        log.info("start at login pointed at %s; now %s", registered, self.command)
+        try:
+            if self.registry is not None:
+                self.registry.write(RUN_KEY, VALUE_NAME, subprocess.list2cmdline(self.command))
+            else:
+                self._write_desktop_file()
+        except OSError as exc:  # the tray starts all the same
+            log.warning("start at login could not be written again: %s", exc)
+            return False
+        return True
+
+    def _write_desktop_file(self) -> None:
+        self.desktop_file.parent.mkdir(parents=True, exist_ok=True)
+        self.desktop_file.write_text(
+            "[Desktop Entry]\nType=Application\nName=vramgate\n"
+            "Comment=Local GPU inference server\n"
+            f"Exec={subprocess.list2cmdline(self.command)}\n"
+            "X-GNOME-Autostart-enabled=true\n",
+            encoding="utf-8",
+        )
