@@ -118,6 +118,7 @@ class Monitor:
             restarts=sup.restarts,
             queue_full_delta=max(0, delta),
             previous=self.view,
+            failure=sup.failure,
         )
         if view != self.view:
             previous, self.view = self.view, view

@@ -11,6 +11,7 @@ left on it (connections in TIME_WAIT) may refuse Windows' exclusive bind for a w
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import logging.handlers
@@ -29,10 +30,13 @@ from typing import IO, Any
 
 from app.errors import EXIT_FATAL_DEVICE, EXIT_INVALID_SETTINGS, EXIT_PORT_IN_USE, EXIT_WEDGED
 from app.process.job_object import KillOnClose
+from tray.start_failures import StartFailure, diagnose
 
 log = logging.getLogger("vramgate.tray.supervisor")
 OUTPUT_LOG = "server-output.log"
 CONSOLE_EXE = "vramgate-cli"  # the bundle's console executable (app.spec)
+TAIL_LINES = 200  # a child's last output lines, read for a known start failure
+OUTPUT_CATCH_UP_S = 2.0  # its last lines may still be in the pipe when it has exited
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,7 @@ class Supervisor:
         self.message = ""
         self.restarts = 0
         self.last_exit: int | None = None
+        self.failure: StartFailure | None = None  # a known cause read from its output
         self._lock = threading.Lock()  # guards _child and the _stopping/_restart flags
         self._child: subprocess.Popen[str] | None = None
         self._stopping = False
@@ -162,6 +167,8 @@ class Supervisor:
         self._thread: threading.Thread | None = None
         self._output = _rotating_logger(log_dir / OUTPUT_LOG)
         self._job: KillOnClose | None = None  # Windows: the job object the child runs in
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._reader: threading.Thread | None = None  # copies the child's output
 
     @property
     def pid(self) -> int | None:
@@ -207,6 +214,9 @@ class Supervisor:
             code = child.wait()
             uptime = self.clock() - started
             self.last_exit = code
+            if self._reader is not None:
+                self._reader.join(OUTPUT_CATCH_UP_S)
+            self.failure = diagnose(self._tail)
             with self._lock:
                 if self._stopping:
                     return
@@ -218,6 +228,8 @@ class Supervisor:
                 continue
             decision = self.policy.decide(code, uptime)
             log.warning("server exited with code %d after %.1fs: %s", code, uptime, decision.reason)
+            if self.failure is not None:
+                log.warning("its output says why: %s", self.failure.text())
             if not decision.restart:
                 self._set("gave_up", decision.reason)
                 return
@@ -249,7 +261,12 @@ class Supervisor:
             self._child = child
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.write_text(str(child.pid))
-        threading.Thread(target=self._copy_output, args=(child.stdout,), daemon=True).start()
+        self._tail = collections.deque(maxlen=TAIL_LINES)  # this child's own
+        self.failure = None
+        self._reader = threading.Thread(
+            target=self._copy_output, args=(child.stdout, self._tail), daemon=True
+        )
+        self._reader.start()
         log.info("server started (pid %d): %s", child.pid, " ".join(self.command))
         self._set("running", "")
         return child
@@ -265,11 +282,12 @@ class Supervisor:
                 log.warning("the server will not end with the tray: job object: %s", exc)
         return self._job
 
-    def _copy_output(self, stream: IO[str] | None) -> None:
+    def _copy_output(self, stream: IO[str] | None, tail: collections.deque[str]) -> None:
         if stream is None:
             return
         for line in stream:
             self._output.info(line.rstrip("\n"))
+            tail.append(line)
 
     def _end(self, child: subprocess.Popen[str]) -> int | None:
         """Stop the child the way it can hear: the HTTP shutdown route (with the token:

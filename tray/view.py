@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tray.start_failures import StartFailure
+
 # starting: the server is not ready yet (or restarting); error: it failed or gave up.
 STATES = ("starting", "ready", "busy", "overloaded", "paused", "error")
 OVERLOADED_QUEUE_SHARE = 0.8
@@ -69,6 +71,15 @@ def gave_back_notice(gave_back: dict[str, Any] | None) -> Notice | None:
         f"vramgate gave {_gib(gave_back['bytes'])} GiB back to other programs (unloaded {models})"
     )
     return Notice(gave_back["at"], text)
+
+
+def gave_up_view(failure: StartFailure, reason: str, restarts: int) -> TrayView:
+    """The server could not start, for a known cause: the cause and a short fix in the
+    tooltip, the whole fix in the menu and once as a notification."""
+    tooltip = f"vramgate stopped: {failure.cause}; {failure.hint}"[:TOOLTIP_MAX]
+    lines = (f"Stopped: {failure.cause}", f"Fix: {failure.fix}", f"({reason})")
+    notice = Notice(float(restarts), f"vramgate stopped: {failure.text()}")
+    return TrayView(IconView("error", 0.0, 0), tooltip, lines, restarts=restarts, notice=notice)
 
 
 def state_of(status: dict[str, Any], rejected_queue_full_delta: int = 0) -> str:
@@ -159,10 +170,14 @@ def view_of(
     queue_full_delta: int = 0,
     now: float | None = None,
     previous: TrayView | None = None,
+    failure: StartFailure | None = None,
 ) -> TrayView:
     """The tray's view; `status` None means the server is not answering (yet). `now`: the
     poll's wall-clock time; `previous`: the last view, whose keep-alive ends are kept while
-    they agree with this poll's."""
+    they agree with this poll's. `failure`: a known cause read from the server's output,
+    said with its fix once the supervisor gave up."""
+    if supervisor_state == "gave_up" and failure is not None:
+        return gave_up_view(failure, supervisor_message, restarts)
     if supervisor_state in ("gave_up", "stopped") or status is None:
         state = "error" if supervisor_state == "gave_up" else "starting"
         word = supervisor_message or ("restarting" if restarts else "starting")
