@@ -325,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(pip_main(args_given[1:]))
     if getattr(sys, "frozen", False) and args_given[:1] == [RUNNER_COMMAND]:  # a model runner
-        from app.engines.llama_cpp import runner_main
+        from app.engines.llama_cpp.engine_builds import run_runner  # on the build it names
 
-        return runner_main.main()
+        return run_runner(args_given[1:])
 
     parser = build_parser()
     args = parser.parse_args(argv)

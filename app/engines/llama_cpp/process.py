@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from app.engines.llama_cpp import engine_builds
+from app.engines.llama_cpp.engine_builds import EngineBuild
 from app.process.job_object import popen_held
 
 log = logging.getLogger("vramgate.runner")
@@ -39,6 +41,11 @@ _BUFFER = re.compile(r"\b(\S+)\s+(model|KV|compute|output|RS) buffer size\s*=\s*
 _LISTENING = "listening on"  # server.cpp's last load line: "srv init: listening on ..."
 LOG_CATCH_UP_S = 2.0
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+
+
+# The build that imported, for each list of builds tried: later runners start on it at
+# once (a build that failed cannot import later in this process's life either).
+_WORKING: dict[tuple[EngineBuild, ...], EngineBuild] = {}
 
 
 class RunnerFailed(RuntimeError):
@@ -109,10 +116,20 @@ def runner_argv(module: str, frozen_command: str) -> list[str]:
 class RunnerProcess:
     """One runner: `start` blocks until its model is loaded (or it failed)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        builds: tuple[EngineBuild, ...] | None = None,
+    ) -> None:
         self.name = name
         self._argv = argv
         self._env = env
+        # the engine's builds to try in order (app.engines.llama_cpp.engine_builds)
+        self._builds = engine_builds.builds_here() if builds is None else builds
+        self.build: EngineBuild | None = None  # the one it runs on, once started
+        self._not_loaded: list[dict[str, str]] = []  # the builds that could not import
         self._proc: subprocess.Popen[str] | None = None
         self._lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
         # the load's log, kept whole until the model serves (then its footprint is read)
@@ -127,11 +144,60 @@ class RunnerProcess:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Start the runner and hand it `config`; returns its ready line."""
+        """Start the runner and hand it `config`; returns its ready line. A build of the
+        engine that cannot be imported here is left for the next (the CPU build a bundle
+        carries beside its CUDA build, for a PC without the NVIDIA driver)."""
+        ready = self._start_on_a_build(config, timeout_s)
+        if ready.get("engine") is False:
+            self.stop(grace_s=1.0)
+            raise EngineUnavailable(engine_unavailable_text(str(ready.get("error"))))
+        if "address" not in ready:
+            self.stop(grace_s=1.0)
+            raise RunnerFailed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
+        # stderr is another pipe: its last load lines may come just after the ready line
+        self._listening.wait(LOG_CATCH_UP_S)
+        with self._lock:
+            self._footprint = footprint_of(self._load_lines or [])
+            self._load_lines = None
+        return ready
+
+    def _start_on_a_build(self, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The ready line of a runner on the first build that imports (or the last
+        build's refusal)."""
+        builds = self._builds
+        order: list[EngineBuild | None] = [_WORKING[builds]] if builds in _WORKING else []
+        order = order or [*builds] or [None]
+        frozen = bool(getattr(sys, "frozen", False))
+        ready: dict[str, Any] = {}
+        for build in order:
+            if self._proc is not None:  # the build before could not import
+                self.stop(grace_s=1.0)
+                log.warning("%s: trying llama.cpp's %s build", self.name, build and build.kind)
+            argv = build.runner_argv(self._argv, frozen) if build is not None else self._argv
+            ready = self._launch(argv, config, timeout_s)
+            if ready.get("engine") is not False:
+                self.build = build
+                if build is not None:
+                    _WORKING[builds] = build
+                return ready
+            if build is not None:
+                self._not_loaded.append({"kind": build.kind, "error": str(ready.get("error"))})
+        return ready
+
+    def build_view(self) -> dict[str, Any]:
+        """Which build of llama.cpp it runs on, and those that could not load first
+        (for /status)."""
+        return {"kind": self.build.kind if self.build else None, "not_loaded": self._not_loaded}
+
+    def _launch(self, argv: list[str], config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """A runner started with `argv` and handed `config`; its ready line."""
         env = {**os.environ, **(self._env or {})}
+        with self._lock:
+            self._load_lines = []
+        self._listening.clear()
         # held by the server's job on Windows: ends with the server however it ends
         self._proc = popen_held(
-            self._argv,
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -147,19 +213,7 @@ class RunnerProcess:
         assert self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(config) + "\n")
         self._proc.stdin.flush()
-        ready = self._ready_line(timeout_s)
-        if ready.get("engine") is False:
-            self.stop(grace_s=1.0)
-            raise EngineUnavailable(engine_unavailable_text(str(ready.get("error"))))
-        if "address" not in ready:
-            self.stop(grace_s=1.0)
-            raise RunnerFailed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
-        # stderr is another pipe: its last load lines may come just after the ready line
-        self._listening.wait(LOG_CATCH_UP_S)
-        with self._lock:
-            self._footprint = footprint_of(self._load_lines or [])
-            self._load_lines = None
-        return ready
+        return self._ready_line(timeout_s)
 
     def _ready_line(self, timeout_s: float) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None

@@ -479,6 +479,8 @@ class LlamaRunnerModel(ModelHandler):
             "prefix_cache": self.spec.prefix_cache,  # its slots' prompt cache
             "prompt_cache_ram_bytes": self.prompt_cache_ram(),  # host RAM it may fill
             "runner_pid": self.runner_pid,
+            # which build of llama.cpp (cpu, cuda, ...), and those that could not load here
+            "engine_build": self._runner.build_view() if self._runner is not None else None,
             "runner_ended_because": self._ended_because,
             "runner_failures": self.runner_failures,
             "split": self.split.describe() if self.split is not None else None,
