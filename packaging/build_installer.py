@@ -59,6 +59,7 @@ def makensis_command(
     out: Path,
     icon: Path | None = None,
     sign: str | None = None,
+    target: str | None = None,
 ) -> list[str]:
     defines = {
         "VERSION": version,
@@ -70,6 +71,8 @@ def makensis_command(
         defines["ICON"] = str(icon)
     if sign:
         defines["SIGN"] = sign
+    if target:
+        defines["TARGET"] = target
     # -INPUTCHARSET: the script is UTF-8 (NSIS on Windows would read it as the ANSI page)
     return [
         makensis,
@@ -90,6 +93,7 @@ def build_installer(
     icon: Path | None = None,
     sign: str | None = None,
     makensis: str | None = None,
+    target: str | None = None,
 ) -> Path:
     """Builds the installer into `out_dir`; its path."""
     found = makensis or shutil.which("makensis")
@@ -109,6 +113,7 @@ def build_installer(
             out=out,
             icon=icon,
             sign=sign,
+            target=target,
         )
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -123,10 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavour", default="cuda")
     parser.add_argument("--icon", type=Path)
     parser.add_argument("--sign", help='a command that signs "%%1" in place')
+    parser.add_argument("--target", help="NSIS's stub: amd64-unicode (default), x86-unicode")
     args = parser.parse_args(argv)
     try:
         installer = build_installer(
-            args.bundle, args.out, flavour=args.flavour, icon=args.icon, sign=args.sign
+            args.bundle,
+            args.out,
+            flavour=args.flavour,
+            icon=args.icon,
+            sign=args.sign,
+            target=args.target,
         )
     except (RuntimeError, OSError, ValueError) as error:
         print(f"installer FAILED: {error}", file=sys.stderr)

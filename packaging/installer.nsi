@@ -6,6 +6,7 @@
 ;   BUNDLE_LIST  an include of the bundle's top-level entries, for the uninstaller
 ;   OUTFILE      the installer to write
 ;   ICON         the app's icon (optional)
+;   TARGET       the installer stub (optional; amd64-unicode unless given)
 ;   SIGN         a command that signs "%1" in place (optional: Authenticode with a
 ;                timestamp, packaging/README.md); signs the uninstaller and the installer
 ;
@@ -23,7 +24,14 @@
 ; folders of app/config/settings.py, platformdirs' on Windows).
 
 Unicode true
-Target amd64-unicode  ; the app is 64-bit only; Wine runs this stub without wine32
+; amd64-unicode: the app is 64-bit only, and Wine runs this stub without wine32. NSIS's
+; own Windows distribution has no amd64 stubs (Debian's package builds them): the Windows
+; runner passes TARGET=x86-unicode, a 32-bit installer that writes the same per-user
+; keys (HKCU's Run and Uninstall keys are shared by 32- and 64-bit programs).
+!ifndef TARGET
+  !define TARGET "amd64-unicode"
+!endif
+Target "${TARGET}"
 ManifestDPIAware true
 RequestExecutionLevel user
 SetCompressor /SOLID lzma

@@ -159,11 +159,19 @@ def test_windows_workflow_ships_a_release_that_can_be_published():
     imports = next(r for r in runs[wheel + 1 :] if "import xllamacpp" in r)
     assert "DLL load failed while importing xllamacpp" in imports  # the driver, and only it
     smoke = next(r for r in runs if "packaging/smoke_test.py" in r)
-    assert "--gguf-refused" in smoke  # in the mode a GPU-less runner allows
+    # issue 55: the bundle carries llama.cpp's CPU build, so a GPU-less runner streams the
+    # GGUF chat through it (it took --gguf-refused before)
+    assert "--gguf-refused" not in smoke
+    cpu_build = next(i for i, r in enumerate(runs) if "--target build/llama-cpu" in r)
+    assert cpu_build < wheel and "xllamacpp==$env:XLLAMACPP_VERSION" in runs[cpu_build]
     assets = next(r for r in runs if "packaging/release_assets.py" in r)
     assert "dist/vramgate" in assets
+    installer = next(r for r in runs if "packaging/build_installer.py" in r)
+    assert "dist/vramgate" in installer and "SHA256SUMS.txt" in installer
     release = jobs["release"]
     assert release["if"] == "startsWith(github.ref, 'refs/tags/v')"
     assert release["permissions"] == {"contents": "write"}
+    assert set(release["needs"]) == {"tests", "bundle"}  # never a release whose tests failed
     published = " ".join(step.get("run", "") for step in release["steps"])
     assert "gh release create" in published and "SHA256SUMS.txt" in published
+    assert "packaging/release_notes.py assets --cuda" in published
