@@ -171,7 +171,12 @@ def test_windows_workflow_ships_a_release_that_can_be_published():
     release = jobs["release"]
     assert release["if"] == "startsWith(github.ref, 'refs/tags/v')"
     assert release["permissions"] == {"contents": "write"}
-    assert set(release["needs"]) == {"tests", "bundle"}  # never a release whose tests failed
+    assert {"tests", "bundle"} <= set(release["needs"])  # never a release whose tests failed
+    # the CPU flavour's installer (every PC's) beside the CUDA zips, in the release
+    assert "bundle-cpu" in release["needs"]
+    cpu_runs = " ".join(step.get("run", "") for step in jobs["bundle-cpu"]["steps"])
+    assert "build_installer.py dist/vramgate assets --flavour cpu" in cpu_runs
+    assert "smoke_test.py dist/vramgate --gguf" in cpu_runs
     published = " ".join(step.get("run", "") for step in release["steps"])
     assert "gh release create" in published and "SHA256SUMS.txt" in published
     assert "packaging/release_notes.py assets --cuda" in published
