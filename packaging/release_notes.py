@@ -32,6 +32,20 @@ def min_driver(cuda_versions: list[str]) -> str:
     return max(drivers, key=lambda d: tuple(int(p) for p in d.split(".")))
 
 
+FLAVOURS = {
+    "cpu": "any PC: models run on the processor",
+    "cuda": "NVIDIA GPUs",
+    "": "this build",
+}
+
+
+def flavour_of(installer: str) -> str:
+    """`vramgate-<version>-windows-<flavour>-setup.exe`'s flavour (packaging/build_installer.py)."""
+    stem = installer.removesuffix("-setup.exe")
+    flavour = stem.rpartition("-windows-")[2]
+    return flavour if flavour in FLAVOURS else ""
+
+
 def asset_rows(assets: Path) -> list[str]:
     rows = ["| file | size | SHA-256 |", "|---|---|---|"]
     for path in sorted(p for p in assets.iterdir() if p.is_file()):
@@ -46,8 +60,9 @@ def notes(assets: Path, cuda_versions: list[str]) -> str:
     zips = [n for n in names if n.endswith(".zip")]
     paragraphs = ["## Windows"]
     if installers:
+        which = " or ".join(f"`{name}` ({FLAVOURS[flavour_of(name)]})" for name in installers)
         paragraphs.append(
-            f"Download `{installers[0]}` and run it: it installs for you alone into "
+            f"Download {which} and run it: it installs for you alone into "
             "`%LOCALAPPDATA%\\Programs\\vramgate`, with no administrator rights, a Start menu "
             "entry and an entry in Settings > Apps to uninstall it (your models and logs are "
             "kept unless you ask)."
