@@ -28,8 +28,9 @@ from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
-from app.engines.llama_cpp.kv_pool import KvPool, plan_pool
-from app.engines.llama_cpp.layer_split import LayerSplit, plan_split
+from app.engines.llama_cpp.kv_pool import KvPool
+from app.engines.llama_cpp.layer_split import LayerSplit
+from app.engines.llama_cpp.load_plan import SLOT_CONTEXT, LoadSettings, plan_kv_pool, split_for
 from app.engines.llama_cpp.process import (
     EngineUnavailable,
     Footprint,
@@ -48,7 +49,6 @@ log = logging.getLogger("vramgate.llama_cpp")
 LOAD_TIMEOUT_S = 600.0
 MEASURED_ON = ("cpu", "cuda")  # where the engine's log measures a load (not simulated)
 STOP_GRACE_S = 5.0
-SLOT_CONTEXT = 4096  # a request's cells where neither the setting nor the file names any
 CACHE_REUSE = 256  # llama.cpp --cache-reuse: the least chunk reused by shifting its KV
 PROMPT_CACHE_MAX = 8 * 2**30  # the default host prompt cache's largest: llama.cpp's own
 PROMPT_CACHE_SHARE = 4  # the default takes at most a quarter of the host RAM available
@@ -115,25 +115,12 @@ class LlamaRunnerModel(ModelHandler):
     def planned_pool(self, device: Device, free_bytes: int | None = None) -> KvPool:
         """Its KV pool on `device`: as big as the spec and the file want, shrunk to fit
         in `free_bytes` with every layer there (down to the pool's floor)."""
-        facts = self.facts()
-        per_token = facts.kv_bytes_per_token(self.spec.kv_cache_type)
-        budget = self.spec.kv_budget
-        budget_cells = int(budget) // max(per_token, 1) if budget is not None else None
-
-        def fits(cells: int) -> bool:
-            if free_bytes is None:
-                return True
-            split = self._split_for(device, cells, free_bytes)
-            if split.accelerator and self.spec.gpu_layers == "auto":
-                return split.on_device >= split.layers
-            return split.device_bytes <= free_bytes
-
-        return plan_pool(
-            facts.context_length or SLOT_CONTEXT,
-            context=self.spec.max_context,
-            parallel=self.spec.parallel,
-            budget_cells=budget_cells,
-            fits=fits,
+        return plan_kv_pool(
+            self.facts(),
+            self.load_settings(),
+            accelerator=device.kind != "cpu",  # a simulated GPU is split like a real one
+            free_bytes=free_bytes,
+            learned=lambda cells, layers: self._learned(device, cells, layers),
         )
 
     def planned_split(self, device: Device, free_bytes: int | None = None) -> LayerSplit:
@@ -143,26 +130,23 @@ class LlamaRunnerModel(ModelHandler):
         return self._split_for(device, pool.cells, free_bytes)
 
     def _split_for(self, device: Device, cells: int, free_bytes: int | None) -> LayerSplit:
-        """The layers beside `cells` KV cells: from the GGUF's own geometry, corrected by
-        what a load of the same settings measured once there is one (`loads`)."""
-        facts = self.facts()
+        """The layers beside `cells` KV cells (app.engines.llama_cpp.load_plan)."""
+        return split_for(
+            self.facts(),
+            self.load_settings(),
+            cells,
+            accelerator=device.kind != "cpu",
+            free_bytes=free_bytes,
+            learned=lambda cells, layers: self._learned(device, cells, layers),
+        )
 
-        def plan(scale: float) -> LayerSplit:
-            return plan_split(
-                facts,
-                kv_type=self.spec.kv_cache_type,
-                cells=cells,
-                accelerator=device.kind != "cpu",  # a simulated GPU is split like a real one
-                free_bytes=free_bytes,
-                gpu_layers=self.spec.gpu_layers,
-                scale=scale,
-            )
-
-        estimate = plan(1.0)
-        learned = self._learned(device, cells, estimate.on_device)
-        if learned is None or estimate.device_bytes <= 0:
-            return estimate
-        return plan(learned / estimate.device_bytes)
+    def load_settings(self) -> LoadSettings:
+        """What its config entry says about its load."""
+        spec = self.spec
+        budget = int(spec.kv_budget) if spec.kv_budget is not None else None
+        return LoadSettings(
+            spec.kv_cache_type, spec.max_context, spec.parallel, budget, spec.gpu_layers
+        )
 
     def _load_config(self, cells: int, layers: int) -> str:
         """The settings that size a load, as the ledger keeps them."""
