@@ -1,5 +1,6 @@
 """The `vramgate` command: `tray` (the default), `serve` (the server alone), and the
-commands of app.store.manage: `pull` (fetch a model), `list`, `ps`, `rm`, `status`."""
+commands of app.store.manage: `pull` (fetch a model), `fits` (which model fits here),
+`list`, `ps`, `rm`, `status`."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from app.process.ports import listener, port_free
 from app.store.fetch import PIP_COMMAND
 
 log = logging.getLogger("vramgate.cli")
-MANAGE = ("status", "pull", "list", "ps", "rm")  # their code: app.store.manage
+MANAGE = ("status", "pull", "fits", "list", "ps", "rm")  # their code: app.store.manage
 _SKIP = {"models"}
 
 
@@ -115,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="model kind (default: detected from the files)",
     )
-    pull.add_argument("--force", action="store_true", help="replace a model folder of that name")
+    pull.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a model folder of that name; pull a model that cannot fit here too",
+    )
     pull.add_argument(
         "--convert",
         action="store_true",
@@ -129,9 +134,34 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TOML config file to add the model to [default {default_config_file()}]",
     )
     pull.add_argument("--models-dir", type=Path, default=None, help="where models go")
+    _add_fits_command(commands)
     _add_model_commands(commands, pull)
     cluster_command.add_parser(commands, _add_settings_flags)
     return parser
+
+
+def _add_fits_command(commands: Any) -> None:
+    fits = commands.add_parser(
+        "fits",
+        help="which quantisation of a GGUF model fits this machine, before the download",
+        description="SOURCE as pull takes it: a Hugging Face repo of GGUF files "
+        "(hf:ORG/NAME[:QUANT]), one of Ollama's library names (qwen3:4b), or a .gguf file. "
+        "Each quantisation the repo lists, with its bytes (weights, KV at the context, "
+        "compute buffers) as its load would plan them, against the device's measured free "
+        "memory now and the most it has: on the GPU, with some layers on the CPU, or not "
+        "at all. Only the header of the one pull fetches is downloaded (HTTP Ranges). A "
+        "running server (--url) answers for its device; else this machine is measured here.",
+    )
+    fits.add_argument("source", metavar="SOURCE")
+    fits.add_argument(
+        "--context", type=int, default=None, help="a request's tokens (default: the model's)"
+    )
+    fits.add_argument("--json", action="store_true", help="print the raw JSON")
+    fits.add_argument("--config", type=Path, default=None, help="TOML config file")
+    fits.add_argument("--models-dir", type=Path, default=None, help="the models folder")
+    fits.add_argument(
+        "--url", default=None, help="a running server's address (default: from settings)"
+    )
 
 
 def _add_model_commands(commands: Any, pull: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """Admin routes for the tray, the dashboard and the CLI: pause/resume, load/unload, pull,
-reread the model list. Loopback callers only."""
+which model fits, reread the model list. Loopback callers only."""
 
 from __future__ import annotations
 
@@ -18,12 +18,20 @@ from app.api.intake import (
     fleet_of,
 )
 from app.config.settings import MODEL_NAME_PATTERN, ConfigSource
-from app.errors import Conflict, Forbidden, InvalidRequest, ModelNotFound, UnsafeSource
+from app.errors import (
+    Conflict,
+    ExceedsDevice,
+    Forbidden,
+    InvalidRequest,
+    ModelNotFound,
+    UnsafeSource,
+)
+from app.store.fits import fits, machine_from_status, pull_refusal, said
 from app.store.folders import remove_model
 from app.store.manage import model_folder
 from app.store.progress import EventProgress
 from app.store.pull import pull
-from app.store.sources import PullError, SourceRefused, UnknownName, parse_source
+from app.store.sources import PullError, Source, SourceRefused, UnknownName, parse_source
 
 log = logging.getLogger("vramgate.admin")
 
@@ -120,7 +128,7 @@ class PullBody(BaseModel):
         Literal["embedding", "generation", "rerank", "diffusion", "speech", "speech_synthesis"]
         | None
     ) = None
-    force: bool = False
+    force: bool = False  # replace a model of that name; pull one that cannot fit here too
 
 
 @router.post("/models/pull", response_class=StreamingResponse)
@@ -129,16 +137,34 @@ async def pull_model(request: Request, body: PullBody) -> StreamingResponse:
     and serve it. The answer streams progress as NDJSON, in the shape of Ollama's pull:
     `{"status": ...}` for steps, with `total` and `completed` bytes while copying, then
     `{"status": "success", "model": NAME}` or `{"error": ...}`. One pull at a time."""
-    events = start_pull(request, body)
+    events = await start_pull(request, body)
     return StreamingResponse(ndjson(events), media_type="application/x-ndjson")
 
 
-def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any] | None]:
-    """Start a pull in the background (it goes on if the caller leaves); its events come
-    through the queue, None last. Bad input is refused here, before anything starts."""
-    source = _config_source(request)
+@router.get("/models/fits")
+async def model_fits(
+    request: Request,
+    source: str = Query(min_length=1, max_length=4096, description="as `vramgate pull` takes it"),
+    context: int | None = Query(None, ge=16, le=2**20, description="a request's tokens"),
+) -> dict[str, Any]:
+    """Which quantisation of a GGUF model fits here, before its download (app.store.fits):
+    each one's bytes, planned as its load plans them, against this device's measured free
+    memory now and the most it has; `chosen` is what a pull fetches, `refusal` why a pull
+    of it would be refused."""
+    _parsed(source)
+    machine = machine_from_status(fleet_of(request).status())
     try:
-        parse_source(body.source)
+        found = await asyncio.to_thread(fits, source, machine, context)
+    except PullError as exc:
+        raise InvalidRequest(str(exc), param="source") from exc
+    said_of = {q.label: {"now": said(q.now), "most": said(q.most)} for q in found.quants}
+    return {**found.as_dict(), "said": said_of, "refusal": found.refusal()}
+
+
+def _parsed(text: str) -> Source:
+    """A pull's source as `vramgate pull` reads it; bad input is a 4xx that says why."""
+    try:
+        return parse_source(text)
     except SourceRefused as exc:
         raise UnsafeSource(str(exc), param="source") from exc
     except UnknownName as exc:  # as Ollama answers a name its library lacks
@@ -147,6 +173,19 @@ def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any]
         ) from exc
     except PullError as exc:
         raise InvalidRequest(str(exc), param="source") from exc
+
+
+async def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str, Any] | None]:
+    """Start a pull in the background (it goes on if the caller leaves); its events come
+    through the queue, None last. Bad input is refused here, before anything starts, and
+    a Hub GGUF that cannot fit on this machine at all (app.store.fits.pull_refusal: 413,
+    with the bytes it needs and the most there is) unless `force`."""
+    source = _config_source(request)
+    if _parsed(body.source).kind == "hub" and not body.force:
+        machine = machine_from_status(fleet_of(request).status())
+        refused = await asyncio.to_thread(pull_refusal, body.source, machine)
+        if refused is not None:
+            raise ExceedsDevice(refused, param="source")
     if request.app.state.pulling is not None:
         raise Conflict("a pull is under way; wait for it to end")
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

@@ -1,13 +1,18 @@
 """What a GGUF file says about itself, read from its header without loading it: the
 geometry the gate prices a llama.cpp load from (bytes per layer, KV bytes per token),
-its trained context and its chat template (the model card's)."""
+its trained context and its chat template (the model card's). A file on this disk is
+read by gguf's reader; a file on the Hub from its header's bytes (app.engines.gguf_header);
+both through `facts_of`."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from app.engines.gguf_header import GgufHeader
 
 # KV element sizes by llama.cpp cache type: f16 2 bytes; q8_0 34 bytes a block of 32;
 # q4_0 18 bytes a block of 32 (ggml.c's type traits)
@@ -57,41 +62,64 @@ def read_gguf_facts(path: Path) -> GgufFacts:
     except Exception as exc:  # gguf raises ValueError, struct errors, OSError alike
         raise ValueError(f"{path.name} is not a GGUF file gguf can read: {exc}") from exc
 
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str) -> Any:
         field = reader.fields.get(key)
-        return default if field is None else _value(field)
+        return None if field is None else _value(field)
 
-    arch = str(get("general.architecture", ""))
+    tensors = [(tensor.name, int(tensor.n_bytes)) for tensor in reader.tensors]
+    return facts_of(get, tensors, path.stat().st_size, path.name)
+
+
+def header_facts(
+    header: GgufHeader, tensors: Iterable[tuple[str, int]], file_bytes: int, name: str
+) -> GgufFacts:
+    """The facts of a GGUF read from its header's bytes alone (app.engines.gguf_header):
+    its metadata, and the tensors of all its files (a split GGUF's shards list their own),
+    `file_bytes` the files' sizes together."""
+    return facts_of(header.metadata.get, tensors, file_bytes, name)
+
+
+def facts_of(
+    get: Callable[[str], Any], tensors: Iterable[tuple[str, int]], file_bytes: int, name: str
+) -> GgufFacts:
+    """The facts from a GGUF's metadata (`get(key)`, None where it lacks the key) and its
+    tensors' names and bytes, however they were read."""
+
+    def read(key: str, default: Any = None) -> Any:
+        found = get(key)
+        return default if found is None else found
+
+    arch = str(read("general.architecture", ""))
     if not arch:
-        raise ValueError(f"{path.name} names no architecture (general.architecture)")
-    layers = int(get(f"{arch}.block_count", 0))
-    heads = int(get(f"{arch}.attention.head_count", 1) or 1)
-    kv_heads_value = get(f"{arch}.attention.head_count_kv", heads)
+        raise ValueError(f"{name} names no architecture (general.architecture)")
+    layers = int(read(f"{arch}.block_count", 0))
+    heads = int(read(f"{arch}.attention.head_count", 1) or 1)
+    kv_heads_value = read(f"{arch}.attention.head_count_kv", heads)
     kv_heads = int(max(kv_heads_value) if isinstance(kv_heads_value, list) else kv_heads_value)
-    width = int(get(f"{arch}.embedding_length", 0))
-    key_length = int(get(f"{arch}.attention.key_length", width // heads if heads else 0))
-    value_length = int(get(f"{arch}.attention.value_length", key_length))
+    width = int(read(f"{arch}.embedding_length", 0))
+    key_length = int(read(f"{arch}.attention.key_length", width // heads if heads else 0))
+    value_length = int(read(f"{arch}.attention.value_length", key_length))
     per_layer = [0] * layers
     other = 0
-    for tensor in reader.tensors:
-        found = _BLOCK.match(tensor.name)
+    for tensor, nbytes in tensors:
+        found = _BLOCK.match(tensor)
         if found is not None and int(found.group(1)) < layers:
-            per_layer[int(found.group(1))] += int(tensor.n_bytes)
+            per_layer[int(found.group(1))] += nbytes
         else:
-            other += int(tensor.n_bytes)
-    template = get("tokenizer.chat_template")
+            other += nbytes
+    template = read("tokenizer.chat_template")
     return GgufFacts(
         architecture=arch,
         layers=layers,
-        context_length=int(get(f"{arch}.context_length", 0) or 0),
+        context_length=int(read(f"{arch}.context_length", 0) or 0),
         width=width,
         kv_width=kv_heads * (key_length + value_length),
         layer_bytes=tuple(per_layer),
         other_bytes=other,
         chat_template=template if isinstance(template, str) else None,
-        file_bytes=path.stat().st_size,
-        quantization=_file_type(get("general.file_type")),
-        pooling=_POOLING.get(int(get(f"{arch}.pooling_type", -1) or -1)),
+        file_bytes=file_bytes,
+        quantization=_file_type(read("general.file_type")),
+        pooling=_POOLING.get(int(read(f"{arch}.pooling_type", -1) or -1)),
     )
 
 

@@ -1,5 +1,5 @@
-"""The commands that manage models and look at a running server: `pull`, `list`, `ps`,
-`rm` and `status`. They read the config as the server does, and talk to a running
+"""The commands that manage models and look at a running server: `pull`, `fits`,
+`list`, `ps`, `rm` and `status`. They read the config as the server does, and talk to a running
 server over its own HTTP API (with its token where one is set): `pull` and `rm` ask it
 to read its model list again, so that it serves the change without a restart."""
 
@@ -9,14 +9,17 @@ import argparse
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from app.config.settings import ModelSpec, Settings, config_path, load_settings
+from app.errors import VramgateError
 from app.store.folders import remove_model
 from app.store.pull import PullError, pull
+from app.store.sources import parse_source
 
 MiB = 2**20
 
@@ -231,6 +234,10 @@ def status_command(args: argparse.Namespace) -> int:
 def pull_command(args: argparse.Namespace) -> int:
     try:
         settings, config_file = _settings(args)
+        refused = None if args.force else _pull_refusal(args.source, settings, args.url)
+        if refused is not None:
+            _err(f"vramgate pull: {refused}")
+            return 1
         pull(
             args.source,
             settings,
@@ -244,6 +251,44 @@ def pull_command(args: argparse.Namespace) -> int:
         _err(f"vramgate pull: {exc}")
         return 1
     Server(settings, args.url).reread(print)
+    return 0
+
+
+def _pull_refusal(text: str, settings: Settings, url: str | None) -> str | None:
+    """Why a pull of `text` is refused before its download (app.store.fits): against the
+    running server's device as its /status says, else this machine's measured here."""
+    from app.store.fits import machine_from_status, machine_here, pull_refusal
+
+    if parse_source(text).kind != "hub":
+        return None
+    try:
+        status = Server(settings, url).call("/status")
+    except ServerError:
+        status = None
+    try:
+        machine = machine_from_status(status) if status else machine_here(settings)
+    except (VramgateError, OSError, RuntimeError):  # no device to measure: not refused here
+        return None
+    return pull_refusal(text, machine)
+
+
+def fits_command(args: argparse.Namespace) -> int:
+    """Each quantisation of a GGUF model and where it fits here: as the running server
+    answers it (its device, measured), else planned against this machine measured here."""
+    from app.store.fits import Fits, fits, format_fits, machine_here
+
+    try:
+        settings, _ = _settings(args)
+        asked = {"source": args.source} | ({"context": args.context} if args.context else {})
+        path = "/admin/models/fits?" + urllib.parse.urlencode(asked)
+        document = Server(settings, args.url).call(path, timeout=300)
+        if document is None:  # no server: this machine, measured here
+            found = fits(args.source, machine_here(settings), args.context)
+            document = {**found.as_dict(), "refusal": found.refusal()}
+    except (PullError, ServerError, ValueError, OSError) as exc:
+        _err(f"vramgate fits: {exc}")
+        return 1
+    print(json.dumps(document, indent=2) if args.json else format_fits(Fits.of(document)))
     return 0
 
 

@@ -1,10 +1,10 @@
 """A Hugging Face hub of our own on loopback (point `HF_ENDPOINT` at `Hub.url`): the routes
 huggingface_hub calls to list a repo (`/api/models/ORG/NAME[/revision/REV]` with its
 files' sizes, and its tree) and to fetch a file (`/ORG/NAME/resolve/REV/PATH`, HEAD and
-GET, with HTTP Range). It counts the bytes it sends per file and keeps the Range headers
-it was sent; a file can be set to stall after N bytes (a pull killed there resumes), to
-pause after N bytes until the test lets it go on, or to come with more bytes than its
-listing says."""
+GET, with HTTP Range: `bytes=N-` for the rest, `bytes=A-B` for a part, as a GGUF header is
+read). It counts the bytes it sends per file and keeps the Range headers it was sent; a
+file can be set to stall after N bytes (a pull killed there resumes), to pause after N
+bytes until the test lets it go on, or to come with more bytes than its listing says."""
 
 from __future__ import annotations
 
@@ -125,12 +125,15 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
 
     def _file(self, repo: str, file: str, content: bytes) -> None:
         key = f"{repo}/{file}"
-        start = 0
+        start, end = 0, len(content) - 1
         wanted = self.headers.get("Range")
         if wanted is not None:
             self.hub.ranges.append((key, wanted))
-            start = int(re.match(r"bytes=(\d+)-", wanted)[1])  # type: ignore[index]
-        body = content[start:] + b"\0" * self.hub.oversend.get(key, 0)
+            asked = re.match(r"bytes=(\d+)-(\d*)", wanted)
+            start = int(asked[1])  # type: ignore[index]
+            if asked[2]:  # type: ignore[index]  # a closed range: `bytes=0-1048575`
+                end = min(int(asked[2]), end)  # type: ignore[index]
+        body = content[start : end + 1] + b"\0" * self.hub.oversend.get(key, 0)
         self.send_response(206 if wanted else 200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
@@ -138,7 +141,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("ETag", f'"{hashlib.sha1(content).hexdigest()}"')
         self.send_header("X-Repo-Commit", self.hub.commit(repo))
         if wanted:
-            self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(content)}")
         self.end_headers()
         if self.command == "HEAD":
             return

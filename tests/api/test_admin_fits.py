@@ -1,0 +1,105 @@
+"""GET /admin/models/fits and a pull refused before its download, over HTTP on a live
+server, the Hub on loopback (tests/support/hub.py) holding SmolLM2's real GGUF: the
+verdicts follow the simulated device's free memory, a pull that could fit nowhere is a
+413 with its numbers (the Ollama client's too) and only the header came, `force` pulls
+it anyway; and on the CPU the answer is what the real load of the same file measures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from ollama import Client, ResponseError
+
+from app.config.settings import ConfigSource, ModelSpec
+from app.store import fits as fits_module
+from tests.support.hub import Hub
+from tests.support.live import live_server, make_settings
+
+MiB = 2**20
+REPO = "Org/Smol-GGUF"
+SMOL = "SmolLM2-135M-Instruct-Q4_1.gguf"
+
+
+@pytest.fixture
+def hub(smollm2_gguf, monkeypatch) -> Iterator[Hub]:
+    from huggingface_hub import constants
+
+    with Hub() as hub:
+        hub.add(REPO, {SMOL: smollm2_gguf.read_bytes()})
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # as HF_ENDPOINT sets it
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        yield hub
+
+
+def pulling_server(tmp_path: Path, device: str) -> tuple[ConfigSource, object]:
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nname = "sim"\nkind = "simulated"\nload = "startup"\n')
+    source = ConfigSource(config, {"device": device, "models_dir": tmp_path / "models"})
+    settings = make_settings(tmp_path, device=device, models=source.settings().models)
+    return source, settings
+
+
+def test_the_verdicts_follow_the_devices_free_memory(hub, tmp_path):
+    source, settings = pulling_server(tmp_path, "simulated:256MiB")
+    with live_server(settings, models_source=source) as live:
+        asked = {"source": f"hf:{REPO}", "context": 2048}
+        first = httpx.get(live.url + "/admin/models/fits", params=asked, timeout=60).json()
+        assert first["chosen"] == "Q4_1" and first["repo"] == REPO
+        fit = first["quants"][0]
+        assert (fit["now"]["verdict"], fit["most"]["verdict"]) == ("gpu", "gpu")
+        assert first["said"]["Q4_1"]["now"].startswith("fits on the GPU, 2048 tokens")
+        assert first["header_bytes"] == hub.sent[f"{REPO}/{SMOL}"] <= 2 * MiB
+        live.service.device.set_external(200 * MiB)  # another program takes 200 MiB
+        taken = httpx.get(live.url + "/admin/models/fits", params=asked, timeout=60).json()
+        now = taken["quants"][0]["now"]
+        assert now["verdict"] == "split" and 0 < now["gpu_layers"] < now["layers"] == 30
+        assert now["room_bytes"] < first["quants"][0]["now"]["room_bytes"] - 190 * MiB
+        assert taken["quants"][0]["most"]["verdict"] == "gpu"
+        missing = httpx.get(live.url + "/admin/models/fits", params={"source": "llama9"})
+        assert missing.status_code == 404 and "llama3.2" in missing.json()["error"]["message"]
+
+
+def test_a_pull_that_could_fit_nowhere_is_a_413_before_its_download(hub, tmp_path, monkeypatch):
+    """A 64 MiB device beside 32 MiB of RAM (the reading patched: this machine has more):
+    SmolLM2 needs 155 MiB at the least. Ollama's client gets the 413 and its numbers; the
+    Hub sent its header only; `force` pulls it anyway."""
+    monkeypatch.setattr(fits_module, "host_memory", lambda: (16 * MiB, 32 * MiB))
+    source, settings = pulling_server(tmp_path, "simulated:64MiB")
+    with live_server(settings, models_source=source) as live:
+        with pytest.raises(ResponseError) as refused:
+            Client(host=live.url).pull(f"hf.co/{REPO}")
+        assert refused.value.status_code == 413
+        said = refused.value.error
+        assert "cannot fit on this machine at all" in said and "--force" in said
+        assert "0.06 GiB (67108864 bytes) on Simulated" in said  # the most it has
+        assert set(hub.sent) == {f"{REPO}/{SMOL}"} and hub.sent[f"{REPO}/{SMOL}"] <= 2 * MiB
+        assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+        hub.reset()
+        body = {"source": f"hf:{REPO}", "force": True}
+        with httpx.stream("POST", live.url + "/admin/models/pull", json=body, timeout=120) as r:
+            last = [line for line in r.iter_lines() if line][-1]
+        assert '"status": "success"' in last, last
+        assert hub.sent[f"{REPO}/{SMOL}"] == len(hub.repos[REPO][SMOL])
+
+
+@pytest.mark.slow  # a real llama.cpp load of SmolLM2
+def test_the_answer_is_what_the_real_load_measures(hub, smollm2_gguf, tmp_path):
+    """On the CPU, the bytes the answer plans for SmolLM2 at a 2,048 context (weights, its
+    KV pool, compute buffers) against the same file loaded by llama.cpp with the same
+    context: its pool's cells the same, its bytes (what the engine's log reported
+    allocating) within 10%."""
+    spec = ModelSpec(
+        name="smol", kind="generation", path=smollm2_gguf, context_length=2048, load="startup"
+    )
+    settings = make_settings(tmp_path, device="cpu", models=(spec,))
+    with live_server(settings) as live:
+        asked = {"source": f"hf:{REPO}", "context": 2048}
+        answer = httpx.get(live.url + "/admin/models/fits", params=asked, timeout=60).json()
+        planned = answer["quants"][0]["now"]
+        row = next(m for m in live.status()["models"] if m["name"] == "smol")
+    measured = row["measured"]["device_bytes"] + row["measured"]["host_bytes"]
+    assert planned["verdict"] == "cpu" and planned["kv_cells"] == row["kv_cells"]
+    assert abs(planned["device_bytes"] - measured) <= 0.10 * measured, (planned, measured)
