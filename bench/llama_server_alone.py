@@ -8,9 +8,13 @@ prompt cache) so the two differ only by vramgate's path. Lives until killed.
     python bench/llama_server_alone.py MODEL.gguf --port 8090 --runner '{"n_ctx": 32768, ...}'
 
 `--unified`: one KV pool of context x parallel cells that every slot draws from (a split
-KV gives each slot its own context cells). `--runner`: exactly the settings vramgate's
-runner is started with (app.engines.llama_cpp.runner_main.params_of), without its key:
-what they cost, apart from vramgate's path (bench/kv_shapes.py).
+KV gives each slot its own context cells). `--speculative`: speculative decoding set by
+hand, as vramgate's runner sets it (app.engines.llama_cpp.runner_main.speculate, e.g.
+'{"kind": "ngram-mod", "match": 24, "draft_min": 48, "draft_max": 64}'; none by default,
+as llama.cpp's own). `--threads`: CPU threads (llama.cpp's default: all cores).
+`--runner`: exactly the settings vramgate's runner is started with
+(app.engines.llama_cpp.runner_main.params_of), without its key: what they cost, apart
+from vramgate's path (bench/kv_shapes.py).
 """
 
 from __future__ import annotations
@@ -56,11 +60,19 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--unified", action="store_true", help="one KV pool for all slots")
     parser.add_argument("--runner", metavar="JSON", help="vramgate's runner settings instead")
+    parser.add_argument("--speculative", metavar="JSON", help="speculative decoding by hand")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: llama.cpp's)")
     args = parser.parse_args()
     if args.runner:
         params = runner_params(args.model, json.loads(args.runner))
     else:
         params = plain_params(args.model, args.context, args.parallel, args.unified)
+    if args.speculative:
+        from app.engines.llama_cpp.runner_main import speculate
+
+        speculate(params, json.loads(args.speculative))
+    if args.threads > 0:
+        params.cpuparams.n_threads = params.cpuparams_batch.n_threads = args.threads
     params.hostnames = ["127.0.0.1"]
     params.port = args.port
     server = xlc.Server(params)

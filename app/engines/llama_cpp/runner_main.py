@@ -68,6 +68,8 @@ def params_of(config: dict[str, Any]) -> Any:
         p.n_batch = p.n_ubatch = int(config["n_ctx"]) // int(config["parallel"])
     else:  # a prefill reports its progress after each batch: the server's beats
         p.n_batch = min(PROMPT_BATCH, int(config["n_ctx"]))
+    if config.get("speculative"):
+        speculate(p, config["speculative"])
     p.use_jinja = True
     p.endpoint_slots = True
     p.endpoint_props = True
@@ -77,6 +79,26 @@ def params_of(config: dict[str, Any]) -> Any:
     p.api_keys = [config["key"]]
     p.verbosity = 4  # the buffer sizes it allocates are logged at 4 only
     return p
+
+
+def speculate(p: Any, settings: dict[str, Any]) -> None:
+    """Draft-free speculative decoding on `p` as `settings` say: `kind`, llama.cpp's
+    --spec-type name (ngram-mod, ngram-simple, ngram-map-k, ngram-map-k4v); `match`, the
+    tokens a draft's n-gram matches; `draft_min` and `draft_max`, a draft's tokens (the
+    map kinds have no fewest). The runner's settings carry them as `speculative`;
+    bench/llama_server_alone.py --speculative takes the same."""
+    import xllamacpp as xlc
+
+    kind = str(settings["kind"])
+    name = "COMMON_SPECULATIVE_TYPE_" + kind.upper().replace("-", "_")
+    p.speculative.types = [getattr(xlc.common_speculative_type, name)]
+    low, high, match = (int(settings[k]) for k in ("draft_min", "draft_max", "match"))
+    if kind == "ngram-mod":
+        mod = p.speculative.ngram_mod
+        mod.n_match, mod.n_min, mod.n_max = match, low, high
+    elif kind.startswith("ngram-"):  # ngram-simple, ngram-map-k, ngram-map-k4v
+        found = getattr(p.speculative, kind.replace("-", "_"))
+        found.size_n, found.size_m = match, high
 
 
 def main() -> int:
