@@ -33,6 +33,28 @@ class Exercises:
     prompts: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class LoadProgress:
+    """How far a model's load has come, as its engine can tell: the phase it is in (of
+    how many) and the bytes it holds so far against those it was planned to take. What
+    /status shows of a loading model and its load's log lines (app.core.lifecycle.
+    load_watch) come from it."""
+
+    phase: str  # in words: "loading the weights"
+    step: int | None = None  # the phase's place, from 1
+    steps: int | None = None
+    held_bytes: int | None = None  # what the load holds so far, measured
+    planned_bytes: int | None = None  # what it was planned to take
+
+    @property
+    def fraction(self) -> float | None:
+        """The bytes held of those planned, below 1 until the load is done (None where
+        either is unknown)."""
+        if self.held_bytes is None or not self.planned_bytes:
+            return None
+        return round(min(max(self.held_bytes / self.planned_bytes, 0.0), 0.99), 3)
+
+
 # What identifies a model's weights: every file's name, size and modification time, and
 # the bytes of the small files that describe it (config.json and the like).
 _DESCRIBING = {".json", ".txt", ".model", ".yaml", ".yml"}
@@ -161,6 +183,11 @@ class ModelHandler(ABC):
     def weights_bytes(self) -> int:
         """Bytes of the loaded weights as its engine counts them; 0 when unloaded."""
         return 0
+
+    def load_progress(self) -> LoadProgress | None:
+        """How far its load under way has come, where its engine can tell (asked from
+        other threads while `load` runs); None otherwise."""
+        return None
 
     # -- its requests' stages (app.models.stages): its engine says where each runs ------
     @abstractmethod

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from app.config.settings import ModelSpec
+from app.core.lifecycle.load_watch import LoadWatch, load_view
 from app.devices.base import Device
 from app.engines.table import make_handler
 from app.errors import ModelLoading, ModelNotFound
@@ -33,6 +34,7 @@ class ModelEntry:
     load_s: float = 0.0
     error: str | None = None
     retired: bool = False  # taken out of the config: serves nothing, goes once unloaded
+    load_began: float | None = None  # monotonic, while its load runs
 
 
 class ModelRegistry:
@@ -103,15 +105,23 @@ class ModelRegistry:
         entry.state, entry.error = "loading", None
         before = self.device.allocated()
         started = time.perf_counter()
+        expected = entry.load_s or None  # its last load in this process
+        last = f" (its last load took {expected:.1f} s)" if expected else ""
+        log.info("model %s loading on %s%s", name, self.device.id, last)
+        watch = LoadWatch(name, entry.handler.load_progress, expected)
+        entry.load_began = watch.began
         try:
             entry.handler.fingerprint = entry.handler.identify()
-            entry.handler.load(self.device)
+            with watch:
+                entry.handler.load(self.device)
             entry.handler.prime()
             self.device.settle()  # the weights are on the device before any job uses them
         except Exception as exc:  # a broken model must not stop the others
             entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, entry.error)
             return False
+        finally:
+            entry.load_began = None
         entry.load_s = time.perf_counter() - started
         own = entry.handler.measured_load_bytes()
         entry.loaded_bytes = own if own is not None else max(0, self.device.allocated() - before)
@@ -156,6 +166,16 @@ class ModelRegistry:
                 "error": e.error,
                 "retired": e.retired,
                 **e.handler.describe(),
+                **({"load": self._load_view(e)} if e.state == "loading" else {}),
             }
             for name, e in self.entries.items()
         ]
+
+    @staticmethod
+    def _load_view(entry: ModelEntry) -> dict[str, Any]:
+        """How far a loading model has come (app.core.lifecycle.load_watch)."""
+        began = entry.load_began
+        if began is None:  # admitted by the gate, not begun: waiting for memory
+            return load_view(None, None, None)
+        progress = entry.handler.load_progress()
+        return load_view(progress, time.monotonic() - began, entry.load_s or None)

@@ -247,6 +247,11 @@ class RunnerProcess:
         """What the load allocated, as its log said by the time the model served."""
         return self._footprint
 
+    def load_log(self) -> list[str]:
+        """The engine's log lines of the load under way (none once it serves)."""
+        with self._lock:
+            return list(self._load_lines or [])
+
     def last_words(self, count: int = 8) -> str:
         """The engine's last log lines, for an error message."""
         with self._lock:

@@ -30,6 +30,7 @@ from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.kv_pool import KvPool
 from app.engines.llama_cpp.layer_split import LayerSplit
+from app.engines.llama_cpp.load_phases import PHASES, phase_of
 from app.engines.llama_cpp.load_plan import SLOT_CONTEXT, LoadSettings, plan_kv_pool, split_for
 from app.engines.llama_cpp.process import (
     EngineUnavailable,
@@ -40,7 +41,7 @@ from app.engines.llama_cpp.process import (
 from app.engines.llama_cpp.runner_main import RUNNER_COMMAND
 from app.engines.llama_cpp.watch import RunnerWatch
 from app.errors import InvalidRequest, RunnerFailed, RunnerStopped
-from app.models.base import ModelHandler
+from app.models.base import LoadProgress, ModelHandler
 from app.models.card import ModelCard
 from app.models.prepared import Prepared
 
@@ -59,6 +60,19 @@ PROMPT_CACHE_FLOOR = 2**30  # ... and at least one request's KV, up to this
 # with the same reason, without starting a runner (the import cannot succeed later in
 # this process's life: a driver installed since needs a restart anyway).
 _engine_unavailable: list[str] = []
+
+
+def _held(pid: int | None, device: Device) -> int | None:
+    """What a starting runner holds: on a GPU the driver's figure for it, else its
+    resident memory (None before it runs, or once it is gone)."""
+    if pid is None:
+        return None
+    if device.kind == "cuda":
+        return device.process_bytes(pid)
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
 
 
 def llama_cpp_available() -> bool:
@@ -99,6 +113,8 @@ class LlamaRunnerModel(ModelHandler):
         self._room: int | None = None  # the most the gate planned its load to take
         self._cache_ram: int | None = None  # the host prompt cache its load was planned with
         self._ended_because: str | None = None  # why we ended its runner (`stalled`)
+        # the runner being started and its device, while `load` waits for it
+        self._starting: tuple[RunnerProcess, Device] | None = None
 
     # -- what it is and what it will take ----------------------------------------------
     def facts(self) -> GgufFacts:
@@ -263,12 +279,15 @@ class LlamaRunnerModel(ModelHandler):
         runner = RunnerProcess(self.name, argv, env)
         started = time.perf_counter()
         free_before = device.snapshot().free
+        self._starting = runner, device
         try:
             ready = runner.start(config, LOAD_TIMEOUT_S)
         except EngineUnavailable as exc:
             _engine_unavailable[:] = [str(exc)]
             log.error("GGUF models cannot load: %s", exc)
             raise
+        finally:
+            self._starting = None
         self._runner, self._device = runner, device
         try:  # a load that fails past here ends its runner: nothing is left running
             self._serving(device, ready, key, free_before)
@@ -319,6 +338,18 @@ class LlamaRunnerModel(ModelHandler):
         if reported is not None:
             return reported
         return max(0, free_before - device.snapshot().free)
+
+    def load_progress(self) -> LoadProgress | None:
+        """While its runner starts: the phase the engine's log has reached, and what the
+        runner holds so far (on a GPU, its memory there; else its resident memory) of what
+        the load was planned to take."""
+        starting, split = self._starting, self.split
+        if starting is None:
+            return None
+        runner, device = starting
+        step, phase = phase_of(runner.load_log())
+        planned = split.device_bytes if split is not None else None
+        return LoadProgress(phase, step, len(PHASES), _held(runner.pid, device), planned)
 
     def weights_bytes(self) -> int:
         """What the runner reserved on our device (on the CPU: all it allocated)."""
