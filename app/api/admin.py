@@ -26,8 +26,9 @@ from app.errors import (
     ModelNotFound,
     UnsafeSource,
 )
-from app.store.fits import fits, machine_from_status, pull_refusal, said
+from app.store.fits import fits, pull_refusal, said
 from app.store.folders import remove_model
+from app.store.machine import machine_from_status
 from app.store.manage import model_folder
 from app.store.progress import EventProgress
 from app.store.pull import pull

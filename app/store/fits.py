@@ -10,9 +10,9 @@ every quantisation shares (layers, widths, trained context) and that one's exact
 bytes. The others' tensor bytes are scaled from it by their file sizes (`from_header`
 says which). Each is planned by the planner its load uses
 (app.engines.llama_cpp.load_plan, at the defaults `pull` writes into the config, or a
-given context), against two rooms of this machine (`Machine`): what the device has for a
-model now, measured, and the most it could have (the device less its reserve, nothing
-else on it; all of the RAM). The verdicts: on the GPU whole (`gpu`), with some layers on
+given context), against two rooms of this machine (app.store.machine): what the device
+has for a model now, measured, and the most it could have (the device less its reserve,
+nothing else on it; all of the RAM). The verdicts: on the GPU whole (`gpu`), with some layers on
 the CPU (`split`, the layers and the RAM they take), on a CPU device (`cpu`), or not at
 all (`no`). A pull is refused only where its quantisation does not fit even the most.
 """
@@ -23,30 +23,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from app.config.settings import Settings
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.layer_split import compute_bytes
 from app.engines.llama_cpp.load_plan import LoadSettings, host_bytes, plan_load
 from app.store.hub import DEFAULT_QUANT, Quant, choose, list_repo, quants_of
 from app.store.hub_header import remote_facts
+from app.store.machine import Machine
 from app.store.sources import PullError, Source, parse_source
 
 Verdict = Literal["gpu", "split", "cpu", "no"]
 GiB = 2**30
-
-
-@dataclass(frozen=True)
-class Machine:
-    """This machine's rooms for a model, measured: `free_bytes`, what a load is admitted
-    against on the device now; `most_bytes`, the device less its reserve with nothing
-    else on it; the host's RAM available now and in all (a split's CPU layers)."""
-
-    device: str
-    accelerator: bool  # a GPU (a simulated one too); else the device is the CPU
-    free_bytes: int
-    most_bytes: int
-    host_free_bytes: int
-    host_total_bytes: int
 
 
 @dataclass(frozen=True)
@@ -303,51 +289,6 @@ def _where(machine: Machine) -> str:
     if machine.accelerator:
         said += f" and {_gib(machine.host_total_bytes)} of RAM"
     return said
-
-
-def machine_from_status(status: dict[str, Any]) -> Machine:
-    """This machine's rooms for a model from a running server's /status document: the
-    device with the most free for a model now (what the gate would admit a load against:
-    its pool less what running work holds), the most it has (less its reserve), and the
-    host's RAM."""
-    row = max(status["devices"], key=lambda d: d["pool_bytes"] - d["admitted_bytes"])
-    available, total = host_memory()
-    return Machine(
-        device=row["name"],
-        accelerator=row["kind"] != "cpu",
-        free_bytes=max(0, row["pool_bytes"] - row["admitted_bytes"]),
-        most_bytes=max(0, row["total_bytes"] - row["reserve_bytes"]),
-        host_free_bytes=available,
-        host_total_bytes=total,
-    )
-
-
-def host_memory() -> tuple[int, int]:
-    """The host's RAM: available now, and in all."""
-    import psutil
-
-    ram = psutil.virtual_memory()
-    return int(ram.available), int(ram.total)
-
-
-def machine_here(settings: Settings) -> Machine:
-    """This machine measured as the server measures it (its first device, and the
-    reserve the settings leave there), for `vramgate fits` and `pull` with no server
-    running."""
-    from app.devices.choose import make_device
-
-    device = make_device(settings)
-    reserve = int(settings.reserve if settings.reserve is not None else device.default_reserve)
-    snap = device.snapshot()
-    available, total = host_memory()
-    return Machine(
-        device=device.name,
-        accelerator=device.kind != "cpu",
-        free_bytes=max(0, snap.free_for_us - reserve),
-        most_bytes=max(0, snap.total - snap.outside - reserve),
-        host_free_bytes=available,
-        host_total_bytes=total,
-    )
 
 
 WHERE = {

@@ -257,7 +257,8 @@ def pull_command(args: argparse.Namespace) -> int:
 def _pull_refusal(text: str, settings: Settings, url: str | None) -> str | None:
     """Why a pull of `text` is refused before its download (app.store.fits): against the
     running server's device as its /status says, else this machine's measured here."""
-    from app.store.fits import machine_from_status, machine_here, pull_refusal
+    from app.store.fits import pull_refusal
+    from app.store.machine import machine_from_status, machine_here
 
     if parse_source(text).kind != "hub":
         return None
@@ -275,7 +276,8 @@ def _pull_refusal(text: str, settings: Settings, url: str | None) -> str | None:
 def fits_command(args: argparse.Namespace) -> int:
     """Each quantisation of a GGUF model and where it fits here: as the running server
     answers it (its device, measured), else planned against this machine measured here."""
-    from app.store.fits import Fits, fits, format_fits, machine_here
+    from app.store.fits import Fits, fits, format_fits
+    from app.store.machine import machine_here
 
     try:
         settings, _ = _settings(args)

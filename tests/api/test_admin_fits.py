@@ -14,7 +14,7 @@ import pytest
 from ollama import Client, ResponseError
 
 from app.config.settings import ConfigSource, ModelSpec
-from app.store import fits as fits_module
+from app.store import machine as machine_module
 from tests.support.hub import Hub
 from tests.support.live import live_server, make_settings
 
@@ -66,7 +66,7 @@ def test_a_pull_that_could_fit_nowhere_is_a_413_before_its_download(hub, tmp_pat
     """A 64 MiB device beside 32 MiB of RAM (the reading patched: this machine has more):
     SmolLM2 needs 155 MiB at the least. Ollama's client gets the 413 and its numbers; the
     Hub sent its header only; `force` pulls it anyway."""
-    monkeypatch.setattr(fits_module, "host_memory", lambda: (16 * MiB, 32 * MiB))
+    monkeypatch.setattr(machine_module, "host_memory", lambda: (16 * MiB, 32 * MiB))
     source, settings = pulling_server(tmp_path, "simulated:64MiB")
     with live_server(settings, models_source=source) as live:
         with pytest.raises(ResponseError) as refused:

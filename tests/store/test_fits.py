@@ -13,7 +13,8 @@ import pytest
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.load_plan import LoadSettings
 from app.store import fits as fits_module
-from app.store.fits import Machine, fits, place, pull_refusal, scaled
+from app.store.fits import fits, place, pull_refusal, scaled
+from app.store.machine import Machine
 from tests.support.hub import Hub
 
 MiB, GiB = 2**20, 2**30
@@ -134,18 +135,6 @@ def test_a_pull_that_could_fit_nowhere_is_refused_from_the_listing_or_the_header
     roomy = Machine("Simulated", True, GiB, GiB, GiB, 2 * GiB)
     assert pull_refusal(f"hf:{REPO}", roomy) is None and not endpoint.sent  # half or less
     assert pull_refusal("pip:some-package", small) is None
-
-
-def test_the_machine_is_read_from_a_servers_status(monkeypatch):
-    monkeypatch.setattr(fits_module, "host_memory", lambda: (3 * GiB, 8 * GiB))
-    rows = [
-        {"name": "A", "kind": "cuda", "pool_bytes": 5 * GiB, "admitted_bytes": 4 * GiB,
-         "total_bytes": 8 * GiB, "reserve_bytes": GiB},
-        {"name": "B", "kind": "cuda", "pool_bytes": 3 * GiB, "admitted_bytes": 0,
-         "total_bytes": 6 * GiB, "reserve_bytes": GiB},
-    ]  # fmt: skip
-    machine = fits_module.machine_from_status({"devices": rows})
-    assert machine == Machine("B", True, 3 * GiB, 5 * GiB, 3 * GiB, 8 * GiB)
 
 
 def test_a_fits_answer_reads_back_from_its_json(endpoint):
