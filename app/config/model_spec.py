@@ -98,6 +98,13 @@ class ModelSpec(BaseModel):
     # of the host RAM available at load, at most llama.cpp's own 8 GiB, at least one
     # request's KV; 0: off; on the CPU it is the device's memory, admitted at load)
     prompt_cache_ram: ByteSize | None = None
+    # llama.cpp generation: draft-free speculative decoding (n-grams of its prompts and
+    # answers drafted, verified in one step; app.engines.llama_cpp.speculation), on
+    # unless false, governed by what it measures; a draft's fewest and most tokens
+    # (None: the measured defaults)
+    speculative: bool = True
+    draft_min: int | None = Field(default=None, ge=0, le=256)
+    draft_max: int | None = Field(default=None, ge=1, le=256)
     # generation: a chat past the context is refused (`error`) or answered with whole
     # turns dropped from its middle, said in a header and in usage (`truncate_middle`;
     # app.core.overflow); `auto`: truncated on Ollama's routes (as Ollama answers one),
