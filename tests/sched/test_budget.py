@@ -13,6 +13,7 @@ from app.sched.budget import (
     GenerationSample,
     Geometry,
     PriceKey,
+    Quote,
 )
 from app.sched.entry import (
     DEFAULT_RUN_S,
@@ -360,3 +361,77 @@ def test_each_change_is_marked_for_saving_and_a_save_clears_the_mark(tmp_path):
     again = BudgetBook(path)
     assert again.snapshot() == book.snapshot()
     assert again.quote(key("s16"), 16).nbytes == book.quote(key("s16"), 16).nbytes >= 5001
+
+
+def test_quotes_of_unseen_buckets_in_full():
+    """Every field of a quote from a neighbour or extrapolated: the bytes (never under a
+    floor a failure alone set, nor under the prior), whether it runs alone, the source,
+    the run time of the nearest larger bucket measured and the floor."""
+    book = BudgetBook()
+    book.record(key("s256"), 256, 9000, 0.1)
+    price = math.ceil(9000 * ONE_SAMPLE_MARGIN)
+    assert book.quote(key("s64"), 64) == Quote(price, False, "neighbour", 0.1)
+    assert book.quote(key("s64"), 64, prior=60_000) == Quote(60_000, False, "neighbour", 0.1)
+    book.penalize(key("s64"), 64, alone=True, pool=50_000)  # failed alone, never measured
+    assert book.quote(key("s64"), 64) == Quote(50_001, False, "neighbour", DEFAULT_RUN_S)
+    guess = math.ceil(9000 * 2 * EXTRAPOLATION_MARGIN)
+    assert book.quote(key("s512"), 512) == Quote(guess, True, "extrapolated", DEFAULT_RUN_S)
+    assert book.quote(key("s512"), 512, prior=10**6).nbytes == 10**6
+    book.penalize(key("s512"), 512, alone=True, pool=10**7)
+    floor = 10**7 + 1
+    assert book.quote(key("s512"), 512) == Quote(floor, True, "extrapolated", DEFAULT_RUN_S, floor)
+
+
+def test_generation_quotes_in_full():
+    book = BudgetBook()
+    unknown = Geometry(kv_bytes_per_token=0, fixed_bytes=100 * MiB)
+    assert book.quote_generation(key("p16"), 16, 1024, unknown) == Quote(
+        100 * MiB, True, "unseen", DEFAULT_RUN_S, 0
+    )
+    book.record_generation(key("p16"), 16, chat(40, clean=True))
+    line = math.ceil((50 * MiB + 2 * MiB * 1024) * MEASURED_MARGIN)
+    assert book.quote_generation(key("p16"), 16, 1024, GEOMETRY) == Quote(
+        line, False, "learned", 1.0, 0
+    )
+    book.penalize(key("p16"), 16, alone=True, pool=10**12, generation=True)
+    quote = book.quote_generation(key("p16"), 16, 1024, GEOMETRY)
+    assert (quote.nbytes, quote.floor) == (10**12 + 1, 10**12 + 1)
+
+
+def test_a_model_that_cannot_tell_its_cache_counts_its_whole_peak_per_token():
+    book = BudgetBook()
+    book.record_generation(key("p16"), 16, GenerationSample(40, 0, 80 * MiB, 1.0, True))
+    (row,) = book.snapshot()
+    assert (row["per_token_bytes"], row["fixed_bytes"]) == (2 * MiB, 0)  # 80 MiB / 40
+    quote = book.quote_generation(key("p16"), 16, 1024, Geometry(0, 0))
+    assert quote.nbytes == math.ceil(2 * MiB * MEASURED_MARGIN * 1024)
+
+
+def test_an_unmeasured_prompt_bucket_takes_its_fixed_part_from_a_measured_one():
+    """The smallest larger bucket's fixed part as it is; else the largest smaller one's
+    scaled to the prompt, with a margin (prefill's activations grow with it); never
+    under the geometry's."""
+    book = BudgetBook()
+    book.record_generation(key("p16"), 16, chat(40, clean=True))  # fixed: 50 MiB
+    book.record_generation(key("p16", model="other"), 16, chat(40, clean=True, fixed=900 * MiB))
+    small = Geometry(kv_bytes_per_token=1 * MiB, fixed_bytes=10 * MiB)
+    for bucket, size, fixed in (
+        ("p8", 8, 50 * MiB),
+        ("p64", 64, math.ceil(50 * MiB * 64 / 16 * EXTRAPOLATION_MARGIN)),
+    ):
+        quote = book.quote_generation(key(bucket), size, 0, small)
+        base = math.ceil(fixed * GEOMETRY_MARGIN)
+        assert quote == Quote(base, False, "learned_rate", DEFAULT_RUN_S), bucket
+    large = Geometry(kv_bytes_per_token=1 * MiB, fixed_bytes=80 * MiB)
+    assert book.quote_generation(key("p8"), 8, 0, large).nbytes == math.ceil(
+        80 * MiB * GEOMETRY_MARGIN
+    )
+
+
+def test_a_generation_row_counts_every_run_and_says_its_line_is_half_learned():
+    book = BudgetBook()
+    for _ in range(2):  # beside others: the rate is its own, the fixed part is not
+        book.record_generation(key("p16"), 16, chat(40, clean=False))
+    (row,) = book.snapshot()
+    assert (row["source"], row["samples"]) == ("learned_rate", 2)
+    assert (row["fixed_bytes"], row["per_token_bytes"]) == (None, 2 * MiB)

@@ -211,6 +211,11 @@ def test_the_oldest_wait_is_the_queue_heads():
     assert isinstance(gate.submit(t(50)), Wait)
     clock.now += 1.0
     assert gate.oldest_wait_s() == 3.0
+    gate, clock = make_gate(pool=100)
+    gate.submit(t(80))
+    gate.submit(t(50))
+    clock.now += 0.5
+    assert gate.oldest_wait_s() == 0.5  # under a second, as it is
 
 
 # -- stream slots: streams that last minutes do not take the slots of one-shot jobs ------
