@@ -9,7 +9,7 @@ HTTP Ranges (app.store.hub_header: a few MiB, never the weights), and gives the 
 every quantisation shares (layers, widths, trained context) and that one's exact tensor
 bytes. The others' tensor bytes are scaled from it by their file sizes (`from_header`
 says which). Each is planned by the planner its load uses
-(app.engines.llama_cpp.load_plan, at the defaults `pull` writes into the config, or a
+(app.engines.llama_cpp.load.plan, at the defaults `pull` writes into the config, or a
 given context), against two rooms of this machine (app.store.machine): what the device
 has for a model now, measured, and the most it could have (the device less its reserve,
 nothing else on it; all of the RAM). The verdicts: on the GPU whole (`gpu`), with some layers on
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.layer_split import compute_bytes
-from app.engines.llama_cpp.load_plan import LoadSettings, host_bytes, plan_load
+from app.engines.llama_cpp.load.plan import LoadSettings, host_bytes, plan_load
 from app.store.hub import DEFAULT_QUANT, Quant, choose, list_repo, quants_of
 from app.store.hub_header import remote_facts
 from app.store.machine import Machine

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
-from app.engines.llama_cpp.load_plan import LoadSettings
+from app.engines.llama_cpp.load.plan import LoadSettings
 from app.store import fits as fits_module
 from app.store.fits import fits, place, pull_refusal, scaled
 from app.store.machine import Machine

@@ -30,8 +30,8 @@ from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.kv_pool import KvPool
 from app.engines.llama_cpp.layer_split import LayerSplit
-from app.engines.llama_cpp.load_phases import PHASES, phase_of
-from app.engines.llama_cpp.load_plan import SLOT_CONTEXT, LoadSettings, plan_kv_pool, split_for
+from app.engines.llama_cpp.load.phases import PHASES, phase_of
+from app.engines.llama_cpp.load.plan import SLOT_CONTEXT, LoadSettings, plan_kv_pool, split_for
 from app.engines.llama_cpp.process import (
     EngineUnavailable,
     Footprint,
@@ -146,7 +146,7 @@ class LlamaRunnerModel(ModelHandler):
         return self._split_for(device, pool.cells, free_bytes)
 
     def _split_for(self, device: Device, cells: int, free_bytes: int | None) -> LayerSplit:
-        """The layers beside `cells` KV cells (app.engines.llama_cpp.load_plan)."""
+        """The layers beside `cells` KV cells (app.engines.llama_cpp.load.plan)."""
         return split_for(
             self.facts(),
             self.load_settings(),

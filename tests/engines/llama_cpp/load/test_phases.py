@@ -1,4 +1,4 @@
-"""A llama.cpp runner's load in phases (app.engines.llama_cpp.load_phases), read from
+"""A llama.cpp runner's load in phases (app.engines.llama_cpp.load.phases), read from
 the engine's log as xllamacpp writes it here; and SmolLM2's real load on the CPU, its
 phases said in the log as the runner reaches them."""
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from app.config.settings import ModelSpec
-from app.engines.llama_cpp.load_phases import PHASES, phase_of
+from app.engines.llama_cpp.load.phases import PHASES, phase_of
 from tests.support.live import live_server, make_settings
 
 # lines of SmolLM2's load as the runner logged it here (timestamps as xllamacpp writes them)
