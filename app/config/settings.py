@@ -35,11 +35,11 @@ from app.config.durations import keep_alive_seconds
 from app.config.model_spec import MODEL_NAME_PATTERN as MODEL_NAME_PATTERN
 from app.config.model_spec import ModelSpec as ModelSpec
 from app.config.model_spec import is_reserved_name as is_reserved_name
+from app.config.priorities import PRIORITY_NAMES
 from app.config.simulated_spec import FaultInjection as FaultInjection
 from app.config.simulated_spec import SimulatedBucket as SimulatedBucket
 from app.config.simulated_spec import SimulatedGeneration as SimulatedGeneration
 from app.config.simulated_spec import SimulatedImages as SimulatedImages
-from app.sched.priority import NAMES as PRIORITY_NAMES
 
 APP_NAME = "vramgate"
 ENV_PREFIX = "VRAMGATE_"

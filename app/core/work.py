@@ -194,10 +194,9 @@ def log_request(job: Job, result: JobResult | None, outcome: str) -> None:
     measurement = result.measurement if result else None
     peak = measurement.peak_bytes if measurement and measurement.alone else None
     log.info(
-        "request model=%s class=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f "
-        "run_ms=%.1f peak=%s outcome=%s",
+        "request model=%s bucket=%s price=%d%s batch=%d queue_ms=%.1f run_ms=%.1f "
+        "peak=%s outcome=%s class=%s",
         job.model,
-        job.priority.label,
         result.bucket if result else job.label,
         result.price_bytes if result else job.quote.nbytes,
         " exclusive" if job.quote.exclusive else "",
@@ -206,4 +205,5 @@ def log_request(job: Job, result: JobResult | None, outcome: str) -> None:
         measurement.run_s * 1000 if measurement else 0.0,
         peak if peak is not None else "-",
         outcome,
+        job.priority.label,
     )

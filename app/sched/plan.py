@@ -86,11 +86,8 @@ def plan_admissions(
                 break
             continue
         pool = ticket.cell_pool if ticket.cells and ticket.cell_pool in cells else None
-        kept_bytes, kept_cells = reserve(ticket)
-        if (kept_bytes or kept_cells) and (
-            ticket.nbytes + kept_bytes > free_bytes
-            or (pool is not None and ticket.cells + kept_cells > cells[pool])
-        ):
+        free_cells_now = cells[pool] if pool is not None else None
+        if _takes_the_reserve(ticket, reserve(ticket), free_bytes, free_cells_now):
             continue  # it would take the room kept for others: passed over, no head
         if pool is not None:
             if cells[pool] < ticket.cells:
@@ -134,6 +131,19 @@ def plan_admissions(
     if head is not None:
         heads[head_index] = None
     return Planned(chosen, heads)
+
+
+def _takes_the_reserve(
+    ticket: Ticket, kept: tuple[int, int], free_bytes: int, free_cells: int | None
+) -> bool:
+    """Whether `ticket` fits only into what must stay free beside it (`kept`: bytes, and
+    cells of its pool, whose free cells are `free_cells`; None: it takes none)."""
+    kept_bytes, kept_cells = kept
+    if not (kept_bytes or kept_cells):
+        return False
+    if ticket.nbytes + kept_bytes > free_bytes:
+        return True
+    return free_cells is not None and ticket.cells + kept_cells > free_cells
 
 
 def grow_group(

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from app.config.priorities import PRIORITY_NAMES
+
 
 class Priority(IntEnum):
     """Lower first in the queue."""
@@ -47,7 +49,7 @@ _WORDS = {
     "batch": Priority.BACKGROUND,
     "low": Priority.BACKGROUND,
 }
-NAMES = ("priority", "interactive", "background")
+NAMES = PRIORITY_NAMES  # as each class's `label`
 
 
 def parse(value: object) -> Priority | None:

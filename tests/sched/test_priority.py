@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.sched.priority import Priority, parse
+from app.sched.priority import NAMES, Priority, parse
 
 
 @pytest.mark.parametrize(
@@ -33,3 +33,4 @@ def test_what_clients_send_names_a_class_or_none(sent, priority):
 def test_each_class_answers_with_openai_s_tier_name():
     assert [p.service_tier for p in Priority] == ["priority", "default", "flex"]
     assert [p.label for p in Priority] == ["priority", "interactive", "background"]
+    assert tuple(p.label for p in Priority) == NAMES  # the config's names (app.config)
