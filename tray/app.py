@@ -119,6 +119,7 @@ class Tray:
         )
         self.on_icon_thread = updates_for(self.icon)
         self.monitor = Monitor(url, supervisor, self.show, token=token)
+        supervisor.before_end = self.monitor.end_connection  # our connections close first
 
     def show(self, view: TrayView, previous: TrayView | None) -> None:
         """Redraw only what changed, on the icon's own thread (called from the monitor's)."""

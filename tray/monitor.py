@@ -32,18 +32,22 @@ class StatusConnection:
         self.token = token
         self.timeout = timeout
         self._connection: http.client.HTTPConnection | None = None
+        # guards _connection: the monitor polls on its thread, a restart closes it from
+        # another (waiting at most one poll's timeout)
+        self._lock = threading.Lock()
 
     def fetch(self) -> dict[str, Any] | None:
         """/status, or None when the server does not answer (the poll is tried once more
         on a fresh connection when a kept one turns out closed)."""
-        for fresh in (self._connection is None, True):
-            try:
-                return self._get()
-            except (OSError, http.client.HTTPException, ValueError):
-                self.close()
-                if fresh:
-                    return None
-        return None
+        with self._lock:
+            for fresh in (self._connection is None, True):
+                try:
+                    return self._get()
+                except (OSError, http.client.HTTPException, ValueError):
+                    self._close()
+                    if fresh:
+                        return None
+            return None
 
     def _get(self) -> dict[str, Any] | None:
         if self._connection is None:
@@ -56,10 +60,14 @@ class StatusConnection:
         response = self._connection.getresponse()
         body = response.read()  # read whole, so the connection can carry the next poll
         if response.will_close:
-            self.close()
+            self._close()
         return json.loads(body) if response.status == 200 else None
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._connection is not None:
             with contextlib.suppress(OSError):
                 self._connection.close()
@@ -92,6 +100,7 @@ class Monitor:
         self.interval_s = interval_s
         self.view: TrayView | None = None
         self._queue_full = 0
+        self._ending: int | None = None  # the pid of a server of ours being ended
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
 
@@ -103,9 +112,20 @@ class Monitor:
         self._thread.join(5)
         self.status.close()
 
+    def end_connection(self) -> None:
+        """Before the supervisor ends its server (a restart, Quit): the kept-alive /status
+        connection is closed from this side, so its TIME_WAIT is the tray's and not on the
+        server's port, where Windows' exclusive bind may refuse the next server for up to
+        240 s; and no poll opens another to that server while it ends."""
+        self._ending = self.supervisor.pid
+        self.status.close()
+
     def poll(self) -> TrayView:
         """One poll; calls `on_view` if the view changed."""
-        status = self.status.fetch()
+        ending = self._ending is not None and self.supervisor.pid == self._ending
+        if not ending:
+            self._ending = None
+        status = None if ending else self.status.fetch()
         delta = 0
         if status is not None:
             queue_full = status["counters"]["rejected"].get("queue_full", 0)

@@ -146,8 +146,12 @@ class Supervisor:
         shutdown_url: str | None = None,
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        before_end: Callable[[], None] = lambda: None,
     ) -> None:
         self.command = command
+        # called before a restart or stop ends the server (the tray closes its own
+        # connections to it: tray.monitor.Monitor.end_connection)
+        self.before_end = before_end
         self.shutdown_url = shutdown_url  # POST here asks the server to drain and exit
         self.pid_file = pid_file
         self.policy = policy or RestartPolicy()
@@ -185,6 +189,7 @@ class Supervisor:
         with self._lock:
             self._restart_requested = True
             child = self._child
+        self.before_end()
         if child is not None:
             threading.Thread(target=self._end, args=(child,), name="restart", daemon=True).start()
         self._wake.set()
@@ -196,6 +201,7 @@ class Supervisor:
             self._stopping = True
             child = self._child
         self._wake.set()
+        self.before_end()
         code = self._end(child) if child is not None else None
         if self._thread is not None:
             self._thread.join(10)
