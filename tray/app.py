@@ -28,6 +28,7 @@ from tray.icon_thread import updates_for
 from tray.menu import Item, TrayActions, build_menu, page_url
 from tray.messages import port_taken_text, tell
 from tray.monitor import Monitor
+from tray.session_end import stop_at_session_end
 from tray.supervisor import Supervisor, server_command
 from tray.view import TrayView, view_of
 
@@ -118,6 +119,7 @@ class Tray:
             menu=pystray.Menu(lambda: to_pystray(build_menu(self.view, self.actions))),
         )
         self.on_icon_thread = updates_for(self.icon)
+        stop_at_session_end(self.icon, supervisor.stop)  # Windows' sign-out and shutdown
         self.monitor = Monitor(url, supervisor, self.show, token=token)
         supervisor.before_end = self.monitor.end_connection  # our connections close first
 

@@ -194,9 +194,12 @@ class Supervisor:
             threading.Thread(target=self._end, args=(child,), name="restart", daemon=True).start()
         self._wake.set()
 
-    def stop(self) -> int | None:
+    def stop(self, drain_s: float | None = None) -> int | None:
         """Drain and stop the child: it stops accepting, running jobs finish within the
-        drain bound, then it exits; killed if it does not. Returns its exit code."""
+        drain bound (`drain_s`, or the supervisor's), then it exits; killed if it does
+        not. Returns its exit code."""
+        if drain_s is not None:
+            self.drain_s = min(self.drain_s, drain_s)
         with self._lock:
             self._stopping = True
             child = self._child
