@@ -138,6 +138,9 @@ class ModelSpec(BaseModel):
         default=(), max_length=MAX_STOP
     )
     system: str | None = Field(default=None, min_length=1, max_length=100_000)
+    # generation, a reasoning model: the most tokens it thinks before its answer where a
+    # request sets no budget (None: unbounded; app.models.chat.reasoning)
+    thinking_budget: int | None = Field(default=None, ge=0, le=1_048_576)
     # where `vramgate pull` took it from, when that was the Hugging Face Hub
     # (`hf:ORG/NAME:QUANT`, the quantisation fetched): Ollama's spelling of that source,
     # `hf.co/ORG/NAME:QUANT` (any case), names this model too, as Ollama's clients name a

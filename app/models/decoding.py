@@ -14,10 +14,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import ContextLengthExceeded, InvalidRequest
+from app.models.chat.reasoning import Frame, ThinkingAsk
 from app.models.prepared import Bucket, Prepared, next_pow2
 
 ANY_OBJECT = json.dumps({"type": "object"})  # OpenAI's `json_object` mode: any JSON object
@@ -28,10 +29,12 @@ MIN_TOKEN_BUCKET = 16
 class Chat:
     """Chat messages (OpenAI's, as dicts) and the tools (OpenAI's) the model may call. A
     message may carry `images`: encoded images (bytes, checked by the route), shown to a
-    model that sees before the message's text, as Ollama's messages carry them."""
+    model that sees before the message's text, as Ollama's messages carry them. `thinking`:
+    what it asks of a reasoning model's thinking (app.models.chat.reasoning)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
+    thinking: ThinkingAsk = field(default_factory=ThinkingAsk)
 
     @property
     def images(self) -> int:
@@ -80,6 +83,8 @@ class GenerationInput:
     # the model inputs its prefill takes beside the ids (a vision-language prompt's
     # pixel_values); its KV then depends on more than its ids: never shared or kept
     prefill_inputs: dict[str, Any] | None = None
+    # how its answer thinks, as its chat was rendered (None: not in tags; app.models.chat.reasoning)
+    thinking: Frame | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +121,11 @@ def generation_prepared(
     context: int,
     default_cap: int,
     grammar: str | None = None,
+    thinking: Frame | None = None,
 ) -> Prepared:
-    """The bucket of a generation; a prompt the context cannot hold is a 400 that says so."""
+    """The bucket of a generation; a prompt the context cannot hold is a 400 that says so.
+    A thinking budget is priced with the answer: without a `max_tokens` of its own, the
+    answer's default cap comes on top of its thinking."""
     prompt = len(prompt_ids)
     if prompt == 0:
         raise InvalidRequest("the prompt is empty", param="prompt")
@@ -137,13 +145,14 @@ def generation_prepared(
             advice=f"(model {model!r}: ask for at most {room}, or set its context_length)",
             param="max_tokens",
         )
-    wanted = params.max_tokens if params.max_tokens is not None else default_cap
+    budget = thinking.budget if thinking is not None and thinking.budget is not None else 0
+    wanted = params.max_tokens if params.max_tokens is not None else default_cap + budget
     max_tokens = max(1, min(wanted, room))
     p = next_pow2(prompt, MIN_TOKEN_BUCKET)
     t = min(next_pow2(prompt + max_tokens, MIN_TOKEN_BUCKET), next_pow2(context))
     return Prepared(
         Bucket(f"p{p}t{t}", 4 * t + p),  # bytes grow with the total, then with the prompt
-        GenerationInput(list(prompt_ids), params, max_tokens, grammar),
+        GenerationInput(list(prompt_ids), params, max_tokens, grammar, thinking=thinking),
         prompt,
         count=1,
         longest=prompt,

@@ -3,9 +3,10 @@ its stream (message_start, content_block_start / ping / content_block_delta /
 content_block_stop per block, message_delta, message_stop; a failure after the stream
 began as an `error` event).
 
-The answer's text is read as app.api.openai.replies reads it for OpenAI (`read_calls` where
-tools are offered), then put into blocks: a reasoning model's `<think>…</think>` as a
-thinking block (where the request asks for thinking), the text, its tool calls as
+The answer's text is read as app.api.openai.replies reads it for OpenAI: a reasoning
+model's thinking split from it (app.models.chat.reasoning.ThinkSplitter) as a thinking block
+where the request asks for thinking (left out where it does not), the text, its tool
+calls (`read_calls` on the text, never the thinking, where tools are offered) as
 `tool_use` blocks. Text streams as it is decoded; with tools offered, what may still be
 a call is held (app.models.tools.CallWatch) and its blocks sent at the end (a call is
 only known whole).
@@ -18,71 +19,23 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from app.api.errors import anthropic_body
+from app.api.thinking import frame_of
 from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
+from app.models.chat.reasoning import Frame, Piece, ThinkSplitter, split
 from app.models.decoding import DecodeResult
-from app.models.tools import CallWatch, ToolCall, partial_tail, read_calls
+from app.models.tools import CallWatch, ToolCall, read_calls
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PING_EVERY_S = 10.0  # a held answer (tools offered) sends nothing else until its end
-Kind = Literal["thinking", "text"]
-
-
-def reasons(chat_template: str | None) -> bool:
-    """Whether a model reasons in `<think>` tags (its chat template names them)."""
-    return bool(chat_template) and THINK_OPEN in str(chat_template)
-
-
-class ThinkSplitter:
-    """An answer's text as it streams, split into (kind, text) pieces: a `<think>…
-    </think>` at its start (after white space) is thinking, the rest text. A piece that
-    may be the start of a tag waits for the next text."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.state: Literal["start", "thinking", "text"] = "start" if enabled else "text"
-        self.held = ""
-        self.after_thinking = False  # white space between </think> and the text is dropped
-
-    def push(self, text: str) -> list[tuple[Kind, str]]:
-        if self.state == "text":
-            if self.after_thinking:
-                text = text.lstrip()
-                self.after_thinking = not text
-            return [("text", text)] if text else []
-        self.held += text
-        if self.state == "start":
-            opening = self.held.lstrip()
-            if THINK_OPEN.startswith(opening):
-                return []  # "", "<", "<thi": not known yet
-            if not opening.startswith(THINK_OPEN):
-                self.state = "text"
-                return self._flush("text")
-            self.state, self.held = "thinking", opening[len(THINK_OPEN) :]
-        at = self.held.find(THINK_CLOSE)
-        if at == -1:
-            cut = len(self.held) - partial_tail(self.held, THINK_CLOSE)
-            piece, self.held = self.held[:cut], self.held[cut:]
-            return [("thinking", piece)] if piece else []
-        thought, rest = self.held[:at], self.held[at + len(THINK_CLOSE) :]
-        self.state, self.held, self.after_thinking = "text", "", True
-        pieces: list[tuple[Kind, str]] = [("thinking", thought)] if thought else []
-        return pieces + self.push(rest)
-
-    def end(self) -> list[tuple[Kind, str]]:
-        return self._flush("thinking" if self.state == "thinking" else "text")
-
-    def _flush(self, kind: Kind) -> list[tuple[Kind, str]]:
-        held, self.held = self.held, ""
-        return [(kind, held)] if held else []
 
 
 def usage(outcome: DecodeResult) -> dict[str, Any]:
@@ -111,7 +64,7 @@ class MessageReply:
     def __init__(self, valid: ValidGenerationRequest, asked: str, thinking: bool) -> None:
         self.valid = valid
         self.asked = asked  # the model name the client asked for (an alias, maybe)
-        self.thinking = thinking  # split `<think>` text out as thinking blocks
+        self.thinking = thinking  # a reasoning model's thinking as thinking blocks (else left out)
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
 
     @property
@@ -126,21 +79,20 @@ class MessageReply:
             outcome, cost = await _outcome(generation)
         finally:
             generation.close()
-        content, ending = self.blocks(text, outcome)
+        content, ending = self.blocks(text, outcome, frame_of(generation))
         message = self._message(content, ending.stop_reason, ending.stop_sequence)
         message["usage"] = usage(outcome)
         return Response(
             orjson.dumps(message), media_type="application/json", headers=cost.headers()
         )
 
-    def blocks(self, text: str, outcome: DecodeResult) -> tuple[list[dict[str, Any]], Ending]:
+    def blocks(
+        self, text: str, outcome: DecodeResult, frame: Frame | None
+    ) -> tuple[list[dict[str, Any]], Ending]:
         """The answer's content blocks, and how it ended."""
-        splitter = ThinkSplitter(self.thinking)
-        pieces = splitter.push(text) + splitter.end()
-        thought = "".join(piece for kind, piece in pieces if kind == "thinking")
-        rest = "".join(piece for kind, piece in pieces if kind == "text")
+        thought, rest = split(text, frame)
         content: list[dict[str, Any]] = []
-        if thought:
+        if thought and self.thinking:
             content.append({"type": "thinking", "thinking": thought, "signature": ""})
         calls: list[ToolCall] = []
         if self.tools:
@@ -210,7 +162,7 @@ class MessageReply:
                 "cache_creation_input_tokens": 0,
             }
             yield _event("message_start", {"type": "message_start", "message": start})
-            splitter = ThinkSplitter(self.thinking)
+            splitter = ThinkSplitter(frame_of(generation))
             # tool mode: text streams once it can be no call; a call is held (CallWatch)
             watch = CallWatch(set(self.valid.tool_names)) if self.tools else None
             async for delta in _with_pings(generation.deltas(), PING_EVERY_S):
@@ -237,13 +189,14 @@ class MessageReply:
         finally:
             generation.close()
 
-    @staticmethod
     def _pieces(
-        blocks: BlockWriter, pieces: list[tuple[Kind, str]], watch: CallWatch | None
+        self, blocks: BlockWriter, pieces: list[Piece], watch: CallWatch | None
     ) -> Iterator[bytes]:
-        """Thinking into its block; text into its block, through the watch for calls
-        where tools are offered (what may be one is held)."""
+        """Thinking into its block (where asked for); text into its block, through the
+        watch for calls where tools are offered (what may be one is held)."""
         for kind, piece in pieces:
+            if kind == "thinking" and not self.thinking:
+                continue
             if kind == "text" and watch is not None:
                 piece = watch.feed(piece)
                 if not piece:
@@ -260,7 +213,7 @@ class BlockWriter:
         self.open: str | None = None  # the kind of the block being written
         self.pinged = False
 
-    def piece(self, kind: Kind, text: str) -> Iterator[bytes]:
+    def piece(self, kind: str, text: str) -> Iterator[bytes]:
         """Text of `kind`, into the open block if it is of that kind, else a new one."""
         if self.open != kind:
             start = {"type": "thinking", "thinking": "", "signature": ""}

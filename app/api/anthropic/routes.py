@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from app.api.anthropic.replies import MessageReply, reasons
+from app.api.anthropic.replies import MessageReply
 from app.api.anthropic.schemas import CountTokensRequest, MessagesRequest
 from app.api.callers import cache_scope
 from app.api.intake import (
@@ -82,8 +82,7 @@ async def create_message(request: Request) -> Response:
     fleet = fleet_of(request)
     body = await read_parsed(request, MessagesRequest)
     valid = _validated(request, body)
-    thinking = body.thinking_shown and reasons(fleet.card(body.model).chat_template)
-    reply = MessageReply(valid, body.model, thinking)
+    reply = MessageReply(valid, body.model, body.thinking_shown)
     with client_watch(request) as watch:
         (generation,) = await admit_choices(fleet, valid, watch)
         if not valid.stream:

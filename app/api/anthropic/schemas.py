@@ -49,7 +49,7 @@ MESSAGES_FIELDS: dict[str, FieldSupport] = {
     "model": _done("the served model, or a `model_aliases` pattern (`claude-*`)"),
     "messages": _done(
         "text, `tool_use`, `tool_result`, base64 images for a model that sees; thinking "
-        "blocks dropped"
+        "blocks to the template (it shows or drops them)"
     ),
     "max_tokens": _done("required (not for count_tokens); within the model's context"),
     "system": _done("a string or text blocks"),
@@ -60,8 +60,11 @@ MESSAGES_FIELDS: dict[str, FieldSupport] = {
     "top_k": _done(),
     "tools": _done("custom tools; a forced call is decoded by grammar; no server tools"),
     "tool_choice": _done("`auto`, `any`, `tool`, `none`; `disable_parallel_tool_use`"),
-    "thinking": _done("a reasoning model's `<think>` text as thinking blocks"),
-    "output_config": _done("`format`: JSON schema, by grammar; `effort` ignored"),
+    "thinking": _done(
+        "a reasoning model's thinking as thinking blocks; `disabled` turns it off, "
+        "`budget_tokens` ends it when spent (the answer follows)"
+    ),
+    "output_config": _done("`format`: JSON schema, by grammar; `effort`: gpt-oss's level"),
     "output_format": _done("the beta's name for `output_config.format`"),
     "metadata": _done("`user_id`: a caller's own; its prompts reuse only its own cached prefixes"),
     "service_tier": _ignored("one tier: this machine"),
@@ -140,7 +143,8 @@ class ToolResultBlock(_Block):
 
 
 class ThinkingBlock(_Block):
-    """An earlier answer's thinking, sent back: not shown to the model again."""
+    """An earlier answer's thinking, sent back: to the template as `reasoning_content`
+    (Qwen3's shows it within a turn of tool calls, drops it after the next question)."""
 
     type: Literal["thinking", "redacted_thinking"]
     thinking: str = Field(default="", max_length=MAX_CHARS_HARD)
@@ -255,7 +259,7 @@ class AnthropicOutputFormat(BaseModel):
 
 class AnthropicOutputConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    effort: Ignored = None  # no effort setting here
+    effort: str | None = Field(default=None, max_length=16)  # a template's level, if it has one
     format: AnthropicOutputFormat | None = None
 
 
@@ -340,6 +344,7 @@ class MessagesRequest(BaseModel):
         if self.tool_choice is not None:
             chat["tool_choice"] = self.tool_choice.as_openai()
             chat["parallel_tool_calls"] = not self.tool_choice.disable_parallel_tool_use
+        chat |= self._thinking()
         output = self.output_config.format if self.output_config else self.output_format
         if output is not None:
             schema = {"name": "output", "schema": output.json_schema}
@@ -348,6 +353,19 @@ class MessagesRequest(BaseModel):
             return ChatRequest.model_validate(chat)
         except ValidationError as exc:
             raise from_validation_errors(exc.errors()) from None
+
+    def _thinking(self) -> dict[str, Any]:
+        """`thinking` and `output_config.effort` as chat's reasoning fields: disabled is
+        off, a budget is the thinking's budget, an effort is the template's level."""
+        fields: dict[str, Any] = {}
+        effort = self.output_config.effort if self.output_config else None
+        if effort in ("low", "medium", "high", "max"):
+            fields["reasoning_effort"] = "xhigh" if effort == "max" else effort
+        if self.thinking is not None and self.thinking.type == "disabled":
+            fields["reasoning_effort"] = "none"
+        elif self.thinking is not None and self.thinking.budget_tokens is not None:
+            fields["reasoning_budget_tokens"] = self.thinking.budget_tokens
+        return fields
 
     def _system(self) -> list[dict[str, Any]]:
         if not self.system:
@@ -403,18 +421,23 @@ def _user_turn(text: list[str], images: list[dict[str, Any]]) -> dict[str, Any]:
 def _assistant(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:
     """An assistant turn: its text, and its `tool_use` blocks as OpenAI tool calls."""
     text: list[str] = []
+    thought: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(message.blocks()):
         if isinstance(block, TextBlock):
             text.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thought.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
             # as orjson writes it, but any integer (orjson refuses one past 64 bits: a 500)
             arguments = json.dumps(block.input, separators=(",", ":"), ensure_ascii=False)
             function = {"name": block.name, "arguments": arguments}
             calls.append({"id": block.id, "type": "function", "function": function})
-        elif not isinstance(block, ThinkingBlock):  # thinking is not shown to the model again
+        else:
             raise _misplaced(block, "assistant", f"messages.{index}.content.{j}")
     turn: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if any(thought):  # its template decides whether the model sees it again
+        turn["reasoning_content"] = "".join(thought)
     if calls:
         turn["tool_calls"] = calls
     return [turn]

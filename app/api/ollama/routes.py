@@ -7,9 +7,12 @@ Each request is translated into the OpenAI request of the same meaning
 (app.api.ollama.schemas) and goes the same way from there: the guard, validation,
 pricing, the gate, the cost headers. What is not supported is refused with a 400 that
 says so (`suffix`; images to a model that does not see), or accepted and ignored
-(`num_ctx`, `think`). Its load and unload idioms (an empty prompt, no messages, with or
-without `keep_alive: 0`) are answered as Ollama answers them, with nothing generated;
-/api/tags and /api/ps list what Ollama would (models to chat or embed with).
+(`num_ctx`). A reasoning model's thinking comes apart, as Ollama gives it:
+`message.thinking` (`/api/generate`: `thinking`) before the answer's `content`, streamed
+too; `think` switches it (app.models.chat.reasoning). Its load and unload idioms (an empty
+prompt, no messages, with or without `keep_alive: 0`) are answered as Ollama answers
+them, with nothing generated; /api/tags and /api/ps list what Ollama would (models to
+chat or embed with).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from app.api.openai.schemas import (
     EmbeddingRequest,
     validate_embedding_request,
 )
+from app.api.thinking import frame_of
 from app.core.fleet.fleet import Fleet
 from app.core.fleet.status import ModelStatus
 from app.core.overflow import said as truncation
@@ -58,6 +62,7 @@ from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
 from app.models.card import ModelCard
+from app.models.chat.reasoning import Piece, ThinkSplitter, split, thinks
 from app.models.decoding import DecodeResult
 from app.models.tools import CallWatch, ToolCall, read_calls
 from app.store.manage import folder_bytes, model_folder
@@ -139,7 +144,8 @@ def _listed(card: ModelCard) -> bool:
 
 
 def _capabilities(card: ModelCard) -> list[str]:
-    return [c for c in card.capabilities if c in OLLAMA_CAPABILITIES]
+    found = [c for c in card.capabilities if c in OLLAMA_CAPABILITIES]
+    return [*found, "thinking"] if thinks(card.chat_template) else found
 
 
 @router.post("/show")
@@ -355,18 +361,21 @@ class Answer:
             self._mark_first()
             parts.append(delta)
         outcome, cost = await self._outcome(generation)
-        final = self._final(outcome, cost) | self._content("".join(parts))
-        return _json_response(final, cost)
+        thought, text = split("".join(parts), frame_of(generation))
+        final = self._final(outcome, cost) | self._content(text)
+        return _json_response(self._with_thinking(final, thought), cost)
 
     async def chunks(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         try:
             # tool mode: text streams once it can be no call; a call is held (CallWatch)
             watch = CallWatch(set(self.valid.tool_names)) if self.tools else None
+            splitter = ThinkSplitter(frame_of(generation))
             async for delta in generation.deltas():
                 self._mark_first()
-                text = watch.feed(delta) if watch is not None else delta
-                if text or watch is None:
-                    yield orjson.dumps(self._chunk() | self._text(text)) + b"\n"
+                for chunk in self._pieces(splitter.push(delta), watch):
+                    yield chunk
+            for chunk in self._pieces(splitter.end(), watch):
+                yield chunk
             try:
                 outcome, cost = await self._outcome(generation)
             except VramgateError as exc:
@@ -379,6 +388,27 @@ class Answer:
             yield orjson.dumps(self._final(outcome, cost) | self._content("")) + b"\n"
         finally:
             generation.close()
+
+    def _pieces(self, pieces: list[Piece], watch: CallWatch | None) -> list[bytes]:
+        """Chunks for pieces of the answer: thinking in `thinking`, the text as content
+        (through the watch for calls where tools are offered)."""
+        chunks = []
+        for kind, piece in pieces:
+            if kind == "thinking":
+                chunks.append(self._with_thinking(self._chunk() | self._text(""), piece))
+                continue
+            text = watch.feed(piece) if watch is not None else piece
+            if text:
+                chunks.append(self._chunk() | self._text(text))
+        return [orjson.dumps(chunk) + b"\n" for chunk in chunks]
+
+    def _with_thinking(self, answer: dict[str, Any], thought: str) -> dict[str, Any]:
+        """`answer` with its thinking where it has some: the message's (chat) or its own."""
+        if not thought:
+            return answer
+        if self.chat:
+            return answer | {"message": {**answer["message"], "thinking": thought}}
+        return answer | {"thinking": thought}
 
     @property
     def tools(self) -> bool:

@@ -5,7 +5,9 @@ Ollama request passes the same guard, gate and pricing as an OpenAI one.
 Fields as Ollama's API documents them; `options` carries the sampling settings
 (`num_predict` is `max_tokens`, `repeat_penalty` is `repetition_penalty`; `num_ctx` is
 accepted and ignored: vramgate prices each request by its own tokens). Unknown fields
-are ignored, as Ollama does; `think` is accepted and ignored.
+are ignored, as Ollama does. `think` (true, false, or "low"/"medium"/"high") is a
+reasoning model's switch, as chat's `reasoning_effort`; an assistant turn's `thinking`
+goes back to its template as `reasoning_content`.
 """
 
 from __future__ import annotations
@@ -95,10 +97,13 @@ class OllamaMessage(_Body):
     images: list[str] | None = Field(default=None, max_length=MAX_IMAGES)  # base64
     tool_calls: list[OllamaToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_name: str | None = Field(default=None, max_length=64)
+    thinking: str | None = Field(default=None, max_length=MAX_CHARS_HARD)
 
     def as_openai(self, index: int) -> dict[str, Any]:
         content = image_parts(self.images, self.content) if self.images else self.content
         message: dict[str, Any] = {"role": self.role, "content": content}
+        if self.thinking and self.role == "assistant":
+            message["reasoning_content"] = self.thinking
         if self.tool_calls:
             message["tool_calls"] = [
                 {
@@ -128,16 +133,21 @@ def _format(fmt: Format) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
 
 
+_THINK_AS_EFFORT: dict[bool | str, str] = {True: "medium", False: "none"}
+
+
 class _Generation(_Body):
     model: str = ModelName
     format: Format = None
     options: Options | None = None
     stream: bool = True
     keep_alive: KeepAlive = None
-    think: bool | str | None = None  # accepted, ignored
+    think: bool | Literal["low", "medium", "high"] | None = None
 
     def _common(self) -> dict[str, Any]:
         fields = {"model": self.model, "stream": self.stream, "keep_alive": self.keep_alive}
+        if self.think is not None:  # true: the middle level (gpt-oss's default)
+            fields["reasoning_effort"] = _THINK_AS_EFFORT.get(self.think, self.think)
         return fields | (self.options.sampling() if self.options else {})
 
 

@@ -79,7 +79,7 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         **_SHARED,
         "messages": _done(
             "text and `image_url` (data URL) parts for a model that sees, assistant "
-            "`tool_calls`, `role: tool` answers"
+            "`tool_calls` and `reasoning_content` (to its template), `role: tool` answers"
         ),
         "max_completion_tokens": _done("`max_tokens` wins where both are set"),
         "audio": _refused("no audio output", lambda v: v is None),
@@ -95,7 +95,15 @@ FIELDS: dict[Route, dict[str, FieldSupport]] = {
         "prompt_cache_key": _done(CALLER_ID),
         "prompt_cache_options": _ignored(AUTOMATIC_CACHE),
         "prompt_cache_retention": _ignored(AUTOMATIC_CACHE),
-        "reasoning_effort": _ignored("no reasoning models' effort setting"),
+        "reasoning_effort": _done(
+            "a reasoning model's switch: `none` turns thinking off (Qwen3's `enable_thinking`, "
+            "or the block its prompt opened closed), `low`/`medium`/`high` reach a template "
+            "that reads a level (gpt-oss's); `<think>` thinking comes back in `reasoning_content`"
+        ),
+        "reasoning_budget_tokens": _done(
+            "llama.cpp extra: the most tokens it thinks; then the thinking is closed and "
+            "the answer follows (counted in `max_tokens`)"
+        ),
         "response_format": _done("`text`, `json_object`, `json_schema`: constrained decoding"),
         "safety_identifier": _done(CALLER_ID),
         "service_tier": _done(TIER_NOTE),

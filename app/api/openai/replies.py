@@ -5,6 +5,11 @@ they step in one batch where memory allows); its choices carry their `index`, it
 counts the prompt once and every choice's tokens, and its cost headers add up the n
 prices. Seeded requests give choice i the seed + i, so the choices differ and each can
 be reproduced.
+
+A reasoning model's thinking comes apart from its answer, as llama.cpp's, vLLM's and
+DeepSeek's servers give it: `message.reasoning_content`, streamed as
+`delta.reasoning_content` before the answer's `delta.content` (app.models.chat.reasoning);
+tool calls are read from the answer only, never from the thinking.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
+from app.api.thinking import frame_of
 from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
+from app.models.chat.reasoning import Frame, ThinkSplitter, split
 from app.models.decoding import DecodeResult
 from app.models.tools import CallWatch, read_calls
 
@@ -55,7 +62,8 @@ class Reply:
         finally:
             close_all()
         choices = [
-            self._choice(index, text, outcome) for index, (text, outcome, _) in enumerate(answers)
+            self._choice(index, text, outcome, frame_of(generations[index]))
+            for index, (text, outcome, _) in enumerate(answers)
         ]
         payload = self._envelope(self.kind, choices)
         outcomes, cost = [a[1] for a in answers], Cost.combined([a[2] for a in answers])
@@ -91,11 +99,13 @@ class Reply:
             # tool mode: text streams once it can be no call; a call is held (CallWatch)
             names = set(self.body.tool_names)
             watches = {i: CallWatch(names) for i in range(len(generations)) if self.tools}
+            splitters = [self._splitter(generation) for generation in generations]
             async for index, text in _merged(generations):
-                if text is not None and self.tools:
-                    text = watches[index].feed(text)
-                if text:
-                    yield _sse(self._envelope(chunk, [self._delta(index, self._content(text))]))
+                pieces = splitters[index].push(text) if text is not None else []
+                if text is None:
+                    pieces = splitters[index].end()
+                for delta in self._deltas(pieces, watches.get(index)):
+                    yield _sse(self._envelope(chunk, [self._delta(index, delta)]))
                 if text is not None:
                     continue
                 try:
@@ -140,6 +150,25 @@ class Reply:
             envelope["usage"] = None  # every chunk but the last, as OpenAI sends them
         return envelope
 
+    def _splitter(self, generation: AdmittedGeneration) -> ThinkSplitter:
+        """How a choice's text is split into thinking and answer (completions: never)."""
+        return ThinkSplitter(frame_of(generation) if self.chat else None)
+
+    def _deltas(
+        self, pieces: list[tuple[str, str]], watch: CallWatch | None
+    ) -> list[dict[str, Any]]:
+        """Deltas for pieces of a choice's text: thinking as `reasoning_content`, the
+        answer as content, through the watch for calls where tools are offered."""
+        deltas = []
+        for kind, piece in pieces:
+            if kind == "thinking":
+                deltas.append({"reasoning_content": piece})
+                continue
+            text = watch.feed(piece) if watch is not None else piece
+            if text:
+                deltas.append(self._content(text))
+        return deltas
+
     @property
     def tools(self) -> bool:
         """Whether answers are read for tool calls (a stream's text held while it may
@@ -156,9 +185,15 @@ class Reply:
         listed = [{"index": i, **call.as_openai()} for i, call in enumerate(calls)]
         return {"content": rest or None, "tool_calls": listed}, "tool_calls"
 
-    def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
-        """The assistant message for `text`: its tool calls where it makes some."""
+    def _message(
+        self, text: str, finish: str, frame: Frame | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """The assistant message for `text`: its thinking apart (`reasoning_content`), its
+        tool calls where it makes some."""
+        thought, text = split(text, frame)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thought:
+            message["reasoning_content"] = thought
         if self.tools:
             rest, calls = read_calls(text, set(self.body.tool_names))
             calls = calls if self.body.parallel_tool_calls else calls[:1]
@@ -176,10 +211,12 @@ class Reply:
         prompt = self.body.prompt
         return prompt if self.body.echo and isinstance(prompt, str) else ""
 
-    def _choice(self, index: int, text: str, outcome: DecodeResult) -> dict[str, Any]:
+    def _choice(
+        self, index: int, text: str, outcome: DecodeResult, frame: Frame | None
+    ) -> dict[str, Any]:
         logprobs = self._logprobs(outcome, len(self.prompt))
         if self.chat:
-            message, finish = self._message(text, outcome.finish_reason)
+            message, finish = self._message(text, outcome.finish_reason, frame)
             for call in message.get("tool_calls", []):
                 call.pop("index")  # only stream deltas number their calls
             return {

@@ -19,6 +19,7 @@ from app.config.settings import Settings
 from app.core.requests import ValidEmbeddingRequest, ValidGenerationRequest
 from app.errors import InvalidRequest
 from app.models import structured
+from app.models.chat.reasoning import OpenAIEffort, ThinkingAsk
 from app.models.decoding import ANY_OBJECT, Chat, Prompt, SamplingParams
 from app.models.tools import call_schema
 
@@ -136,6 +137,8 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_call_id: str | None = Field(default=None, max_length=128)
     refusal: str | None = Field(default=None, max_length=MAX_CHARS_HARD)  # sent back as given
+    # an earlier answer's thinking, sent back: its template shows it or leaves it out
+    reasoning_content: str | None = Field(default=None, max_length=MAX_CHARS_HARD)
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -155,6 +158,8 @@ class ChatMessage(BaseModel):
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             message["name"] = self.name
+        if self.reasoning_content:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 
@@ -294,9 +299,16 @@ class ChatRequest(_GenerationFields):
     parallel_tool_calls: bool | None = None
     prompt_cache_key: str | None = Field(default=None, max_length=MAX_CALLER_ID)
     safety_identifier: str | None = Field(default=None, max_length=MAX_CALLER_ID)
+    # a reasoning model's thinking: OpenAI's effort (`none`: off), llama.cpp's budget
+    reasoning_effort: OpenAIEffort | None = None
+    reasoning_budget_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_HARD)
 
     def caller_ids(self) -> tuple[str | None, ...]:
         return (*super().caller_ids(), self.prompt_cache_key, self.safety_identifier)
+
+    def thinking(self) -> ThinkingAsk:
+        """What it asks of a reasoning model's thinking (app.models.chat.reasoning)."""
+        return ThinkingAsk.from_effort(self.reasoning_effort, self.reasoning_budget_tokens)
 
     @model_validator(mode="before")
     @classmethod
@@ -311,7 +323,7 @@ class ChatRequest(_GenerationFields):
             if urls := body.image_urls():
                 message["images"] = [url_image(url, settings, "messages") for url in urls]
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools or []]
-        return Chat(messages, tools if self.tool_mode() != "none" else None)
+        return Chat(messages, tools if self.tool_mode() != "none" else None, self.thinking())
 
     def image_count(self) -> int:
         return sum(len(m.image_urls()) for m in self.messages)

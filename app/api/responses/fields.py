@@ -74,7 +74,10 @@ RESPONSE_FIELDS: dict[str, FieldSupport] = {
     "truncation": _done("disabled: a prompt over the context is a 400; auto: oldest turns go"),
     "stream": _done("the documented event sequence"),
     "user": _done("echoed; " + CALLER_ID),
-    "reasoning": _ignored("no reasoning models' effort setting here"),
+    "reasoning": _done(
+        "`effort` switches a reasoning model (`none`: off); its thinking comes back as a "
+        "`reasoning` item (`reasoning_text`), no summary"
+    ),
     "include": _ignored("nothing extra to include: no encrypted reasoning, no sources"),
     "stream_options": _ignored("no obfuscation padding on loopback"),
     "prompt_cache_key": _done("echoed; " + CALLER_ID),

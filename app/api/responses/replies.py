@@ -1,8 +1,10 @@
 """A generation's answer as the Responses API gives it: a Response object, or its stream
 of events (`event: <type>` and `data: {...}` with a `sequence_number` from 0).
 
-Output items are a message with one `output_text` part, or function calls read from the
-answer as chat reads them (app.models.tools.read_calls). Its text streams as it is
+Output items are a reasoning model's thinking as a `reasoning` item first (its text as
+one `reasoning_text` part, app.models.chat.reasoning), then a message with one `output_text`
+part, or function calls read from the answer as chat reads them
+(app.models.tools.read_calls; never from the thinking). Its text streams as it is
 decoded; where calls may come (tools offered and not `none`), what may still be a call
 is held (app.models.tools.CallWatch) and its items sent whole at the end.
 """
@@ -18,10 +20,12 @@ import orjson
 
 from app.api.responses.schemas import ResponsesRequest
 from app.api.responses.store import new_response_id
+from app.api.thinking import frame_of
 from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.work import AdmittedGeneration, Cost
 from app.errors import ShuttingDown, VramgateError
+from app.models.chat.reasoning import Frame, Piece, ThinkSplitter, split
 from app.models.decoding import DecodeResult
 from app.models.tools import CallWatch, ToolCall, read_calls
 
@@ -37,6 +41,17 @@ def message_item(text: str, status: str = "completed") -> Item:
         "role": "assistant",
         "status": status,
         "content": [part],
+    }
+
+
+def reasoning_item(text: str, status: str = "completed") -> Item:
+    part = {"type": "reasoning_text", "text": text}
+    return {
+        "id": f"rs_{uuid.uuid4().hex}",
+        "type": "reasoning",
+        "summary": [],
+        "content": [part],
+        "status": status,
     }
 
 
@@ -92,16 +107,19 @@ class ResponseDraft:
             **extra,
         }
 
-    def output(self, text: str, outcome: DecodeResult) -> list[Item]:
-        """The answer's items: its calls (after any text beside them), else a message."""
+    def output(self, text: str, outcome: DecodeResult, frame: Frame | None = None) -> list[Item]:
+        """The answer's items: its thinking, then its calls (after any text beside them),
+        else a message."""
+        thought, text = split(text, frame)
+        first = [reasoning_item(thought)] if thought else []
         status = "incomplete" if outcome.finish_reason == "length" else "completed"
         if self.calls_possible:
             rest, calls = read_calls(text, set(self.valid.tool_names))
             calls = calls if self.valid.parallel_tool_calls else calls[:1]
             if calls:
                 said = [message_item(rest)] if rest else []
-                return [*said, *(call_item(call) for call in calls)]
-        return [message_item(text, status)]
+                return [*first, *said, *(call_item(call) for call in calls)]
+        return [*first, message_item(text, status)]
 
     def finished(self, output: list[Item], outcome: DecodeResult) -> dict[str, Any]:
         cut = outcome.finish_reason == "length"
@@ -129,7 +147,7 @@ async def whole(draft: ResponseDraft, generation: AdmittedGeneration) -> tuple[d
     """The finished Response object and what it cost."""
     text = "".join([delta async for delta in generation.deltas()])
     outcome, cost = await outcome_of(generation)
-    return draft.finished(draft.output(text, outcome), outcome), cost
+    return draft.finished(draft.output(text, outcome, frame_of(generation)), outcome), cost
 
 
 class EventWriter:
@@ -145,7 +163,8 @@ class EventWriter:
 
 
 def opening(emit: EventWriter, index: int, item: Item) -> list[bytes]:
-    """An item's first events: it is added (empty, in progress), and its text part."""
+    """An item's first events: it is added (empty, in progress), and its text part (a
+    message's output_text, a reasoning item's reasoning_text)."""
     if item["type"] == "function_call":
         started = {**item, "arguments": "", "status": "in_progress"}
         return [emit("response.output_item.added", output_index=index, item=started)]
@@ -162,6 +181,8 @@ def delta(emit: EventWriter, index: int, item: Item, text: str) -> bytes:
     where = {"item_id": item["id"], "output_index": index}
     if item["type"] == "function_call":
         return emit("response.function_call_arguments.delta", **where, delta=text)
+    if item["type"] == "reasoning":
+        return emit("response.reasoning_text.delta", **where, content_index=0, delta=text)
     return emit("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
 
 
@@ -172,6 +193,12 @@ def closing(emit: EventWriter, index: int, item: Item) -> list[bytes]:
     if item["type"] == "function_call":
         kind = "response.function_call_arguments.done"
         last = [emit(kind, **where, name=item["name"], arguments=item["arguments"])]
+    elif item["type"] == "reasoning":
+        part = item["content"][0]
+        last = [
+            emit("response.reasoning_text.done", **where, content_index=0, text=part["text"]),
+            emit("response.content_part.done", **where, content_index=0, part=part),
+        ]
     else:
         part = item["content"][0]
         kind = "response.output_text.done"
@@ -195,33 +222,30 @@ async def events(
         # where calls may come, text streams once it can be no call (CallWatch)
         names = set(draft.valid.tool_names)
         watch = CallWatch(names) if draft.calls_possible else None
-        item, text, opened = message_item("", "in_progress"), "", False
+        splitter, answer = ThinkSplitter(frame_of(generation)), StreamedAnswer(emit)
         async for piece in generation.deltas():
-            piece = watch.feed(piece) if watch is not None else piece
-            if not piece:
-                continue
-            if not opened:
-                opened = True
-                for event in opening(emit, 0, item):
-                    yield event
-            text += piece
-            yield delta(emit, 0, item, piece)
+            for event in answer.pieces(splitter.push(piece), watch):
+                yield event
+        for event in answer.pieces(splitter.end(), watch):
+            yield event
         outcome, _ = await outcome_of(generation)
         rest, calls = watch.end() if watch is not None else ("", [])
         calls = calls if draft.valid.parallel_tool_calls else calls[:1]
-        output: list[Item] = []
-        if rest or opened or not calls:  # the message item: its text streamed, and the rest
-            if not opened:
-                for event in opening(emit, 0, item):
+        for event in answer.thought_done():
+            yield event
+        output: list[Item] = answer.output[:]
+        item, at = answer.message, len(output)
+        if rest or answer.opened or not calls:  # the message: its text streamed, and the rest
+            if not answer.opened:
+                for event in opening(emit, at, item):
                     yield event
             if rest:
-                text += rest
-                yield delta(emit, 0, item, rest)
+                answer.text += rest
+                yield delta(emit, at, item, rest)
             status = "incomplete" if outcome.finish_reason == "length" else "completed"
-            output.append(
-                {**message_item(text, status if not calls else "completed"), "id": item["id"]}
-            )
-            for event in closing(emit, 0, output[0]):
+            said = message_item(answer.text, status if not calls else "completed")
+            output.append({**said, "id": item["id"]})
+            for event in closing(emit, at, output[-1]):
                 yield event
         for call in calls:
             called = call_item(call)
@@ -237,6 +261,50 @@ async def events(
         yield emit("response.failed", response=draft.envelope("failed", [], error=error))
     finally:
         generation.close()
+
+
+class StreamedAnswer:
+    """The items a stream has written so far: its reasoning item while its thinking
+    streams (closed when the answer's text begins), then its message's text."""
+
+    def __init__(self, emit: EventWriter) -> None:
+        self.emit = emit
+        self.output: list[Item] = []  # the items written whole
+        self.reasoning = reasoning_item("", "in_progress")
+        self.thought = ""
+        self.message = message_item("", "in_progress")
+        self.text = ""
+        self.opened = False  # the message has been added
+
+    def pieces(self, pieces: list[Piece], watch: CallWatch | None) -> list[bytes]:
+        """Events for pieces of the answer: thinking into the reasoning item, text into
+        the message (through the watch for calls where they may come)."""
+        events: list[bytes] = []
+        for kind, piece in pieces:
+            if kind == "thinking":
+                if not self.thought:
+                    events += opening(self.emit, 0, self.reasoning)
+                self.thought += piece
+                events.append(delta(self.emit, 0, self.reasoning, piece))
+                continue
+            text = watch.feed(piece) if watch is not None else piece
+            if not text:
+                continue
+            events += self.thought_done()
+            if not self.opened:
+                self.opened = True
+                events += opening(self.emit, len(self.output), self.message)
+            self.text += text
+            events.append(delta(self.emit, len(self.output), self.message, text))
+        return events
+
+    def thought_done(self) -> list[bytes]:
+        """The reasoning item's last events, once (none where it did not think)."""
+        if not self.thought or self.output:
+            return []
+        done = {**reasoning_item(self.thought), "id": self.reasoning["id"]}
+        self.output.append(done)
+        return closing(self.emit, 0, done)
 
 
 def _whole_item(emit: EventWriter, index: int, item: Item) -> list[bytes]:

@@ -41,6 +41,7 @@ from app.api.openai.schemas import (
 from app.api.responses.fields import screen
 from app.config.settings import MODEL_NAME_PATTERN
 from app.errors import InvalidRequest
+from app.models.chat.reasoning import OpenAIEffort
 
 MAX_ITEMS = 2048
 MAX_PARTS = 256
@@ -117,12 +118,22 @@ class FunctionCallOutputItem(_Lenient):
     output: Content
 
 
+class ReasoningText(_Lenient):
+    type: Literal["reasoning_text"]
+    text: Text
+
+
 class ReasoningItem(_Lenient):
-    """A reasoning model's item, sent back with its conversation: kept, never shown to
-    the model (its text, if any, is another model's)."""
+    """A reasoning model's item, sent back with its conversation: its text goes to the
+    template with the assistant turn that follows it (`reasoning_content`: the template
+    shows it or leaves it out); its summary and encrypted content are not read."""
 
     type: Literal["reasoning"]
     id: ItemId = None
+    content: Annotated[list[ReasoningText], Field(max_length=MAX_PARTS)] | None = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or [])
 
 
 def _item_type(value: Any) -> str:
@@ -151,10 +162,13 @@ def has_image(items: list[InputItem]) -> bool:
 
 def chat_messages(items: list[InputItem]) -> list[dict[str, Any]]:
     """The conversation as chat turns: consecutive function calls join the assistant turn
-    before them; reasoning items are left out."""
+    before them; a reasoning item's text goes with the assistant turn after it."""
     messages: list[dict[str, Any]] = []
+    thought = ""  # a reasoning item's, for the next assistant turn
     for item in items:
-        if isinstance(item, MessageItem):
+        if isinstance(item, ReasoningItem):
+            thought += item.text()
+        elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _text_of(item.content)})
         elif isinstance(item, FunctionCallItem):
@@ -171,6 +185,9 @@ def chat_messages(items: list[InputItem]) -> list[dict[str, Any]]:
         elif isinstance(item, FunctionCallOutputItem):
             text = _text_of(item.output)
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+        answered = messages and messages[-1]["role"] == "assistant"
+        if thought and answered and not isinstance(item, ReasoningItem):
+            messages[-1]["reasoning_content"], thought = thought, ""
     return messages
 
 
@@ -237,6 +254,16 @@ class TextConfig(BaseModel):
     verbosity: Literal["low", "medium", "high"] | None = None  # accepted, ignored
 
 
+class ReasoningConfig(BaseModel):
+    """`reasoning`: a reasoning model's effort (`none`: thinking off; app.models.chat.reasoning);
+    no summaries are written (the thinking itself comes back, as `reasoning_text`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    effort: OpenAIEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(BaseModel):
     """POST /v1/responses, every number bounded and every list capped."""
 
@@ -250,6 +277,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_HARD)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -312,6 +340,8 @@ class ResponsesRequest(BaseModel):
         }
         if self.text is not None and self.text.format is not None:
             fields["response_format"] = self.text.format.as_chat()
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            fields["reasoning_effort"] = self.reasoning.effort
         fields |= {
             name: value
             for name in ("temperature", "top_p")
@@ -357,7 +387,10 @@ class ResponsesRequest(BaseModel):
             "safety_identifier": self.safety_identifier,
             "truncation": self.truncation or "disabled",
             "previous_response_id": self.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {
+                "effort": self.reasoning.effort if self.reasoning else None,
+                "summary": None,
+            },
         }
 
 

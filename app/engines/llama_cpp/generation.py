@@ -21,6 +21,7 @@ from app.engines.llama_cpp.slots import TAG_FIELD
 from app.engines.llama_cpp.watch import RunnerWatch
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.card import ModelCard
+from app.models.chat.reasoning import Frame, ThinkingAsk, answer_frame, template_switches
 from app.models.decoding import (
     Chat,
     DecodeResult,
@@ -54,17 +55,31 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
 
     async def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, as the runner's own template and tokenizer make them."""
+        return (await self._encoded(prompt))[0]
+
+    async def _encoded(self, prompt: Prompt) -> tuple[list[int], Frame | None]:
+        """The prompt's token ids, and how a chat's answer thinks (its frame)."""
+        frame = None
         if isinstance(prompt, Chat):
-            knows = template_knows_tools(self.chat_template)
-            body: dict[str, Any] = {"messages": chat_messages(prompt.messages, prompt.tools, knows)}
-            if knows and prompt.tools:
-                body["tools"] = prompt.tools
-            text = (await self._call("/apply-template", body))["prompt"]
+            rendered = await self.render(prompt)
+            budget = self.spec.thinking_budget
+            text, frame = answer_frame(self.chat_template, rendered, prompt.thinking, budget)
             special = {"add_special": False, "parse_special": True}
         else:
             text, special = prompt, {"add_special": True, "parse_special": False}
         found = await self._call("/tokenize", {"content": text, **special})
-        return [int(t) for t in found["tokens"]]
+        return [int(t) for t in found["tokens"]], frame
+
+    async def render(self, chat: Chat) -> str:
+        """The chat as the runner's template renders it (llama.cpp's own jinja), its
+        tools and its thinking switches (`chat_template_kwargs`) given to the template."""
+        knows = template_knows_tools(self.chat_template)
+        body: dict[str, Any] = {"messages": chat_messages(chat.messages, chat.tools, knows)}
+        if knows and chat.tools:
+            body["tools"] = chat.tools
+        if switches := template_switches(self.chat_template, chat.thinking):
+            body["chat_template_kwargs"] = switches
+        return str((await self._call("/apply-template", body))["prompt"])
 
     async def prepare_prompt(
         self, prompt: Prompt, params: SamplingParams, default_max_tokens: int, pools: Pools
@@ -75,9 +90,11 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             raise InvalidRequest(
                 f"model {self.name!r} has no chat template; use /v1/completions", param="model"
             )
-        ids = await self.encode(prompt)
+        if isinstance(prompt, Chat) and params.json_schema is not None:
+            prompt = replace(prompt, thinking=ThinkingAsk(on=False))  # the grammar's, whole
+        ids, frame = await self._encoded(prompt)
         return generation_prepared(
-            self.name, ids, params, self.context, default_max_tokens, params.json_schema
+            self.name, ids, params, self.context, default_max_tokens, params.json_schema, frame
         )
 
     def start(self, prepared: Prepared, stream: TokenStream | None, pools: Pools) -> Launched:
@@ -98,7 +115,12 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         body = {**completion_body(task, self.spec.prefix_cache), TAG_FIELD: tag}
         self.open_cells[tag] = self.cells_for(prepared)
         try:
-            final, text, logprobs = await self._read(client, watch, body, stream)
+            thinking = task.thinking
+            if thinking is not None and thinking.opened and thinking.budget is not None:
+                read = await self._read_thinking_first(client, watch, body, stream, task)
+            else:
+                read = await self._read(client, watch, body, stream)
+            final, text, logprobs = read
             if not final and stream.cancelled.is_set():
                 await self._let_go(watch, tag)
         finally:
@@ -110,11 +132,54 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             self.prefix_store.record(result.cached_tokens)  # its hits in /status
         return result
 
+    async def _read_thinking_first(
+        self,
+        client: RunnerClient,
+        watch: RunnerWatch,
+        body: dict[str, Any],
+        stream: TokenStream,
+        task: GenerationInput,
+    ) -> tuple[dict[str, Any], list[str], list[TokenLogprob]]:
+        """An answer whose prompt opened its thinking (an R1 distill's), on a budget: the
+        thinking first, up to the budget's tokens, then the answer after it, its close tag
+        written where the thinking did not close itself. llama.cpp's budget sampler counts
+        only from an open tag it sees generated (a prompt's tag reaches it under a grammar
+        of its own only: xllamacpp 2026.10, tried), so here `n_predict` bounds it."""
+        frame = task.thinking
+        assert frame is not None and frame.budget is not None
+        budget = min(frame.budget, task.max_tokens)
+        first = {**body, "n_predict": budget, "return_tokens": True}
+        ids: list[int] = []
+        final: dict[str, Any] = {"stop_type": "limit"}  # a budget of 0: closed at once
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        if budget > 0:
+            final, text, logprobs = await self._read(client, watch, first, stream, ids)
+        if final.get("stop_type") != "limit" or budget >= task.max_tokens:
+            return final, text, logprobs  # it ended, stopped or used all its tokens
+        if frame.close not in "".join(text):
+            close = {"content": frame.close, "add_special": False, "parse_special": True}
+            ids += [int(t) for t in (await self._call("/tokenize", close))["tokens"]]
+            text.append(frame.close)
+            stream.push(frame.close)
+        rest = {**first, "prompt": [*body["prompt"], *ids], "n_predict": task.max_tokens - len(ids)}
+        rest.pop("return_tokens")
+        final, more, more_logprobs = await self._read(client, watch, rest, stream)
+        if final:
+            final = {**final, "tokens_predicted": int(final.get("tokens_predicted", 0)) + len(ids)}
+        return final, text + more, logprobs + more_logprobs
+
     async def _read(
-        self, client: RunnerClient, watch: RunnerWatch, body: dict[str, Any], stream: TokenStream
+        self,
+        client: RunnerClient,
+        watch: RunnerWatch,
+        body: dict[str, Any],
+        stream: TokenStream,
+        ids: list[int] | None = None,
     ) -> tuple[dict[str, Any], list[str], list[TokenLogprob]]:
         """The completion's events until its last (`final`: empty if the stream was
-        cancelled or ended early); its connection is closed when this returns."""
+        cancelled or ended early); its connection is closed when this returns. `ids`
+        gets the tokens it generated (with `return_tokens` in `body`)."""
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
         try:
@@ -133,6 +198,8 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
                         continue
                     self.forward_calls += 1
                     piece = str(chunk.get("content", ""))
+                    if ids is not None:
+                        ids.extend(int(t) for t in chunk.get("tokens") or ())
                     text.append(piece)
                     logprobs.extend(logprobs_of(chunk))
                     stream.push(piece)

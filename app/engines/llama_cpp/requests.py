@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from app.models.chat.reasoning import Frame
 from app.models.decoding import DecodeResult, GenerationInput, TokenLogprob
 from app.models.prepared import Prepared
 from app.models.structured import lark_grammar
@@ -43,7 +44,24 @@ def completion_body(task: GenerationInput, cache: bool = True) -> dict[str, Any]
         body["n_probs"] = max(1, p.logprobs)
     if task.grammar is not None:  # a JSON schema: the same grammar as the torch engine's
         body["grammar"] = lark_grammar(task.grammar)
+    frame = task.thinking
+    if frame is not None and frame.budget is not None and not frame.opened:
+        body |= thinking_budget(frame)
     return body
+
+
+def thinking_budget(frame: Frame) -> dict[str, Any]:
+    """llama.cpp's reasoning budget sampler for an answer whose model opens its thinking
+    itself, as llama.cpp's chat route sets it (tried on xllamacpp 2026.10: the end tags
+    and the message must be given, or nothing is forced): the close tag is forced once
+    `budget` tokens followed the open tag. (A block the prompt opened is bounded by its
+    handler: app.engines.llama_cpp.generation, `_read_thinking_first`.)"""
+    return {
+        "reasoning_budget_tokens": frame.budget,
+        "reasoning_budget_start_tag": frame.open,
+        "reasoning_budget_end_tags": [frame.close],
+        "reasoning_budget_message": "",
+    }
 
 
 def logprobs_of(chunk: dict[str, Any]) -> list[TokenLogprob]:

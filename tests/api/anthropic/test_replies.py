@@ -1,6 +1,7 @@
-"""Answers in Anthropic's shapes: `<think>` text split out however the stream cuts it,
-an answer's blocks (thinking, text, tool_use) and stop reason, and a stream's events —
-a failure after it began as an `error` event, the generation closed either way."""
+"""Answers in Anthropic's shapes: an answer's blocks (thinking, text, tool_use) and stop
+reason, thinking left out where the request did not ask for it, and a stream's events —
+a failure after it began as an `error` event, the generation closed either way. (How
+`<think>` text is split out however the stream cuts it: tests/models/test_reasoning.py.)"""
 
 from __future__ import annotations
 
@@ -9,55 +10,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import pytest
 
-from app.api.anthropic.replies import Ending, MessageReply, ThinkSplitter, reasons
+from app.api.anthropic.replies import Ending, MessageReply
 from app.core.requests import ValidGenerationRequest
 from app.errors import RunTimeout
-from app.models.decoding import DecodeResult, SamplingParams
+from app.models.chat.reasoning import Frame
+from app.models.decoding import DecodeResult, GenerationInput, SamplingParams
 
-ANSWER = "  <think>Oslo is wet.\nSo: rain.</think>\n\nIt rains in Oslo."
-
-
-def split(pieces: list[str], enabled: bool = True) -> list[tuple[str, str]]:
-    """The (kind, text) pieces, consecutive ones of a kind joined."""
-    splitter = ThinkSplitter(enabled)
-    found = [p for piece in pieces for p in splitter.push(piece)] + splitter.end()
-    joined: list[tuple[str, str]] = []
-    for kind, text in found:
-        if joined and joined[-1][0] == kind:
-            joined[-1] = (kind, joined[-1][1] + text)
-        else:
-            joined.append((kind, text))
-    return joined
-
-
-@pytest.mark.parametrize("size", [1, 2, 3, 7, len(ANSWER)])
-def test_thinking_is_split_out_wherever_the_stream_cuts_the_tags(size):
-    pieces = [ANSWER[i : i + size] for i in range(0, len(ANSWER), size)]
-    assert split(pieces) == [("thinking", "Oslo is wet.\nSo: rain."), ("text", "It rains in Oslo.")]
-
-
-@pytest.mark.parametrize(
-    ("pieces", "enabled", "expected"),
-    [
-        (["<thi", "nk>unfinished"], True, [("thinking", "unfinished")]),  # cut off by max_tokens
-        (["<b>bold</b>"], True, [("text", "<b>bold</b>")]),
-        (
-            ["Hello <think>x</think>"],
-            True,
-            [("text", "Hello <think>x</think>")],
-        ),  # not at the start
-        (["<", "think>x</think>y"], False, [("text", "<think>x</think>y")]),  # not asked for
-        (["<"], True, [("text", "<")]),
-    ],
-)
-def test_only_a_leading_think_tag_is_thinking(pieces, enabled, expected):
-    assert split(pieces, enabled) == expected
-
-
-def test_a_model_reasons_when_its_template_names_think():
-    assert reasons("{{ '<think>\\n' }}") and not reasons("<|im_start|>") and not reasons(None)
+THINKS = Frame()  # a model that thinks in `<think>` tags, its prompt leaving the block to it
 
 
 def valid(**fields: Any) -> ValidGenerationRequest:
@@ -71,23 +31,30 @@ def outcome(finish: str = "stop", stop: str | None = None, cached: int = 0) -> D
 def test_an_answers_blocks_are_thinking_text_and_tool_uses_and_its_stop_reason_says_why():
     reply = MessageReply(valid(tool_mode="auto", tool_names=frozenset({"w"})), "claude-x", True)
     text = '<think>Call it.</think>{"name": "w", "arguments": {"city": "Oslo"}}'
-    content, ending = reply.blocks(text, outcome())
+    content, ending = reply.blocks(text, outcome(), Frame())
     assert [block["type"] for block in content] == ["thinking", "tool_use"]
     assert content[1]["input"] == {"city": "Oslo"} and content[1]["id"].startswith("toolu_")
     assert ending.stop_reason == "tool_use"
     plain = MessageReply(valid(), "claude-x", False)
-    assert plain.blocks("", outcome("length"))[0] == [{"type": "text", "text": ""}]
-    assert plain.blocks("a", outcome("length"))[1].stop_reason == "max_tokens"
-    assert plain.blocks("a", outcome("stop", "\n\n"))[1] == Ending("stop_sequence", "\n\n")
-    assert plain.blocks("a", outcome("stop"))[1] == Ending("end_turn", None)
+    assert plain.blocks("", outcome("length"), None)[0] == [{"type": "text", "text": ""}]
+    assert plain.blocks("a", outcome("length"), None)[1].stop_reason == "max_tokens"
+    assert plain.blocks("a", outcome("stop", "\n\n"), None)[1] == Ending("stop_sequence", "\n\n")
+    assert plain.blocks("a", outcome("stop"), None)[1] == Ending("end_turn", None)
+    # a reasoning model's thinking, not asked for: left out (its text alone is the answer)
+    unasked = plain.blocks("<think>Hm.</think>\n\nYes.", outcome(), Frame())[0]
+    assert unasked == [{"type": "text", "text": "Yes."}]
 
 
 class FakeGeneration:
     """What a reply reads of an admitted generation; its outcome is given."""
 
-    def __init__(self, deltas: list[str], result: DecodeResult | Exception) -> None:
+    def __init__(
+        self, deltas: list[str], result: DecodeResult | Exception, frame: Frame | None = THINKS
+    ) -> None:
         self._deltas, self._result, self.closed = deltas, result, False
-        self.job = type("Job", (), {"prepared": type("Prepared", (), {"tokens": 30})()})()
+        payload = GenerationInput([1] * 30, SamplingParams(), 16, thinking=frame)
+        prepared = type("Prepared", (), {"tokens": 30, "payload": payload})()
+        self.job = type("Job", (), {"prepared": prepared})()
         self.stream = type("Stream", (), {"cancel_reason": None})()
 
     async def deltas(self) -> AsyncIterator[str]:

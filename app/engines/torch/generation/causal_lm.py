@@ -36,7 +36,9 @@ from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
 from app.models.base import read_chat_template, read_json_object, weight_file_bytes
 from app.models.card import ModelCard
+from app.models.chat.reasoning import Frame, ThinkingAsk, answer_frame, template_switches
 from app.models.decoding import (
+    Chat,
     DecodeResult,
     Prompt,
     SamplingParams,
@@ -185,7 +187,12 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
             dtype=self._model.dtype,
             constrain=self._grammars.constraint if self._grammars else None,
             store=self.prefix_store,
+            tokens=self._tag_tokens,
         )
+
+    def _tag_tokens(self, tag: str) -> list[int]:
+        """A tag's token ids (a thinking budget's open and close tags)."""
+        return list(self._tokenizer(tag, add_special_tokens=False)["input_ids"])
 
     def _load_files(self, dtype: torch.dtype) -> tuple[Any, Any]:
         """Its tokenizer and model, read from its files (not yet on the device)."""
@@ -245,9 +252,14 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
         gc.collect()
 
     def encode(self, prompt: Prompt) -> list[int]:
+        return self._encoded(prompt)[0]
+
+    def _encoded(self, prompt: Prompt) -> tuple[list[int], Frame | None]:
+        """The prompt's ids, and how a chat's answer thinks (its frame): its template is
+        given the thinking switches the chat asks for (app.models.chat.reasoning)."""
         tokenizer = self._tokenizer
         if isinstance(prompt, str):
-            return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            return list(tokenizer(prompt, add_special_tokens=True)["input_ids"]), None
         if prompt.images:  # the routes refuse them first, by the model's card
             raise InvalidRequest(f"model {self.name!r} cannot see images", param="messages")
         template = getattr(tokenizer, "chat_template", None)
@@ -259,10 +271,13 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
         knows = template_knows_tools(template)
         messages = chat_messages(prompt.messages, prompt.tools, knows)
         tools = prompt.tools if knows else None
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        switches = template_switches(template, prompt.thinking)
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **switches
         )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        budget = self.spec.thinking_budget
+        text, frame = answer_frame(template, rendered, prompt.thinking, budget)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), frame
 
     def prepare_generation(
         self, prompt: Prompt, params: SamplingParams, default_max_tokens: int
@@ -283,18 +298,24 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
                     param="response_format",
                 )
             grammar = self._grammars.compile(params.json_schema)
-        ids, inputs = self.encode_inputs(prompt)
+        if isinstance(prompt, Chat) and grammar is not None:
+            prompt = replace(prompt, thinking=ThinkingAsk(on=False))  # the grammar's, whole
+        ids, inputs, frame = self.encode_inputs(prompt)
         cap = default_max_tokens
-        prepared = generation_prepared(self.name, ids, params, self.context, cap, grammar)
+        prepared = generation_prepared(self.name, ids, params, self.context, cap, grammar, frame)
         if inputs is None:
             return prepared
         payload = replace(prepared.payload, prefill_inputs=inputs)
         return replace(prepared, payload=payload, price_tag=IMAGES_TAG)
 
-    def encode_inputs(self, prompt: Prompt) -> tuple[list[int], dict[str, Any] | None]:
-        """The prompt's ids and the model inputs its prefill takes beside them (None: the
-        ids are all; a vision-language model's images are more)."""
-        return self.encode(prompt), None
+    def encode_inputs(
+        self, prompt: Prompt
+    ) -> tuple[list[int], dict[str, Any] | None, Frame | None]:
+        """The prompt's ids, the model inputs its prefill takes beside them (None: the
+        ids are all; a vision-language model's images are more) and how its answer
+        thinks (None: not in tags)."""
+        ids, frame = self._encoded(prompt)
+        return ids, None, frame
 
     def generate(self, prepared: Prepared, stream: TokenStream) -> DecodeResult:
         """Run in the model's batch (on the caller's stream thread, which waits)."""

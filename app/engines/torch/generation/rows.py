@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from app.engines.torch.generation.constrained import Constraint
+from app.engines.torch.generation.thinking_budget import ThinkingBudget
 from app.models.decoding import (
     DecodeResult,
     GenerationInput,
@@ -42,6 +43,7 @@ class Row:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if its request asks
     text: IncrementalText | None = None  # its answer's text, decoded step by step
     cached: int = 0  # prompt tokens whose KV was copied (a running or kept row's), not computed
+    thinking: ThinkingBudget | None = None  # where its thinking is budgeted: closed when spent
 
     @property
     def plain_greedy(self) -> bool:
@@ -89,9 +91,11 @@ class Row:
         stream: TokenStream,
         bound: int = 0,
         constrain: Callable[[str], Constraint] | None = None,
+        tokens: Callable[[str], list[int]] | None = None,
     ) -> Row:
-        """A row with its own sampler (seeded where the request names a seed) and its
-        own grammar state where its answer is constrained."""
+        """A row with its own sampler (seeded where the request names a seed), its own
+        grammar state where its answer is constrained and its thinking budget where it
+        has one (`tokens` spells the tags)."""
         constraint = None
         if task.grammar is not None:
             if constrain is None:
@@ -103,7 +107,12 @@ class Row:
         else:
             sampler.seed()
         scanner = StopScanner(task.params.stop)
-        return cls(task, stream, sampler, scanner, bound=bound, constraint=constraint)
+        thinking = None
+        if task.thinking is not None and tokens is not None:
+            thinking = ThinkingBudget.of(task.thinking, tokens)
+        return cls(
+            task, stream, sampler, scanner, bound=bound, constraint=constraint, thinking=thinking
+        )
 
     def end(
         self,

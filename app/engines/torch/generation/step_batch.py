@@ -77,12 +77,14 @@ class StepBatcher:
         dtype: torch.dtype = torch.float32,
         constrain: Callable[[str], Constraint] | None = None,
         store: PrefixStore | None = None,
+        tokens: Callable[[str], list[int]] | None = None,
     ) -> None:
         """`forward` is the model; `decode` token ids to text; `on_forward` counts steps;
         `cost` learns what a forward costs from the forwards run here; `packable`: the
         model honours packed prefills' masks (`packing`), `dtype` its floats;
         `constrain` makes a row's grammar state from its compiled grammar; `store`
-        keeps ended rows' KV for later prompts that begin the same way (None: off)."""
+        keeps ended rows' KV for later prompts that begin the same way (None: off);
+        `tokens` spells a thinking tag in token ids (a row's thinking budget)."""
         self._forward = forward
         self._decode = decode
         self._eos = eos
@@ -95,6 +97,7 @@ class StepBatcher:
         self.packable = packable and joinable and keep_last_logits
         self._dtype = dtype
         self._constrain = constrain
+        self._tokens = tokens
         self._name = name
         self._store = store if joinable else None  # rows of other caches cannot be copied
         self._cond = threading.Condition()
@@ -110,7 +113,7 @@ class StepBatcher:
     def generate(self, task: GenerationInput, stream: TokenStream, bound: int = 0) -> DecodeResult:
         """Run one stream in a batch; returns when it ended (on the caller's thread).
         `bound`: the tokens its admission covered (its bucket's token bound)."""
-        row = Row.start(task, stream, bound, self._constrain)
+        row = Row.start(task, stream, bound, self._constrain, self._tokens)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the model is unloaded")
@@ -435,8 +438,11 @@ class StepBatcher:
         return token
 
     def _advance(self, row: Row, token: int) -> None:
-        """A row's new token: end of sequence, a stop string, or text to send; a row
-        whose grammar is complete ends."""
+        """A row's new token (the close tag's instead, where its thinking budget is
+        spent): end of sequence, a stop string, or text to send; a row whose grammar is
+        complete ends."""
+        if row.thinking is not None:
+            token = row.thinking.next(token)
         if row.constraint is not None and not row.constraint.accept(token):
             log.warning("row ended: its grammar refused token %d", token)
             row.finish = "stop"

@@ -29,6 +29,7 @@ from app.config.settings import ModelSpec
 from app.devices.base import Device
 from app.engines.torch.generation.causal_lm import CausalLMHandler, source_of
 from app.errors import InvalidRequest
+from app.models.chat.reasoning import Frame
 from app.models.decoding import Chat, Prompt
 from app.models.images import decode_rgb
 from app.models.tools import chat_messages, template_knows_tools
@@ -88,9 +89,11 @@ class VisionLanguageHandler(CausalLMHandler):
     def encode(self, prompt: Prompt) -> list[int]:
         return self.encode_inputs(prompt)[0]
 
-    def encode_inputs(self, prompt: Prompt) -> tuple[list[int], dict[str, Any] | None]:
+    def encode_inputs(
+        self, prompt: Prompt
+    ) -> tuple[list[int], dict[str, Any] | None, Frame | None]:
         if isinstance(prompt, str):
-            return super().encode(prompt), None
+            return super().encode(prompt), None, None
         text = self._render(prompt)
         images = [self._image(data) for m in prompt.messages for data in m.get("images") or ()]
         bos = getattr(self._tokenizer, "bos_token", None)
@@ -104,7 +107,7 @@ class VisionLanguageHandler(CausalLMHandler):
             for name, value in out.items()
             if name not in ("input_ids", "attention_mask") and isinstance(value, torch.Tensor)
         }
-        return ids, (inputs if images else None)
+        return ids, (inputs if images else None), None  # its templates do not think in tags
 
     def _render(self, prompt: Chat) -> str:
         template = getattr(self._processor, "chat_template", None) or getattr(
