@@ -412,8 +412,9 @@ def test_an_unmeasured_prompt_bucket_takes_its_fixed_part_from_a_measured_one():
     scaled to the prompt, with a margin (prefill's activations grow with it); never
     under the geometry's."""
     book = BudgetBook()
-    book.record_generation(key("p16"), 16, chat(40, clean=True))  # fixed: 50 MiB
     book.record_generation(key("p16", model="other"), 16, chat(40, clean=True, fixed=900 * MiB))
+    book.record(key("s16"), 16, 10**9, 0.1)  # a one-shot bucket of the model: no fixed part
+    book.record_generation(key("p16"), 16, chat(40, clean=True))  # fixed: 50 MiB
     small = Geometry(kv_bytes_per_token=1 * MiB, fixed_bytes=10 * MiB)
     for bucket, size, fixed in (
         ("p8", 8, 50 * MiB),
@@ -435,3 +436,10 @@ def test_a_generation_row_counts_every_run_and_says_its_line_is_half_learned():
     (row,) = book.snapshot()
     assert (row["source"], row["samples"]) == ("learned_rate", 2)
     assert (row["fixed_bytes"], row["per_token_bytes"]) == (None, 2 * MiB)
+
+
+def test_a_generation_bucket_first_seen_failing_is_a_generation_line():
+    book = BudgetBook()
+    book.penalize(key("p16"), 16, alone=False, pool=10**9, generation=True)
+    (row,) = book.snapshot()
+    assert (row["source"], row["fixed_bytes"], row["ooms"]) == ("geometry", None, 1)
