@@ -176,6 +176,7 @@ def save_random_llama_gguf(folder: Path, gguf_file: Path, split_max_tensors: int
     vocab = tokenizer["model"]["vocab"] | {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
     tokens = sorted(vocab, key=vocab.__getitem__)
     special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
+    added = {t["content"] for t in tokenizer["added_tokens"] if not t["special"]}
     merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     rope = getattr(config, "rope_theta", None) or (config.rope_parameters or {}).get(
@@ -198,13 +199,20 @@ def save_random_llama_gguf(folder: Path, gguf_file: Path, split_max_tensors: int
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(float(rope))
     writer.add_tokenizer_model("gpt2")
+    # GPT-2's split before the merges, as the byte-level BPE's own (without it llama.cpp
+    # splits " <" in two, and a prompt's ids differ from transformers')
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in special else 1 for t in tokens])  # control, normal
+    # control, user-defined (an added tag, written as text: `<think>`), normal
+    writer.add_token_types([3 if t in special else 4 if t in added else 1 for t in tokens])
     writer.add_token_merges(merges)
-    writer.add_bos_token_id(config.bos_token_id)
+    if config.bos_token_id is not None:  # Qwen's have none
+        writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
     writer.add_pad_token_id(config.pad_token_id)
-    writer.add_chat_template(settings.get("chat_template") or CHAT_TEMPLATE)
+    saved = folder / "chat_template.jinja"  # where transformers 5 saves it
+    template = saved.read_text() if saved.exists() else settings.get("chat_template")
+    writer.add_chat_template(template or CHAT_TEMPLATE)
     for name, tensor in model.state_dict().items():
         weights = tensor.float().numpy()
         if name.endswith("q_proj.weight"):
