@@ -192,17 +192,30 @@ def main() -> int:
     args = parser.parse_args()
     gguf = ensure_gguf()
     rows: list[tuple[str, Chats | None, Flood | None]] = []
-    with start_vramgate(config(gguf), MODEL, "/v1/chat/completions") as server:
-        url = f"http://127.0.0.1:{server.port}"
+    wait = ("--queue-timeout", "900")
+    server = start_vramgate(config(gguf), MODEL, "/v1/chat/completions", wait)
+    try:
+        url = server.url
         asyncio.run(phase(url, 2, 900, False, False))  # warm-up: both models, the caches
-        rows.append(("idle", *asyncio.run(phase(url, args.chats, 0, False, False))))
-        rows.append(("flood alone", *asyncio.run(phase(url, 0, 0, True, True))))
-        rows.append(("classes", *asyncio.run(phase(url, args.chats, 100, True, True))))
-    extra = ("--background-inputs", "0")
-    with start_vramgate(config(gguf), MODEL, "/v1/chat/completions", extra) as server:
-        url = f"http://127.0.0.1:{server.port}"
+        for name, chats, offset, flooded in (
+            ("idle", args.chats, 0, False),
+            ("flood alone", 0, 0, True),
+            ("classes", args.chats, 100, True),
+        ):
+            rows.append((name, *asyncio.run(phase(url, chats, offset, flooded, True))))
+            print(f"{name}: {figures(rows[-1][1])}; flood {rows[-1][2]}", flush=True)
+    finally:
+        server.stop()
+    server = start_vramgate(
+        config(gguf), MODEL, "/v1/chat/completions", (*wait, "--background-inputs", "0")
+    )
+    try:
+        url = server.url
         asyncio.run(phase(url, 2, 950, False, False))
         rows.append(("first-come", *asyncio.run(phase(url, args.chats, 200, True, False))))
+        print(f"first-come: {figures(rows[-1][1])}; flood {rows[-1][2]}", flush=True)
+    finally:
+        server.stop()
     idle = statistics.median(rows[0][1].ttft_s)  # type: ignore[union-attr]
     alone = rows[1][2]
     assert alone is not None
@@ -224,8 +237,6 @@ def main() -> int:
         )
     table = "\n".join(lines)
     print(table)
-    for name, chats, _ in rows:
-        print(f"{name}: {figures(chats)}")
     if args.write_readme:
         write_readme(table, "priority", "bench/priority.py")
     return 0
