@@ -307,14 +307,17 @@ class MemoryGate:
     def _reserve_for(self, ranks: dict[int, int]) -> Callable[[Ticket], tuple[int, int]]:
         """What a ticket must leave free beside it: nothing for interactive work; for
         background, the bytes and (in its own cell pool) the cells of the largest of the
-        latest interactive requests, or its own where none came yet; none on an idle
-        device (a job as large as the pool would never start otherwise)."""
+        latest interactive requests, or its own where none came yet; none for the first
+        one on an idle device (a job as large as the pool would never start otherwise),
+        which leaves the reserve to the rest of a flood that starts at once."""
         typical_bytes = max((b for b, _, _ in self._typical), default=None)
-
-        idle = not self._running  # one background job may take the whole idle device
+        waived = [not self._running]  # one background job may take the whole idle device
 
         def reserve(ticket: Ticket) -> tuple[int, int]:
-            if idle or ranks[id(ticket)] < Priority.BACKGROUND:
+            if ranks[id(ticket)] < Priority.BACKGROUND:
+                return 0, 0
+            if waived[0]:
+                waived[0] = False
                 return 0, 0
             cells = [c for _, c, pool in self._typical if pool == ticket.cell_pool and c]
             return (

@@ -393,3 +393,17 @@ def test_a_model_load_does_not_size_the_background_reserve():
     # 10 running, 10 kept for a typical chat: 80 bytes of background fit, not 81
     assert isinstance(gate.submit(classed(80, Priority.BACKGROUND)), Admit)
     assert isinstance(gate.submit(classed(1, Priority.BACKGROUND)), Wait)
+
+
+def test_a_flood_let_in_at_once_on_an_idle_device_leaves_the_reserve_but_for_its_first():
+    """Background tickets waiting behind a person's request are let in together when it
+    ends: only the first may go without the reserve, not the whole flood."""
+    gate, _ = make_gate(pool=100, slots=8)
+    chat = gate.submit(t(20))
+    flood = [classed(20, Priority.BACKGROUND) for _ in range(5)]
+    for ticket in flood:
+        assert isinstance(gate.submit(ticket), Wait)  # stepping aside
+    started = gate.release(chat.permit)  # type: ignore[union-attr]
+    # 100 bytes, a chat's 20 kept: four of the flood, not five
+    assert [p.ticket_id for p in started] == [ticket.id for ticket in flood[:4]]
+    assert gate.free_bytes() == 20
