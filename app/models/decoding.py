@@ -112,6 +112,9 @@ class DecodeResult:
     # what was dropped from a chat's middle to fit its context (app.core.overflow)
     dropped_messages: int = 0
     dropped_tokens: int = 0
+    # speculative decoding: tokens drafted for it and accepted (None: it did not speculate)
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
 
 
 def generation_prepared(

@@ -117,12 +117,47 @@ class Metrics:
         self.prefix_tokens = per_device(
             "vramgate_prefix_cache_reused_tokens", "Prompt tokens not prefilled thanks to it"
         )
+        self._speculation_gauges(r)
         self.price = Gauge(
             "vramgate_price_bytes",
             "Learned price per bucket",
             ["model", "bucket", "device"],
             registry=r,
         )
+
+    def _speculation_gauges(self, r: CollectorRegistry) -> None:
+        """Each GGUF model's speculative decoding (app.engines.llama_cpp.draft_meter)."""
+        self.speculative_on = Gauge(
+            "vramgate_speculative_on",
+            "1 when the model's runner speculates (its next load's, while unloaded)",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.speculative_drafted = Gauge(
+            "vramgate_speculative_draft_tokens",
+            "Tokens drafted for the model's requests since the server started",
+            ["model"],
+            registry=r,
+        )
+        self.speculative_accepted = Gauge(
+            "vramgate_speculative_accepted_tokens",
+            "Drafted tokens its own sampling accepted",
+            ["model"],
+            registry=r,
+        )
+
+    def set_speculation(self, rows: list[dict[str, Any]]) -> None:
+        """The speculation gauges from /status' model rows (those that have one)."""
+        for row in rows:
+            found = row.get("speculative")
+            if not isinstance(found, dict):
+                continue
+            name = str(row["name"])
+            self.speculative_on.labels(name, str(found.get("kind") or "none")).set(
+                1 if found.get("on") else 0
+            )
+            self.speculative_drafted.labels(name).set(found.get("drafted_tokens") or 0)
+            self.speculative_accepted.labels(name).set(found.get("accepted_tokens") or 0)
 
     def observe_success(
         self, model: str, wait_s: float, run_s: float, total_s: float, device: str = ""

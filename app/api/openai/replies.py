@@ -331,4 +331,15 @@ def usage(outcomes: list[DecodeResult], cost: Cost) -> dict[str, Any]:
         "run_ms": round(cost.run_s * 1000, 3),
         "vram_bytes": cost.price_bytes,
         **(truncation(outcomes[0]) if outcomes else {}),
+        **drafts(outcomes),
     }
+
+
+def drafts(outcomes: list[DecodeResult]) -> dict[str, int]:
+    """Speculative decoding's tokens drafted and accepted, every choice's, as the engine
+    reported them (none where it did not speculate)."""
+    drafted = [o.draft_tokens for o in outcomes if o.draft_tokens is not None]
+    if not drafted:
+        return {}
+    accepted = sum(o.accepted_tokens or 0 for o in outcomes)
+    return {"draft_tokens": sum(drafted), "accepted_tokens": accepted}

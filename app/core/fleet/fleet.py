@@ -262,6 +262,7 @@ class Fleet:
             set_cache_gauges(self.metrics, lane.device.id, lane.store_view())
         self.metrics.ready.set(1 if self.ready else 0)
         set_price_gauges(self.metrics, self.book.snapshot())
+        self.metrics.set_speculation([status.row for status in self.models()])
 
     def _describe_devices(self) -> dict[str, Any]:
         if len(self.lanes) == 1:

@@ -15,9 +15,11 @@ from typing import Any
 
 from app.config.settings import ModelSpec
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
-from app.engines.llama_cpp.requests import completion_body, decode_result, logprobs_of
+from app.engines.llama_cpp.draft_meter import DraftMeter, DraftSample, Verdict
+from app.engines.llama_cpp.requests import completion_body, decode_result, drafts_of, logprobs_of
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.engines.llama_cpp.slots import TAG_FIELD
+from app.engines.llama_cpp.speculation import Speculation, plan_speculation
 from app.engines.llama_cpp.watch import RunnerWatch
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.card import ModelCard
@@ -42,16 +44,36 @@ log = logging.getLogger("vramgate.llama_cpp")
 
 
 class LlamaCppHandler(LlamaRunnerModel, Generator):
-    """Text generation on a runner: tokenised by it before queueing, streamed from it."""
+    """Text generation on a runner: tokenised by it before queueing, streamed from it.
+
+    Its runner speculates (app.engines.llama_cpp.speculation) unless the spec says
+    `speculative = false` or its measurements said it does not pay
+    (app.engines.llama_cpp.draft_meter): llama.cpp of xllamacpp 2026.10 takes no
+    speculative field per request (its `speculative.*` fields are compiled out; tried:
+    ignored), so a verdict against it holds from the runner's next load on."""
 
     kind = "generation"
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         self.chat_template: str | None = None
+        self.meter = DraftMeter()  # what its speculation gave, across its runners
+        self.speculating: Speculation | None = None  # its running runner's, once loaded
+        self.turned_off: Verdict | None = None  # measured not to pay: off from the next load
+
+    def planned_speculation(self) -> Speculation | None:
+        """How its next runner speculates (None: it does not)."""
+        return None if self.turned_off is not None else plan_speculation(self.spec)
+
+    def runner_settings(self) -> dict[str, Any]:
+        plan = self.planned_speculation()
+        return {"speculative": plan.runner_settings()} if plan is not None else {}
 
     def loaded(self, props: dict[str, Any]) -> None:
         self.chat_template = props.get("chat_template") or self.facts().chat_template
+        self.speculating = self.planned_speculation()
+        if self.speculating is not None:
+            log.info("model %s: speculative decoding, %s", self.name, self.speculating.describe())
 
     async def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, as the runner's own template and tokenizer make them."""
@@ -114,6 +136,7 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         tag = next(watch.tags)
         body = {**completion_body(task, self.spec.prefix_cache), TAG_FIELD: tag}
         self.open_cells[tag] = self.cells_for(prepared)
+        streams = len(self.open_cells)  # the requests its steps are shared with, itself too
         try:
             thinking = task.thinking
             if thinking is not None and thinking.opened and thinking.budget is not None:
@@ -124,13 +147,37 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             if not final and stream.cancelled.is_set():
                 await self._let_go(watch, tag)
         finally:
+            streams = max(streams, len(self.open_cells))
             del self.open_cells[tag]
         if not final and not stream.cancelled.is_set():
             raise self._stopped(RuntimeError("the stream ended early"))
         result = decode_result(final, text, logprobs, prepared)
         if self.prefix_store is not None and task.params.prefix_cache:
             self.prefix_store.record(result.cached_tokens)  # its hits in /status
+        self._measure_drafts(final, streams)
         return result
+
+    def _measure_drafts(self, final: dict[str, Any], streams: int) -> None:
+        """A finished request's drafts into the meter; speculation that the meter finds
+        not to pay, with as many streams as its requests run beside, is turned off from
+        the runner's next load (said once, in the log and in /status)."""
+        drafts = drafts_of(final)
+        if drafts is None or self.speculating is None:
+            return
+        sample = DraftSample(
+            streams, drafts.tokens, drafts.drafted, drafts.accepted, drafts.decode_ms / 1000
+        )
+        self.meter.record(sample)
+        if self.turned_off is not None:
+            return
+        verdict = self.meter.verdict(self.meter.typical_streams())
+        if not verdict.pays:
+            self.turned_off = verdict
+            log.warning(
+                "model %s: speculative decoding does not pay: %s; off from its next load",
+                self.name,
+                verdict.why,
+            )
 
     async def _read_thinking_first(
         self,
@@ -245,6 +292,25 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
     def card(self) -> ModelCard:
         card = super().card()
         return replace(card, chat_template=self.chat_template or self.facts().chat_template)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "speculative": self.speculative_view()}
+
+    def speculative_view(self) -> dict[str, Any]:
+        """Its speculation in /status: whether it is on (its runner's; unloaded, its next
+        load's), the kind and sizes, whether it pays and why, and what it measured."""
+        plan = self.speculating if self.pool is not None else self.planned_speculation()
+        verdict = self.turned_off or self.meter.verdict(self.meter.typical_streams())
+        if not self.spec.speculative:
+            verdict = Verdict(False, "speculative = false")
+        return {
+            "on": plan is not None,
+            **(plan.runner_settings() if plan is not None else {"kind": None}),
+            "pays": verdict.pays,
+            "why": verdict.why,
+            "off_from_next_load": plan is not None and self.turned_off is not None,
+            **self.meter.describe(),
+        }
 
 
 def _error_status(error: Any) -> int:

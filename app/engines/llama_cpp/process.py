@@ -41,6 +41,9 @@ _BUFFER = re.compile(r"\b(\S+)\s+(model|KV|compute|output|RS) buffer size\s*=\s*
 _LISTENING = "listening on"  # server.cpp's last load line: "srv init: listening on ..."
 LOG_CATCH_UP_S = 2.0
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+# speculative decoding's n-gram pool, in host memory (common/speculative.cpp):
+#   spec common_specu: - mod size=4194304 (16.000 MB)
+_NGRAM_POOL = re.compile(r"\bmod size=\d+ \(([\d.]+) MB\)")
 
 
 # The build that imported, for each list of builds tried: later runners start on it at
@@ -62,7 +65,7 @@ class Footprint:
     """What a runner allocated, as its engine reported it: bytes on the accelerator and
     in host memory by what they hold, and how many layers went to the accelerator."""
 
-    device: dict[str, int]  # "model" | "KV" | "compute" | "output" → bytes
+    device: dict[str, int]  # "model" | "KV" | "compute" | "output" | "ngram" → bytes
     host: dict[str, int]
     layers_on_device: int = 0
     layers: int = 0
@@ -90,6 +93,8 @@ def footprint_of(lines: list[str]) -> Footprint:
             book[what] = book.get(what, 0) + int(float(mib) * MiB)
         elif (offloaded := _OFFLOADED.search(line)) is not None:
             on_device, layers = int(offloaded.group(1)), int(offloaded.group(2))
+        elif (pool := _NGRAM_POOL.search(line)) is not None:
+            host["ngram"] = host.get("ngram", 0) + int(float(pool.group(1)) * MiB)
     return Footprint(device, host, on_device, layers)
 
 

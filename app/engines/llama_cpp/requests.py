@@ -5,6 +5,7 @@ names as llama.cpp's server reads and writes them (tools/server/README.md)."""
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from app.models.chat.reasoning import Frame
@@ -91,6 +92,8 @@ def decode_result(
         logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
         stop_sequence=str(final["stopping_word"]) if final.get("stop_type") == "word" else None,
         cached_tokens=cached_tokens(final),
+        draft_tokens=drafts.drafted if (drafts := drafts_of(final)) else None,
+        accepted_tokens=drafts.accepted if drafts else None,
     )
 
 
@@ -98,3 +101,28 @@ def cached_tokens(final: dict[str, Any]) -> int:
     """The prompt tokens llama.cpp took from its slot's cache (`timings.cache_n`)."""
     timings = final.get("timings")
     return int(timings.get("cache_n", 0) or 0) if isinstance(timings, dict) else 0
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """What a completion's speculative decoding did, as llama.cpp's timings say: tokens
+    drafted and accepted, and the answer's tokens and milliseconds (first to last)."""
+
+    drafted: int
+    accepted: int
+    tokens: int
+    decode_ms: float
+
+
+def drafts_of(final: dict[str, Any]) -> Drafts | None:
+    """A finished completion's drafts (`timings.draft_n`, `draft_n_accepted`); None where
+    its runner did not speculate (llama.cpp then leaves them out)."""
+    timings = final.get("timings")
+    if not isinstance(timings, dict) or "draft_n" not in timings:
+        return None
+    return Drafts(
+        int(timings.get("draft_n") or 0),
+        int(timings.get("draft_n_accepted") or 0),
+        int(timings.get("predicted_n") or 0),
+        float(timings.get("predicted_ms") or 0.0),
+    )

@@ -38,9 +38,10 @@ def pool_of(gguf: Path, cells: int, name: str = "smol") -> ModelSpec:
 
 
 @contextlib.contextmanager
-def serving(gguf: Path, tmp: Path, context: int, parallel: int) -> Iterator[Live]:
+def serving(gguf: Path, tmp: Path, context: int, parallel: int, **fields: Any) -> Iterator[Live]:
     """A live server of `gguf` as `smol` on the CPU, loaded at start, `parallel` slots of
-    `context` tokens; a queue that waits as long as a slow machine needs."""
+    `context` tokens, and the spec's other `fields`; a queue that waits as long as a slow
+    machine needs."""
     spec = ModelSpec(
         name="smol",
         kind="generation",
@@ -48,6 +49,7 @@ def serving(gguf: Path, tmp: Path, context: int, parallel: int) -> Iterator[Live
         context_length=context,
         parallel=parallel,
         load="startup",
+        **fields,
     )
     settings = make_settings(tmp, device="cpu", models=(spec,), queue_timeout=900)
     with live_server(settings) as live:

@@ -23,7 +23,7 @@ from openai import OpenAI
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.generation import LlamaCppHandler
-from tests.engines.llama_cpp.pools import long_story, serving
+from tests.engines.llama_cpp.pools import STORY, long_story, serving
 from tests.support.live import sse_events, wait_until
 from tests.support.schemas import NESTED, structured_schemas
 
@@ -51,6 +51,12 @@ def model_row(live) -> dict:
 
 def runner_alone(gguf, messages, max_tokens: int) -> str:
     """The same file on llama.cpp's own server (xllamacpp standalone), greedy."""
+    return answers_alone(gguf, [messages], max_tokens)[0]
+
+
+def answers_alone(gguf, chats: list[list[dict]], max_tokens: int) -> list[str]:
+    """Each chat's greedy answer from llama.cpp's own server on the same file, at its
+    defaults (no speculative decoding), one server for them all."""
     import xllamacpp as xlc
 
     params = xlc.CommonParams()
@@ -61,9 +67,12 @@ def runner_alone(gguf, messages, max_tokens: int) -> str:
     params.fit_params = False
     server = xlc.Server(params)
     try:
-        request = {"messages": messages, "temperature": 0, "max_tokens": max_tokens}
-        answer = server.handle_chat_completions(request)
-        return str(answer["choices"][0]["message"]["content"])
+        found = []
+        for messages in chats:
+            request = {"messages": messages, "temperature": 0, "max_tokens": max_tokens}
+            answer = server.handle_chat_completions(request)
+            found.append(str(answer["choices"][0]["message"]["content"]))
+        return found
     finally:
         del server
 
@@ -82,6 +91,65 @@ def test_the_openai_client_gets_what_llama_cpp_alone_answers(smol, smollm2_gguf)
     assert whole.choices[0].message.content == text == alone
     assert "Paris" in alone
     assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 10
+
+
+# An answer that copies its prompt: speculation drafts most of it from the prompt's n-grams
+CODE = """def plan_pool(trained, context, parallel):
+    own = trained or 4096
+    per_request = min(own, context) if context else own
+    if context and parallel:
+        wanted = per_request * parallel
+    elif context:
+        wanted = max(per_request, min(per_request * 4, 65536))
+    else:
+        wanted = min(per_request * 4, 65536)
+    return wanted
+"""
+COPY = [{"role": "user", "content": f"Repeat this Python code exactly:\n\n```python\n{CODE}```"}]
+
+
+def test_speculation_is_on_with_no_settings_and_shows_in_status_metrics_and_usage(smol):
+    before = model_row(smol)["speculative"]
+    assert before["on"] is True and before["kind"] == "ngram-mod"
+    client = OpenAI(base_url=smol.url + "/v1", api_key="unused")
+    answer = client.chat.completions.create(
+        model="smol", messages=COPY, temperature=0, max_tokens=96
+    )
+    usage = answer.usage.model_extra or {}
+    assert 0 < usage["accepted_tokens"] <= usage["draft_tokens"]
+    after = model_row(smol)["speculative"]
+    assert after["requests"] > before["requests"]
+    assert after["drafted_tokens"] - before["drafted_tokens"] == usage["draft_tokens"]
+    assert after["accepted_tokens"] - before["accepted_tokens"] == usage["accepted_tokens"]
+    metrics = httpx.get(smol.url + "/metrics", timeout=30).text
+    assert 'vramgate_speculative_on{kind="ngram-mod",model="smol"} 1.0' in metrics
+    drafted = re.search(r'vramgate_speculative_draft_tokens\{model="smol"\} (\S+)', metrics)
+    assert drafted is not None and float(drafted.group(1)) >= usage["draft_tokens"]
+    # its n-gram pool is in the runner's measured bytes
+    assert model_row(smol)["measured"]["host"]["ngram"] == 16 * 2**20
+
+
+def test_greedy_answers_are_the_same_with_speculation_and_without(smollm2_gguf, tmp_path):
+    """Each server fresh, asked the same chats in the same order: a runner's earlier
+    requests change how its next prompt is prefilled (the part its slots' cache gives
+    back), and a near tie can then go the other way, on llama.cpp alone too (tried: the
+    story asked after the copy is not the one asked first, with speculation or without)."""
+    chats = [COPY, STORY, QUESTION]
+    answers, usages = {}, {}
+    for on in (True, False):
+        with serving(smollm2_gguf, tmp_path / str(on), CONTEXT, PARALLEL, speculative=on) as live:
+            client = OpenAI(base_url=live.url + "/v1", api_key="unused")
+            found = [
+                client.chat.completions.create(
+                    model="smol", messages=chat, temperature=0, max_tokens=96
+                )
+                for chat in chats
+            ]
+            answers[on] = [a.choices[0].message.content for a in found]
+            usages[on] = [a.usage.model_extra or {} for a in found]
+    assert answers[True] == answers[False]
+    assert usages[True][0]["accepted_tokens"] > 0  # drafts were verified on the copy
+    assert all("draft_tokens" not in usage for usage in usages[False])
 
 
 def test_schema_answers_forced_tool_calls_logprobs_n_and_completions_reach_the_runner(smol):

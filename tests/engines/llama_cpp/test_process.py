@@ -60,6 +60,15 @@ def test_a_split_load_counts_cuda_buffers_on_the_device_and_pinned_host_ones_in_
     assert (found.layers_on_device, found.layers) == (20, 31)
 
 
+def test_speculative_decodings_ngram_pool_is_host_memory_of_the_load():
+    # as llama.cpp logs it when its runner speculates with ngram-mod (common/speculative.cpp)
+    found = footprint_of(
+        [*CPU_LOAD, "0.00.405.091 I spec common_specu: - mod size=4194304 (16.000 MB)"]
+    )
+    assert found.host["ngram"] == 16 * MiB and found.device == {}
+    assert found.host_bytes == footprint_of(CPU_LOAD).host_bytes + 16 * MiB
+
+
 def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
     missing = tmp_path / "nothing-here.gguf"
     runner = RunnerProcess("broken", [sys.executable, "-m", "app.engines.llama_cpp.runner_main"])

@@ -1,0 +1,115 @@
+"""Speculative decoding on llama.cpp's engine, a model's side without a runner: the
+plan a spec gives (on by default, off where `speculative = false`, sizes settable), the
+runner settings and llama.cpp's parameters it becomes, and a model whose drafts are
+rarely accepted turning it off by itself. The real runner's side (on in /status and
+/metrics, usage, greedy answers equal to llama.cpp's without it) is in test_generation;
+the meter's verdicts in test_draft_meter."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config.settings import ModelSpec
+from app.engines.gguf_facts import read_gguf_facts
+from app.engines.llama_cpp.draft_meter import MIN_DRAFTED
+from app.engines.llama_cpp.generation import LlamaCppHandler
+from app.engines.llama_cpp.kv_pool import KvPool
+from app.engines.llama_cpp.layer_split import LayerSplit
+from app.engines.llama_cpp.runner_main import params_of
+from app.engines.llama_cpp.speculation import DRAFT_MAX, DRAFT_MIN, KIND, plan_speculation
+
+
+@pytest.fixture(scope="module")
+def smol_facts(smollm2_gguf):
+    """The GGUF's header, read once for the module (seconds on a busy machine)."""
+    return read_gguf_facts(smollm2_gguf)
+
+
+@pytest.fixture
+def model_of(smollm2_gguf, smol_facts):
+    """A handler of the SmolLM2 GGUF with the spec's `fields`."""
+
+    def make(**fields) -> LlamaCppHandler:
+        model = LlamaCppHandler(spec(smollm2_gguf, **fields))
+        model._facts = smol_facts
+        return model
+
+    return make
+
+
+def spec(gguf, **fields) -> ModelSpec:
+    return ModelSpec(name="smol", kind="generation", path=gguf, **fields)
+
+
+def next_runner(model: LlamaCppHandler) -> dict:
+    """The settings its next runner starts with (a small pool on the CPU)."""
+    return model.runner_config(KvPool(1024, 1024, 1), LayerSplit(30, 0, 0, False))
+
+
+def test_a_gguf_with_no_settings_speculates_with_the_measured_kind(model_of):
+    model = model_of()
+    settings = next_runner(model)["speculative"]
+    assert settings["kind"] == KIND == "ngram-mod"
+    assert (settings["draft_min"], settings["draft_max"]) == (DRAFT_MIN, DRAFT_MAX)
+    view = model.speculative_view()
+    assert view["on"] is True and view["kind"] == KIND and view["pays"] is True
+    # llama.cpp's own parameters, as the runner builds them
+    params = params_of({**next_runner(model), "key": "k"})
+    assert [t.name for t in params.speculative.types] == ["COMMON_SPECULATIVE_TYPE_NGRAM_MOD"]
+    mod = params.speculative.ngram_mod
+    assert (mod.n_min, mod.n_max) == (DRAFT_MIN, DRAFT_MAX)
+
+
+def test_speculative_false_holds(model_of):
+    model = model_of(speculative=False)
+    assert "speculative" not in next_runner(model)
+    params = params_of({**next_runner(model), "key": "k"})
+    assert [t.name for t in params.speculative.types] == ["COMMON_SPECULATIVE_TYPE_NONE"]
+    view = model.speculative_view()
+    assert view["on"] is False and view["kind"] is None and view["why"] == "speculative = false"
+    # measurements cannot turn it on
+    loaded(model)._measure_drafts(final(drafted=64, accepted=64), streams=1)
+    assert "speculative" not in next_runner(model) and model.meter.requests == 0
+
+
+def test_draft_sizes_are_settable(model_of, smollm2_gguf):
+    settings = next_runner(model_of(draft_min=2, draft_max=6))
+    assert (settings["speculative"]["draft_min"], settings["speculative"]["draft_max"]) == (2, 6)
+    # a fewest above the most takes the most
+    plan = plan_speculation(spec(smollm2_gguf, draft_min=40, draft_max=16))
+    assert plan is not None and (plan.draft_min, plan.draft_max) == (16, 16)
+
+
+def loaded(model: LlamaCppHandler) -> LlamaCppHandler:
+    """`model` as its runner serves it (no process: the handler's side only)."""
+    model.pool = KvPool(1024, 1024, 1)
+    model.speculating = model.planned_speculation()
+    return model
+
+
+def final(drafted: int, accepted: int, tokens: int = 96, ms: float = 1000.0) -> dict:
+    """A completion's last event as llama.cpp sends it from a speculating runner."""
+    timings = {"predicted_n": tokens, "predicted_ms": ms, "draft_n": drafted}
+    return {"stop": True, "timings": {**timings, "draft_n_accepted": accepted}}
+
+
+def test_a_model_whose_drafts_are_rarely_accepted_turns_it_off_by_itself(model_of, caplog):
+    model = loaded(model_of())
+    for _ in range(MIN_DRAFTED // 32):
+        assert model.turned_off is None  # measuring: too few drafts to judge
+        model._measure_drafts(final(drafted=32, accepted=2), streams=1)
+    assert model.turned_off is not None and "rarely accepted" in model.turned_off.why
+    assert "off from its next load" in caplog.text
+    view = model.speculative_view()
+    assert view["on"] is True and view["off_from_next_load"] is True and view["pays"] is False
+    assert view["acceptance"] == round(2 / 32, 3)
+    # its next runner does not speculate, and says so once loaded
+    assert "speculative" not in next_runner(model)
+    assert loaded(model).speculating is None and model.speculative_view()["on"] is False
+
+
+def test_a_model_whose_drafts_are_accepted_keeps_it(model_of):
+    model = loaded(model_of())
+    for _ in range(40):
+        model._measure_drafts(final(drafted=32, accepted=28), streams=1)
+    assert model.turned_off is None and next_runner(model)["speculative"]["kind"] == KIND
