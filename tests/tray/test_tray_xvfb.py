@@ -75,6 +75,26 @@ class Desktop:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        self._wait_for_the_tray_host()
+
+    def _wait_for_the_tray_host(self) -> None:
+        """Until trayer owns the system tray selection, as a desktop's panel does before
+        its programs start: pystray's X11 backend docks when it shows the icon and again
+        only when the image changes, so a tray started first stays undocked (CI, loaded,
+        once saw an icon never docked)."""
+        import Xlib.display  # python-xlib comes with pystray on Linux only
+        import Xlib.X
+
+        display = Xlib.display.Display(self.display)
+        try:
+            selection = display.intern_atom(f"_NET_SYSTEM_TRAY_S{display.get_default_screen()}")
+            deadline = time.monotonic() + 30
+            while display.get_selection_owner(selection) == Xlib.X.NONE:
+                assert self.trayer.poll() is None, f"trayer ended: {self.trayer.returncode}"
+                assert time.monotonic() < deadline, "trayer never took the system tray"
+                time.sleep(0.05)
+        finally:
+            display.close()
 
     def titles(self) -> list[str]:
         found = subprocess.run(
