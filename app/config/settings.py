@@ -159,9 +159,11 @@ class Settings(BaseSettings):
     )
     priorities: Annotated[dict[str, str], NoDecode] = Field(
         {},
-        description="classes by the model name a client sends or the route it calls: glob "
+        description="classes by the model name a client sends, the program that calls "
+        "(`caller:` and a glob of its User-Agent) or the route it calls: glob "
         'pattern to priority|interactive|background, first match wins, e.g. "task" = '
-        '"background" with a model alias "task" for Open WebUI\'s task model, or '
+        '"background" with a model alias "task" for Open WebUI\'s task model, '
+        '"caller:my-indexer/*" = "background", or '
         '"/api/embed" = "background" (a [priorities] table in the config file; '
         "pattern=class,... as a flag); a request's own service_tier, priority or "
         "X-Vramgate-Priority wins",

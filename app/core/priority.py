@@ -3,7 +3,8 @@
 The HTTP layer opens a request's `Asked` (app.api.priority: the header, the route) and
 its route fills in the body's own field; the fleet adds the class the config gives the
 name the client sent (`priorities`); the service settles it when it queues the work:
-the request's own word first, then the config's for its name or route, then its model's
+the request's own word first, then the config's for its name, its caller (a
+`caller:` pattern against its User-Agent) or its route, then its model's
 default (`priority` in its config entry), then a large embeddings request's
 (`background_inputs`), else interactive.
 """
@@ -25,6 +26,7 @@ class Asked:
 
     own: Priority | None = None  # its body's field or its header
     named: Priority | None = None  # the config's, for the model name it sent
+    caller: Priority | None = None  # the config's, for its User-Agent (`caller:` patterns)
     routed: Priority | None = None  # the config's, for its route
 
 
@@ -68,7 +70,7 @@ def name(model: str, table: Mapping[str, str]) -> None:
 def settle(model_default: Priority, inputs: int, background_inputs: int) -> Priority:
     """The class a request's work queues in (see the module's words)."""
     asked = ASKED.get() or Asked()
-    for found in (asked.own, asked.named, asked.routed):
+    for found in (asked.own, asked.named, asked.caller, asked.routed):
         if found is not None:
             return found
     if model_default != Priority.INTERACTIVE:

@@ -137,3 +137,42 @@ def test_aging_bounds_a_background_wait_under_a_steady_interactive_stream(server
 
     waited, flood_s = asyncio.run(scenario())
     assert waited < flood_s / 2, f"background waited {waited:.1f} s of the flood's {flood_s:.1f}"
+
+
+def test_a_caller_pattern_gives_a_program_its_class_by_its_user_agent(server_factory):
+    """`caller:` patterns of the [priorities] table read the User-Agent: an indexing
+    script's requests are background without a field of its own, through the official
+    client; the same client under its own name stays interactive, and a request's own
+    word still wins."""
+    live = server_factory(
+        device="simulated:4GiB",
+        models=(SIM,),
+        priorities={"caller:my-indexer/*": "background", "/v1/embeddings": "priority"},
+    )
+    messages = ask()["messages"]
+
+    def client(agent: str | None) -> OpenAI:
+        headers = {"User-Agent": agent} if agent else None
+        return OpenAI(
+            base_url=live.url + "/v1", api_key="x", max_retries=0, default_headers=headers
+        )
+
+    indexer = client("my-indexer/2.1")
+    plain = client(None)  # the openai client's own User-Agent
+    answers = {
+        "indexer": indexer.chat.completions.create(model="sim", messages=messages, max_tokens=2),
+        "plain": plain.chat.completions.create(model="sim", messages=messages, max_tokens=2),
+        "own": indexer.chat.completions.create(
+            model="sim", messages=messages, max_tokens=2, service_tier="priority"
+        ),
+    }
+    assert {k: a.service_tier for k, a in answers.items()} == {
+        "indexer": "flex",
+        "plain": "default",
+        "own": "priority",
+    }
+    # the caller's pattern comes before the route's
+    routed = indexer.embeddings.with_raw_response.create(model="sim", input="a b")
+    assert routed.headers["x-vramgate-priority"] == "background"
+    other = plain.embeddings.with_raw_response.create(model="sim", input="a b")
+    assert other.headers["x-vramgate-priority"] == "priority"
