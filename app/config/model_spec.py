@@ -57,7 +57,11 @@ class ModelSpec(BaseModel):
     """One model to serve. `kind` picks the handler; `path` None means the embedded model."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    # each field's description is its line in docs/settings-reference.md (app.config.reference)
+    name: str = Field(
+        pattern=MODEL_NAME_PATTERN,
+        description="the name requests ask for (letters, digits, `.`, `_`, `-`; 64 at most)",
+    )
     kind: Literal[
         "embedding",
         "generation",
@@ -67,98 +71,202 @@ class ModelSpec(BaseModel):
         "speech",
         "speech_synthesis",
         "simulated",
-    ] = "embedding"
-    path: Path | None = None  # a folder; for generation also a .gguf file
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_batch: int = Field(default=32, ge=1, le=1024)
-    # generation: the tokens one request may hold (prompt and answer), `context_length`
-    # too (None: the model's own trained context, on both engines)
+    ] = Field("embedding", description="what the model does, and so which handler serves it")
+    path: Path | None = Field(
+        None,
+        description="its folder, or for generation a .gguf file (none: the embedded model)",
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="the torch engine's weights' type (auto: chosen for the device)"
+    )
+    max_batch: int = Field(
+        default=32, ge=1, le=1024, description="inputs (or images, windows) in one batch"
+    )
     max_context: int | None = Field(
         default=None,
         ge=16,
         le=1_048_576,
         validation_alias=AliasChoices("max_context", "context_length"),
+        description="generation: the tokens one request may hold, prompt and answer, also "
+        "spelled `context_length` (none: the model's own trained context, on both engines)",
     )
-    # generation: which engine runs it (auto: llama.cpp for a .gguf file where xllamacpp
-    # is installed, else torch), and llama.cpp's own knobs
-    engine: Literal["auto", "torch", "llama.cpp"] = "auto"
-    # llama.cpp: a cap on the requests that run at once (None: as many as its KV cells
-    # admit, up to its slots), and on the bytes its KV pool takes (None: sized from the
-    # device at load, app.engines.llama_cpp.kv_pool)
-    parallel: int | None = Field(default=None, ge=1, le=256)
-    kv_budget: ByteSize | None = None
-    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"  # llama.cpp: KV cells' type
-    flash_attention: Literal["auto", "on", "off"] = "auto"  # llama.cpp
-    gpu_layers: int | Literal["auto"] = Field(default="auto")  # llama.cpp: auto = the gate's
-    threads: int = Field(default=0, ge=0, le=512)  # llama.cpp: CPU threads (0: its default)
-    # generation: keep ended streams' KV for prompts that begin the same way (torch: the
-    # server's prefix cache; llama.cpp: its slots' prompt cache)
-    prefix_cache: bool = True
-    # llama.cpp: its host-RAM prompt cache, where idle slots' prompts go (None: a quarter
-    # of the host RAM available at load, at most llama.cpp's own 8 GiB, at least one
-    # request's KV; 0: off; on the CPU it is the device's memory, admitted at load)
-    prompt_cache_ram: ByteSize | None = None
-    # llama.cpp generation: draft-free speculative decoding (n-grams of its prompts and
-    # answers drafted, verified in one step; app.engines.llama_cpp.speculation), on
-    # unless false, governed by what it measures; a draft's fewest and most tokens
-    # (None: the measured defaults)
-    speculative: bool = True
-    draft_min: int | None = Field(default=None, ge=0, le=256)
-    draft_max: int | None = Field(default=None, ge=1, le=256)
-    # generation: a chat past the context is refused (`error`) or answered with whole
-    # turns dropped from its middle, said in a header and in usage (`truncate_middle`;
-    # app.core.overflow); `auto`: truncated on Ollama's routes (as Ollama answers one),
-    # refused on the others, whose clients act on the refusal (aider's advice through
-    # litellm, Claude Code's compaction)
-    context_overflow: Literal["auto", "error", "truncate_middle"] = "auto"
-    # the class its requests queue in when they ask none (app.core.priority): a model
-    # kept for batch work is `background`
-    priority: Literal["priority", "interactive", "background"] = "interactive"
-    # embedding: the widths its vectors may be cut to (Matryoshka), where its own config
-    # (`matryoshka_dimensions` in config.json) does not say so
-    matryoshka_dimensions: tuple[int, ...] = ()
-    keep_alive: float | None = None  # how long it stays loaded idle (None: the setting's)
-    # when it loads: at start, or on its first request (None: the first model configured
-    # at start, the others on demand)
-    load: Literal["startup", "demand"] | None = None
-    # vision: what the model returns, and (for a weights file) its torchvision architecture
-    output: Literal["classes", "image"] = "classes"
-    arch: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
-    # diffusion, a single-file checkpoint: a diffusers folder holding its pipeline's
-    # configs (model_index.json and each component's), so nothing is fetched
-    pipeline_config: Path | None = None
-    # generation: sampling defaults a request takes where it leaves them out, on every
-    # API (Ollama's Modelfile PARAMETER and SYSTEM; app.api.intake applies them)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=1_000_000)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    engine: Literal["auto", "torch", "llama.cpp"] = Field(
+        "auto",
+        description="generation: which engine runs it (auto: llama.cpp for a .gguf file "
+        "where xllamacpp is installed, else torch)",
+    )
+    parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="llama.cpp: a cap on the requests that run at once (none: as many as "
+        "its KV cells admit, up to its slots)",
+    )
+    kv_budget: ByteSize | None = Field(
+        None,
+        description="llama.cpp: a cap on the bytes its KV pool takes (none: sized from the "
+        "device at load)",
+    )
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(
+        "f16", description="llama.cpp: the type of its KV cells"
+    )
+    flash_attention: Literal["auto", "on", "off"] = Field(
+        "auto", description="llama.cpp: flash attention"
+    )
+    gpu_layers: int | Literal["auto"] = Field(
+        default="auto",
+        description="llama.cpp: layers on the GPU (auto: as many as the gate finds room for)",
+    )
+    threads: int = Field(
+        default=0, ge=0, le=512, description="llama.cpp: CPU threads (0: its default)"
+    )
+    prefix_cache: bool = Field(
+        True,
+        description="generation: keep ended streams' KV for prompts that begin the same way "
+        "(torch: the server's prefix cache; llama.cpp: its slots' prompt cache)",
+    )
+    prompt_cache_ram: ByteSize | None = Field(
+        None,
+        description="llama.cpp: its host-RAM prompt cache, where idle slots' prompts go "
+        "(none: a quarter of the host RAM available at load, at most llama.cpp's own 8 GiB, "
+        "at least one request's KV; 0: off; on the CPU it is the device's memory, admitted "
+        "at load)",
+    )
+    speculative: bool = Field(
+        True,
+        description="llama.cpp generation: draft-free speculative decoding (n-grams of its "
+        "prompts and answers drafted, verified in one step), on unless false, turned off "
+        "by itself where it measures that it does not pay",
+    )
+    draft_min: int | None = Field(
+        default=None,
+        ge=0,
+        le=256,
+        description="speculative decoding: a draft's fewest tokens (none: the measured default)",
+    )
+    draft_max: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="speculative decoding: a draft's most tokens (none: the measured default)",
+    )
+    context_overflow: Literal["auto", "error", "truncate_middle"] = Field(
+        "auto",
+        description="generation: a chat past the context is refused (`error`) or answered "
+        "with whole turns dropped from its middle, said in a header and in usage "
+        "(`truncate_middle`); `auto`: truncated on Ollama's routes (as Ollama answers one), "
+        "refused on the others, whose clients act on the refusal",
+    )
+    priority: Literal["priority", "interactive", "background"] = Field(
+        "interactive",
+        description="the class its requests queue in when they ask none (a model kept for "
+        "batch work is `background`)",
+    )
+    matryoshka_dimensions: tuple[int, ...] = Field(
+        (),
+        description="embedding: the widths its vectors may be cut to (Matryoshka), where its "
+        "own config.json does not say so",
+    )
+    keep_alive: float | None = Field(
+        None,
+        description="how long it stays loaded idle: seconds, `5m`, `0`, `-1` (none: the setting's)",
+    )
+    load: Literal["startup", "demand"] | None = Field(
+        None,
+        description="when it loads: at start, or on its first request (none: the first "
+        "model configured at start, the others on demand)",
+    )
+    output: Literal["classes", "image"] = Field(
+        "classes", description="vision: what the model returns, class scores or an image"
+    )
+    arch: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        description="vision, a weights file: its torchvision architecture (`resnet18`)",
+    )
+    pipeline_config: Path | None = Field(
+        None,
+        description="diffusion, a single-file checkpoint: a diffusers folder holding its "
+        "pipeline's configs (model_index.json and each component's), so nothing is fetched",
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=2.0,
+        description="generation: the temperature a request takes where it sets none, on "
+        "every API (as an Ollama Modelfile's PARAMETER)",
+    )
+    top_p: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="generation: the default top_p"
+    )
+    top_k: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="generation: the default top_k"
+    )
+    min_p: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="generation: the default min_p"
+    )
+    repeat_penalty: float | None = Field(
+        default=None, gt=0.0, le=10.0, description="generation: the default repeat penalty"
+    )
     stop: tuple[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)], ...] = Field(
-        default=(), max_length=MAX_STOP
+        default=(),
+        max_length=MAX_STOP,
+        description="generation: the default stop strings (up to 4, of up to 64 characters)",
     )
-    system: str | None = Field(default=None, min_length=1, max_length=100_000)
-    # generation, a reasoning model: the most tokens it thinks before its answer where a
-    # request sets no budget (None: unbounded; app.models.chat.reasoning)
-    thinking_budget: int | None = Field(default=None, ge=0, le=1_048_576)
-    # where `vramgate pull` took it from, when that was the Hugging Face Hub
-    # (`hf:ORG/NAME:QUANT`, the quantisation fetched): Ollama's spelling of that source,
-    # `hf.co/ORG/NAME:QUANT` (any case), names this model too, as Ollama's clients name a
-    # model after `ollama pull hf.co/...` (app.core.fleet.names)
-    pulled_from: str | None = Field(default=None, max_length=300)
-    # where it runs, of the server's devices (None: where it fits with the most room),
-    # and on how many devices a copy of it serves (requests go where they fit soonest)
-    device: str | None = Field(default=None, pattern=DEVICE_ID_PATTERN)
-    replicas: int = Field(default=1, ge=1, le=16)
+    system: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="generation: the system prompt a chat without one of its own gets first "
+        "(as an Ollama Modelfile's SYSTEM)",
+    )
+    thinking_budget: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_048_576,
+        description="generation, a reasoning model: the most tokens it thinks before its "
+        "answer where a request sets no budget (none: unbounded)",
+    )
+    pulled_from: str | None = Field(
+        default=None,
+        max_length=300,
+        description="where `vramgate pull` took it from on the Hugging Face Hub "
+        "(`hf:ORG/NAME:QUANT`): Ollama's spelling of it, `hf.co/ORG/NAME:QUANT` (any case), "
+        "names this model too",
+    )
+    device: str | None = Field(
+        default=None,
+        pattern=DEVICE_ID_PATTERN,
+        description="where it runs, of the server's devices (`cuda:1`; none: where it fits "
+        "with the most room)",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="on how many devices a copy of it serves (requests go where they fit soonest)",
+    )
 
-    buckets: tuple[SimulatedBucket, ...] = DEFAULT_SIMULATED_BUCKETS  # simulated only
-    load_ms: float = Field(default=0, ge=0, le=600_000)  # simulated only: declared load time
-    weights: ByteSize = ByteSize(0)  # simulated only: bytes its weights hold while loaded
-    inject: FaultInjection = FaultInjection()  # simulated only
-    # simulated only: generation priced by its KV bytes (None: by the words buckets)
-    generation: SimulatedGeneration | None = None
-    # simulated only: an image generator instead (app.engines.simulated.images)
-    images: SimulatedImages | None = None
+    buckets: tuple[SimulatedBucket, ...] = Field(
+        DEFAULT_SIMULATED_BUCKETS, description="simulated only: its declared buckets"
+    )
+    load_ms: float = Field(
+        default=0, ge=0, le=600_000, description="simulated only: its declared load time"
+    )
+    weights: ByteSize = Field(
+        ByteSize(0), description="simulated only: the bytes its weights hold while loaded"
+    )
+    inject: FaultInjection = Field(
+        FaultInjection(), description="simulated only: faults raised on chosen calls"
+    )
+    generation: SimulatedGeneration | None = Field(
+        None,
+        description="simulated only: generation priced by its KV bytes (none: by the words "
+        "buckets)",
+    )
+    images: SimulatedImages | None = Field(
+        None, description="simulated only: an image generator instead"
+    )
 
     @field_validator("keep_alive", mode="before")
     @classmethod

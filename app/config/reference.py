@@ -1,0 +1,191 @@
+"""The settings reference (docs/settings-reference.md), written from the classes that
+define the settings: the server's (Settings) and a model's entry (ModelSpec, with the
+simulated kind's parts), each field's description, type, default and bounds. Generated
+so that it cannot drift: tests/docs/test_settings_reference.py fails when the page
+differs from what this writes, or when a field has no description.
+
+    python -m app.config.reference > docs/settings-reference.md
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ByteSize, SecretStr
+from pydantic.fields import FieldInfo
+
+from app.config.model_spec import ModelSpec
+from app.config.settings import ENV_PREFIX, Settings
+from app.config.simulated_spec import (
+    FaultInjection,
+    SimulatedBucket,
+    SimulatedGeneration,
+    SimulatedImages,
+)
+
+SIMULATED: tuple[type[BaseModel], ...] = (
+    SimulatedBucket,
+    SimulatedGeneration,
+    SimulatedImages,
+    FaultInjection,
+)
+_BOUNDS = {
+    "ge": ">=",
+    "gt": ">",
+    "le": "<=",
+    "lt": "<",
+    "min_length": "len >=",
+    "max_length": "len <=",
+}
+
+
+def undescribed() -> list[str]:
+    """The fields with no description: each must say what it does, for `--help` and the
+    reference alike."""
+    classes: tuple[type[BaseModel], ...] = (Settings, ModelSpec)
+    return [
+        f"{cls.__name__}.{name}"
+        for cls in classes
+        for name, field in cls.model_fields.items()
+        if not (field.description or "").strip()
+    ]
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "none"
+    if isinstance(value, ByteSize):
+        return value.human_readable(separator=" ") if value else "0"
+    if isinstance(value, SecretStr):
+        return "(secret)"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, BaseModel):
+        return "(see below)" if value.model_dump(exclude_defaults=True) else "{}"
+    if isinstance(value, tuple | list):
+        if value and isinstance(value[0], BaseModel):
+            names = [str(getattr(v, "name", "")) for v in value]
+            return "[" + ", ".join(names) + "]" if all(names) else "(see its paragraph)"
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{}" if not value else str(value)
+    if isinstance(value, Path):
+        return value.as_posix()
+    return str(value)
+
+
+def _bounds(field: FieldInfo) -> str:
+    found = []
+    for meta in field.metadata:
+        for attr, sign in _BOUNDS.items():
+            bound = getattr(meta, attr, None)
+            if bound is not None:
+                found.append(f"{sign} {bound}")
+        pattern = getattr(meta, "pattern", None)
+        if pattern:
+            found.append(f"matches `{pattern}`")
+    return "; ".join(found)
+
+
+def _type(field: FieldInfo) -> str:
+    text = str(field.annotation)
+    for noise in (
+        "typing.",
+        "pathlib._local.",
+        "pathlib.",
+        "pydantic.types.",
+        "pydantic.networks.",
+    ):
+        text = text.replace(noise, "")
+    text = text.replace("<class '", "").replace("'>", "")
+    text = text.replace("app.config.model_spec.", "").replace("app.config.simulated_spec.", "")
+    text = re.sub(r"Annotated\[(\w+), FieldInfo\(.*?\]\)\]", r"\1", text)
+    return text.replace("NoneType", "None").replace("|", "\\|")
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _table(cls: type[BaseModel], env: bool, described: bool = True) -> list[str]:
+    head = "| setting | environment variable | default | type, bounds | what it does |"
+    rows = [head, "|---|---|---|---|---|"] if env else []
+    if not env:
+        rows = ["| field | default | type, bounds | what it does |", "|---|---|---|---|"]
+    if not described:
+        rows = ["| field | default | type, bounds |", "|---|---|---|"]
+    for name, field in cls.model_fields.items():
+        kind = _type(field)
+        bounds = _bounds(field)
+        shape = f"`{kind}`" + (f"; {_cell(bounds)}" if bounds else "")
+        what = _cell(field.description or "")
+        default = f"`{_cell(_default(field))}`"
+        if not described:
+            rows.append(f"| `{name}` | {default} | {shape} |")
+        elif env:
+            rows.append(
+                f"| `{name}` | `{ENV_PREFIX}{name.upper()}` | {default} | {shape} | {what} |"
+            )
+        else:
+            rows.append(f"| `{name}` | {default} | {shape} | {what} |")
+    return rows
+
+
+def _doc(cls: type[BaseModel]) -> str:
+    return " ".join((cls.__doc__ or "").split())
+
+
+def settings_reference() -> str:
+    """The page: every setting, then every field of a model's entry, then the simulated
+    kind's parts."""
+    lines = [
+        "# Every setting",
+        "",
+        "<!-- generated by `python -m app.config.reference > docs/settings-reference.md`"
+        " from app/config: do not edit by hand -->",
+        "",
+        "Generated from the classes that read them (`app/config/settings.py`,",
+        "`app/config/model_spec.py`), so it is what the code does. How they are layered and",
+        "the most useful ones with examples: [Settings](settings.md).",
+        "",
+        "## The server's settings",
+        "",
+        "Each is read, the later winning, from its default, the TOML config file (`NAME =",
+        f"value`), the environment (`{ENV_PREFIX}NAME`) and the command line",
+        "(`--name value`: `vramgate serve --help`). Sizes take `512MiB`, `2GiB` or bytes;",
+        "durations seconds, or `30s`, `5m`, `1h` where they say so.",
+        "",
+        *_table(Settings, env=True),
+        "",
+        "## A model's entry",
+        "",
+        "A `[[models]]` table of the config file (or `--model NAME=KIND[:PATH]`, which sets",
+        "`name`, `kind` and `path`). " + _doc(ModelSpec),
+        "",
+        *_table(ModelSpec, env=False),
+        "",
+        "## The simulated kind's parts",
+        "",
+        "A `simulated` model (and a `simulated:8GiB` device) runs the whole server without",
+        "a GPU, for tests and demos ([Settings](settings.md#the-simulated-device-and-models));",
+        "each part's fields are what its paragraph says.",
+    ]
+    for cls in SIMULATED:
+        table = _table(cls, env=False, described=False)
+        lines += ["", f"### {cls.__name__}", "", _doc(cls), "", *table]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.stdout.write(settings_reference())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
