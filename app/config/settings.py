@@ -187,6 +187,15 @@ class Settings(BaseSettings):
         description="background work waits while interactive work runs or waits on its "
         "device (false: it runs beside it, ordered after it and kept off the reserve)",
     )
+    background_single_after_s: float | None = Field(
+        None,
+        ge=0,
+        le=86_400,
+        description="for this long after a person's (interactive) work ran on a device, "
+        "background work there runs one request at a time, so the person's next request "
+        "finds at most one beside it; default: 30 on a CPU (whose steps share its cores: "
+        "bench/priority.py), 0 (off) on a GPU",
+    )
     max_body_bytes: ByteSize = Field(
         ByteSize(32 * 2**20),
         description="largest request body accepted (413 beyond): an audio file, images in "

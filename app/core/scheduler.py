@@ -58,10 +58,14 @@ class Limits:
     batch_wait_s: float = 0.0
     aging_s: float = 60.0  # background work's longest wait before it is interactive
     step_aside: bool = True  # background waits while interactive work runs or waits
+    single_after_s: float = 0.0  # then runs one at a time for this long
 
     @classmethod
-    def of(cls, settings: Settings) -> Limits:
+    def of(cls, settings: Settings, device_kind: str = "cpu") -> Limits:
         batch_wait_s = settings.max_batch_wait_ms / 1000
+        single = settings.background_single_after_s
+        if single is None:  # a CPU's steps share its cores: measured in bench/priority.py
+            single = 30.0 if device_kind == "cpu" else 0.0
         return cls(
             settings.queue_timeout,
             settings.max_queue,
@@ -69,6 +73,7 @@ class Limits:
             batch_wait_s,
             settings.background_aging_s,
             settings.background_steps_aside,
+            single,
         )
 
 
@@ -118,6 +123,7 @@ class Scheduler:
             batch_wait_s=limits.batch_wait_s,
             aging_s=limits.aging_s,
             step_aside=limits.step_aside,
+            single_after_s=limits.single_after_s,
         )
         self.prefills = PrefillClock()
         self._runner = GroupRunner(

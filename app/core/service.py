@@ -103,7 +103,7 @@ class InferenceService:
             pricer=self.pricer,
             executor=executor,
             failures=failures,
-            limits=Limits.of(settings),
+            limits=Limits.of(settings, device.kind),
             clock=clock,
             store=registry.store,
         )

@@ -55,10 +55,13 @@ class MemoryGate:
         stream_slots: int = 0,
         aging_s: float = 60.0,
         step_aside: bool = True,
+        single_after_s: float = 0.0,
     ) -> None:
         """`stream_slots` 0: streams take job slots like any job. `aging_s`: how long
         background work waits before it counts as interactive; `step_aside` False:
-        background starts beside interactive work (ordered and reserved, no more)."""
+        background starts beside interactive work (ordered and reserved, no more);
+        `single_after_s`: for this long after interactive work ran or waited, background
+        work runs one ticket at a time (0: as many as fit)."""
         if slots < 1:
             raise ValueError("a gate needs at least one slot")
         self._pool = pool  # bytes jobs may hold in total right now (follows the device)
@@ -74,6 +77,8 @@ class MemoryGate:
         self.batch_wait_s = batch_wait_s
         self.aging_s = aging_s
         self.step_aside = step_aside
+        self.single_after_s = single_after_s
+        self._person_at: float | None = None  # when interactive work last ran or waited
         # the latest interactive requests' (bytes, cells, cell pool): the reserve's size
         self._typical: deque[tuple[int, int, str]] = deque(maxlen=TYPICAL)
         self._aside: set[int] = set()
@@ -194,8 +199,11 @@ class MemoryGate:
 
     def release(self, permit: Permit) -> list[Permit]:
         """Give a permit back (idempotent) and return the permits this frees for waiters."""
-        self._running.pop(permit.ticket_id, None)
-        return self._admit(self._clock())
+        now = self._clock()
+        ended = self._running.pop(permit.ticket_id, None)
+        if ended is not None and ended.priority < Priority.BACKGROUND:
+            self._person_at = now
+        return self._admit(now)
 
     def cancel(self, ticket: Ticket) -> list[Permit]:
         """Remove a waiting ticket (client gone, deadline passed). Idempotent."""
@@ -227,7 +235,7 @@ class MemoryGate:
         self._aside = set()  # background tickets held back this time: no lead, no ride
         self._queue.sort(key=lambda t: (ranks[id(t)], t.enqueued_at, t.id))
         eligible = self._eligible(now) if self.batch_wait_s > 0 else None
-        eligible = self._stepping_aside(ranks, eligible)
+        eligible = self._stepping_aside(ranks, eligible, now)
         ends, held, streams, exclusive = [], 0, 0, False  # one pass over what runs
         for p in self._running.values():
             ends.append((p.nbytes, p.admitted_at + p.expected_s))
@@ -288,21 +296,34 @@ class MemoryGate:
         return permits
 
     def _stepping_aside(
-        self, ranks: dict[int, int], eligible: list[int] | None
+        self, ranks: dict[int, int], eligible: list[int] | None, now: float
     ) -> list[int] | None:
         """The queue positions that may start (of `eligible`, None: all): without the
-        background tickets while work of a higher class runs or waits."""
+        background tickets while work of a higher class runs or waits; for
+        `single_after_s` after that, with one background ticket at most running."""
         if not self.step_aside:
             return eligible
         positions = range(len(self._queue)) if eligible is None else eligible
         busy = any(p.priority < Priority.BACKGROUND for p in self._running.values()) or any(
             rank < Priority.BACKGROUND for rank in ranks.values()
         )
-        if not busy:
-            return eligible
+        if busy:
+            self._person_at = now
         kept = [i for i in positions if ranks[id(self._queue[i])] < Priority.BACKGROUND]
-        self._aside = {id(t) for t in self._queue if ranks[id(t)] >= Priority.BACKGROUND}
-        return kept
+        background = [i for i in positions if ranks[id(self._queue[i])] >= Priority.BACKGROUND]
+        if not busy and background and self._person_near(now):
+            if not any(p.priority >= Priority.BACKGROUND for p in self._running.values()):
+                kept.append(background[0])  # the queue is in order: its first
+        elif not busy:
+            return eligible
+        self._aside = {id(t) for t in self._queue if ranks[id(t)] >= Priority.BACKGROUND} - {
+            id(self._queue[i]) for i in kept
+        }
+        return sorted(kept)
+
+    def _person_near(self, now: float) -> bool:
+        """Whether interactive work ran or waited within `single_after_s`."""
+        return self._person_at is not None and now - self._person_at < self.single_after_s
 
     def _reserve_for(self, ranks: dict[int, int]) -> Callable[[Ticket], tuple[int, int]]:
         """What a ticket must leave free beside it: nothing for interactive work; for

@@ -326,6 +326,40 @@ def test_background_starts_beside_interactive_work_where_it_is_told_it_may():
     assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
 
 
+def test_background_runs_one_at_a_time_for_single_after_s_after_a_person_s_work():
+    """A CPU's gate (single_after_s 30): after a chat ends, a waiting flood starts one
+    request, the next when it ends; past 30 s of no interactive work, all that fit."""
+    gate, clock = make_gate(pool=100, slots=8)
+    gate.single_after_s = 30
+    chat = gate.submit(t(10))
+    assert isinstance(chat, Admit)
+    flood = [classed(10, Priority.BACKGROUND) for _ in range(3)]
+    assert all(isinstance(gate.submit(f), Wait) for f in flood)
+    first = gate.release(chat.permit)
+    assert [p.ticket_id for p in first] == [flood[0].id]  # one, though room for all
+    clock.now += 10
+    second = gate.release(first[0])
+    assert [p.ticket_id for p in second] == [flood[1].id]
+    clock.now += 30  # no person for 40 s: as many as fit
+    rest = gate.release(second[0])
+    assert [p.ticket_id for p in rest] == [flood[2].id]
+    assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
+    assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
+
+
+def test_background_is_not_held_to_one_where_no_person_came_or_single_after_s_is_0():
+    gate, _ = make_gate(pool=100, slots=8)
+    gate.single_after_s = 30
+    flood = [gate.submit(classed(10, Priority.BACKGROUND)) for _ in range(3)]
+    assert all(isinstance(f, Admit) for f in flood)  # no person came yet
+    gate, _ = make_gate(pool=100, slots=8)  # a GPU's default: 0
+    chat = gate.submit(t(10))
+    waiting = [classed(10, Priority.BACKGROUND) for _ in range(3)]
+    for w in waiting:
+        gate.submit(w)
+    assert len(gate.release(chat.permit)) == 3  # type: ignore[union-attr]
+
+
 def test_background_that_waited_aging_s_counts_as_interactive():
     gate, clock = make_gate(pool=100, slots=1, max_queue=8)
     running = gate.submit(t(10))
