@@ -33,6 +33,10 @@ from tests.support.random_models import save_random_sd15
 from tests.support.random_vits import save_random_vits
 from tests.support.random_whisper import save_random_whisper, tone, write_encoded
 
+# a minute with the server's start and SmolLM2's fetch: the full run only (CI's lowest
+# versions and the Windows job run `-m "not slow"`), as the other real-model tests
+pytestmark = pytest.mark.slow
+
 # the values an answer's shape fixes (an answer's own text, ids and numbers vary)
 FIXED = {"object", "model", "role", "finish_reason", "type", "status", "done_reason"}
 EXAMPLES = with_outputs()
