@@ -39,7 +39,7 @@ from app.process.ports import listener, port_free
 from app.store.fetch import PIP_COMMAND
 
 log = logging.getLogger("vramgate.cli")
-MANAGE = ("status", "pull", "fits", "list", "ps", "rm")  # their code: app.store.manage
+MANAGE = ("status", "pull", "fits", "search", "list", "ps", "rm")  # their code: app.store.manage
 _SKIP = {"models"}
 
 
@@ -134,13 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TOML config file to add the model to [default {default_config_file()}]",
     )
     pull.add_argument("--models-dir", type=Path, default=None, help="where models go")
-    _add_fits_command(commands)
+    _add_fits_commands(commands)
     _add_model_commands(commands, pull)
     cluster_command.add_parser(commands, _add_settings_flags)
     return parser
 
 
-def _add_fits_command(commands: Any) -> None:
+def _add_fits_commands(commands: Any) -> None:
     fits = commands.add_parser(
         "fits",
         help="which quantisation of a GGUF model fits this machine, before the download",
@@ -153,15 +153,26 @@ def _add_fits_command(commands: Any) -> None:
         "running server (--url) answers for its device; else this machine is measured here.",
     )
     fits.add_argument("source", metavar="SOURCE")
-    fits.add_argument(
-        "--context", type=int, default=None, help="a request's tokens (default: the model's)"
+    search = commands.add_parser(
+        "search",
+        help="GGUF models on the Hugging Face hub, each quantisation with what it needs here",
+        description="The Hub's GGUF repos whose name holds QUERY, most downloaded first, "
+        "each listed as `vramgate fits` lists one: every quantisation with its file size, "
+        "its bytes as its load would plan them and where it fits here. One header a repo "
+        "is downloaded (HTTP Ranges), never the weights.",
     )
-    fits.add_argument("--json", action="store_true", help="print the raw JSON")
-    fits.add_argument("--config", type=Path, default=None, help="TOML config file")
-    fits.add_argument("--models-dir", type=Path, default=None, help="the models folder")
-    fits.add_argument(
-        "--url", default=None, help="a running server's address (default: from settings)"
-    )
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("--limit", type=int, default=None, help="repos to plan (default 10)")
+    for command in (fits, search):
+        command.add_argument(
+            "--context", type=int, default=None, help="a request's tokens (default: the model's)"
+        )
+        command.add_argument("--json", action="store_true", help="print the raw JSON")
+        command.add_argument("--config", type=Path, default=None, help="TOML config file")
+        command.add_argument("--models-dir", type=Path, default=None, help="the models folder")
+        command.add_argument(
+            "--url", default=None, help="a running server's address (default: from settings)"
+        )
 
 
 def _add_model_commands(commands: Any, pull: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -32,6 +33,7 @@ from app.store.machine import machine_from_status
 from app.store.manage import model_folder
 from app.store.progress import EventProgress
 from app.store.pull import pull
+from app.store.search import MOST_REPOS, SEARCH_LIMIT, search
 from app.store.sources import PullError, Source, SourceRefused, UnknownName, parse_source
 
 log = logging.getLogger("vramgate.admin")
@@ -160,6 +162,24 @@ async def model_fits(
         raise InvalidRequest(str(exc), param="source") from exc
     said_of = {q.label: {"now": said(q.now), "most": said(q.most)} for q in found.quants}
     return {**found.as_dict(), "said": said_of, "refusal": found.refusal()}
+
+
+@router.get("/models/search")
+async def model_search(
+    request: Request,
+    q: str = Query(min_length=1, max_length=200, description="words of a model's name"),
+    context: int | None = Query(None, ge=16, le=2**20, description="a request's tokens"),
+    limit: int = Query(SEARCH_LIMIT, ge=1, le=MOST_REPOS, description="repos to plan"),
+) -> dict[str, Any]:
+    """The Hub's GGUF repos for `q`, each answered as `/admin/models/fits` answers one
+    (app.store.search): its quantisations, their bytes and verdicts here; only headers
+    are fetched."""
+    machine = machine_from_status(fleet_of(request).status())
+    try:
+        found = await asyncio.to_thread(search, q, machine, context, limit)
+    except PullError as exc:
+        raise InvalidRequest(str(exc), param="q") from exc
+    return {"query": q, "machine": asdict(machine), "results": [f.as_dict() for f in found]}
 
 
 def _parsed(text: str) -> Source:

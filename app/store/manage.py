@@ -1,7 +1,8 @@
 """The commands that manage models and look at a running server: `pull`, `fits`,
-`list`, `ps`, `rm` and `status`. They read the config as the server does, and talk to a running
-server over its own HTTP API (with its token where one is set): `pull` and `rm` ask it
-to read its model list again, so that it serves the change without a restart."""
+`search`, `list`, `ps`, `rm` and `status`. They read the config as the server does, and
+talk to a running server over its own HTTP API (with its token where one is set): `pull`
+and `rm` ask it to read its model list again, so that it serves the change without a
+restart."""
 
 from __future__ import annotations
 
@@ -291,6 +292,30 @@ def fits_command(args: argparse.Namespace) -> int:
         _err(f"vramgate fits: {exc}")
         return 1
     print(json.dumps(document, indent=2) if args.json else format_fits(Fits.of(document)))
+    return 0
+
+
+def search_command(args: argparse.Namespace) -> int:
+    """The Hub's GGUF repos for a query, each quantisation and where it fits here: as the
+    running server answers it (its device, measured), else against this machine measured
+    here (app.store.search)."""
+    from app.store.machine import machine_here
+    from app.store.search import SEARCH_LIMIT, format_search, search
+
+    limit = args.limit or SEARCH_LIMIT
+    try:
+        settings, _ = _settings(args)
+        asked = {"q": args.query, "limit": limit}
+        asked |= {"context": args.context} if args.context else {}
+        path = "/admin/models/search?" + urllib.parse.urlencode(asked)
+        document = Server(settings, args.url).call(path, timeout=600)
+        if document is None:  # no server: this machine, measured here
+            found = search(args.query, machine_here(settings), args.context, limit)
+            document = {"query": args.query, "results": [f.as_dict() for f in found]}
+    except (PullError, ServerError, ValueError, OSError) as exc:
+        _err(f"vramgate search: {exc}")
+        return 1
+    print(json.dumps(document, indent=2) if args.json else format_search(document))
     return 0
 
 

@@ -2,9 +2,10 @@
 huggingface_hub calls to list a repo (`/api/models/ORG/NAME[/revision/REV]` with its
 files' sizes, and its tree) and to fetch a file (`/ORG/NAME/resolve/REV/PATH`, HEAD and
 GET, with HTTP Range: `bytes=N-` for the rest, `bytes=A-B` for a part, as a GGUF header is
-read). It counts the bytes it sends per file and keeps the Range headers it was sent; a
-file can be set to stall after N bytes (a pull killed there resumes), to pause after N
-bytes until the test lets it go on, or to come with more bytes than its listing says."""
+read), and to search (`/api/models?search=`). It counts the bytes it sends per file and
+keeps the Range headers it was sent; a file can be set to stall after N bytes (a pull
+killed there resumes), to pause after N bytes until the test lets it go on, or to come
+with more bytes than its listing says."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import re
 import threading
 from collections import Counter
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 
 class Hub:
@@ -94,6 +95,8 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
         self.hub.paths.append(path)
+        if path == "/api/models":
+            return self._search(parse_qs(urlsplit(self.path).query))
         api = re.match(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?$", path)
         if api is not None:
             repo, what = api[1], api[2]
@@ -122,6 +125,21 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         self._file(repo, file, self.hub.repos[repo][file])
 
     do_HEAD = do_GET
+
+    def _search(self, query: dict[str, list[str]]) -> None:
+        """The Hub's model search (`list_models`): the repos whose name holds `search`
+        (any case) and, where `filter=gguf`, hold a .gguf file; most downloaded first
+        (`downloads`: its files' count here, so that the order is fixed), at most `limit`."""
+        words = query.get("search", [""])[0].lower()
+        gguf = "gguf" in query.get("filter", [])
+        found = [
+            {"id": repo, "modelId": repo, "downloads": len(files), "tags": ["gguf"] if gguf else []}
+            for repo, files in sorted(self.hub.repos.items())
+            if words in repo.lower() and (not gguf or any(p.endswith(".gguf") for p in files))
+        ]
+        found.sort(key=lambda model: -model["downloads"])
+        limit = int(query.get("limit", ["1000"])[0])
+        self._json(200, found[:limit])
 
     def _file(self, repo: str, file: str, content: bytes) -> None:
         key = f"{repo}/{file}"
