@@ -4,22 +4,28 @@ priority classes:
     python bench/priority.py [--chats 6] [--write-readme]
 
 One vramgate on the CPU serves the embedded all-MiniLM-L6-v2 and SmolLM2-135M-Instruct's
-GGUF (the llama.cpp engine), on its defaults. Measured, one phase after another:
+GGUF (the llama.cpp engine), on its defaults. The flood is a fixed amount of work: a
+document of 2,000 chunks embedded 64 at a time (4 requests at once), as Open WebUI
+indexes an upload, and 48 generations of 64 tokens, 8 at a time, as its title, tag and
+follow-up requests. Measured, one phase after another:
 
-1. idle: a person's chats alone, one every few seconds (a fresh ~300-token question,
-   32 tokens of answer, streamed): time to first token (TTFT) and to the last;
-2. the flood alone: a document of 2,000 chunks embedded 64 at a time (4 requests at
-   once), as Open WebUI indexes an upload, and 8 generations at a time of 64 tokens, as
-   its title, tag and follow-up requests: chunks/s and generations/s;
+1. idle: a person's chats alone, one every 4 s (a fresh ~300-token question, 32 tokens
+   of answer, streamed): time to first token (TTFT) and to the last;
+2. the flood alone, 31 s after the last chat (past `background_single_after_s`, which
+   holds background work to one request at a time on a CPU after a person's): its time;
 3. the flood marked `flex` (the generations through the `task` name the config maps to
    background, as an Open WebUI task model would be; the chunks background because
    each request holds at least `background_inputs`), with the chats beside it;
 4. the same flood unmarked on a server with `background_inputs = 0` (today's first-come
-   queue: everything interactive), with the chats beside it.
+   queue: everything interactive), with the chats beside it;
+5. idle again, at the end: the machine's noise between the phases.
 
 Printed: the chats' TTFT (median, worst) in each phase and its ratio to idle; the
-flood's throughput beside the chats against the flood alone. Figures vary between runs
-on this shared machine: read the ratios within one run.
+flood's throughput beside the chats against the flood alone (its time alone over its
+time beside them), and the same over the time the chats leave it (its time beside them
+less the chats' own time on the idle server): a flood that wastes none of the gaps
+scores 1.00 there. Figures vary between runs on this shared machine: read the ratios
+within one run.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ CHUNKS = 2000
 CHUNK_BATCH = 64
 EMBED_CLIENTS = 4
 TASKS = 8  # generations at once in the flood
+TASK_ROUNDS = 6  # generations of each of them: 48 in all
 TASK_TOKENS = 64
 CHAT_TOKENS = 32
 CHAT_EVERY_S = 4.0
@@ -122,12 +129,12 @@ async def chats_every(client: httpx.AsyncClient, count: int, offset: int) -> Cha
     return chats
 
 
-async def flood(client: httpx.AsyncClient, marked: bool, stop: asyncio.Event) -> Flood:
-    """The document's chunks (once) and task generations (until the chunks are done)."""
+async def flood(client: httpx.AsyncClient, marked: bool) -> Flood:
+    """The document's chunks and the task generations, once each: the flood's time is
+    until both are done."""
     result = Flood()
     pending = list(range(0, CHUNKS, CHUNK_BATCH))
     started = time.monotonic()
-    chunks_done = asyncio.Event()
 
     async def embedder() -> None:
         while pending:
@@ -140,9 +147,7 @@ async def flood(client: httpx.AsyncClient, marked: bool, stop: asyncio.Event) ->
                 result.errors += 1
 
     async def tasker(k: int) -> None:
-        n = 0
-        while not chunks_done.is_set() and not stop.is_set():
-            n += 1
+        for n in range(1, TASK_ROUNDS + 1):
             body = {
                 "model": "task" if marked else MODEL,
                 "messages": [{"role": "user", "content": f"Title {k}-{n}: {chunk(k * 100 + n)}"}],
@@ -156,10 +161,8 @@ async def flood(client: httpx.AsyncClient, marked: bool, stop: asyncio.Event) ->
                 result.errors += 1
 
     tasks = [asyncio.ensure_future(tasker(k)) for k in range(TASKS)]
-    await asyncio.gather(*(embedder() for _ in range(EMBED_CLIENTS)))
-    chunks_done.set()
+    await asyncio.gather(*(embedder() for _ in range(EMBED_CLIENTS)), *tasks)
     result.seconds = time.monotonic() - started
-    await asyncio.gather(*tasks)
     return result
 
 
@@ -168,10 +171,8 @@ async def phase(
 ) -> tuple[Chats | None, Flood | None]:
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=900, limits=limits) as client:
-        stop = asyncio.Event()
-        flooding = asyncio.ensure_future(flood(client, marked, stop)) if with_flood else None
+        flooding = asyncio.ensure_future(flood(client, marked)) if with_flood else None
         chatted = await chats_every(client, chats, offset) if chats else None
-        stop.set()
         done = await flooding if flooding is not None else None
         return chatted, done
 
@@ -192,54 +193,63 @@ def main() -> int:
     args = parser.parse_args()
     gguf = ensure_gguf()
     rows: list[tuple[str, Chats | None, Flood | None]] = []
+
+    def measure(name: str, *how: object) -> None:
+        rows.append((name, *asyncio.run(phase(*how))))  # type: ignore[arg-type]
+        print(f"{name}: {figures(rows[-1][1])}; flood {rows[-1][2]}", flush=True)
+
     wait = ("--queue-timeout", "900")
     server = start_vramgate(config(gguf), MODEL, "/v1/chat/completions", wait)
     try:
-        url = server.url
-        asyncio.run(phase(url, 2, 900, False, False))  # warm-up: both models, the caches
-        for name, chats, offset, flooded in (
-            ("idle", args.chats, 0, False),
-            ("flood alone", 0, 0, True),
-            ("classes", args.chats, 100, True),
-        ):
-            rows.append((name, *asyncio.run(phase(url, chats, offset, flooded, True))))
-            print(f"{name}: {figures(rows[-1][1])}; flood {rows[-1][2]}", flush=True)
+        asyncio.run(phase(server.url, 2, 900, False, False))  # warm-up: both models, caches
+        measure("idle", server.url, args.chats, 0, False, False)
+        time.sleep(31)  # a person gone for background_single_after_s: the flood alone
+        measure("flood alone", server.url, 0, 0, True, True)
+        measure("classes", server.url, args.chats, 100, True, True)
     finally:
         server.stop()
-    server = start_vramgate(
-        config(gguf), MODEL, "/v1/chat/completions", (*wait, "--background-inputs", "0")
-    )
+    first_come = (*wait, "--background-inputs", "0")
+    server = start_vramgate(config(gguf), MODEL, "/v1/chat/completions", first_come)
     try:
-        url = server.url
-        asyncio.run(phase(url, 2, 950, False, False))
-        rows.append(("first-come", *asyncio.run(phase(url, args.chats, 200, True, False))))
-        print(f"first-come: {figures(rows[-1][1])}; flood {rows[-1][2]}", flush=True)
+        asyncio.run(phase(server.url, 2, 950, False, False))
+        measure("first-come", server.url, args.chats, 200, True, False)
+        measure("idle, at the end", server.url, args.chats, 300, False, False)
     finally:
         server.stop()
-    idle = statistics.median(rows[0][1].ttft_s)  # type: ignore[union-attr]
-    alone = rows[1][2]
-    assert alone is not None
+    table = render(rows)
+    print(table)
+    if args.write_readme:
+        write_readme(table, "priority", "bench/priority.py")
+    return 0
+
+
+def render(rows: list[tuple[str, Chats | None, Flood | None]]) -> str:
+    """The table: each phase's chats against the first idle phase, its flood against
+    the flood alone (over its whole time, and over the time the chats leave it)."""
+    idle = rows[0][1]
+    alone = next(done for _, chats, done in rows if done is not None and chats is None)
+    assert idle is not None
+    idle_ttft = statistics.median(idle.ttft_s)
+    chat_s = statistics.median(idle.total_s)  # one chat's own time on the idle server
     lines = [
         "| phase | chats' TTFT median (s) | worst (s) | TTFT / idle | chat classes | "
-        "chunks/s | generations/s | flood / alone | flood errors |",
+        "flood (s) | flood / alone | in the chats' gaps | flood errors |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, chats, done in rows:
         ttft = statistics.median(chats.ttft_s) if chats else None
         worst = max(chats.ttft_s) if chats else None
-        rate = done.chunks / done.seconds if done and done.seconds else None
-        gens = done.generations / done.seconds if done and done.seconds else None
-        share = rate / (alone.chunks / alone.seconds) if rate else None
+        share = alone.seconds / done.seconds if done else None
+        gaps = None
+        if done and chats:
+            gaps = alone.seconds / max(done.seconds - chat_s * len(chats.ttft_s), 1e-9)
         lines.append(
-            f"| {name} | {_f(ttft)} | {_f(worst)} | {_f(ttft / idle if ttft else None)} | "
-            f"{','.join(sorted(chats.classes)) if chats else '-'} | {_f(rate, 0)} | "
-            f"{_f(gens, 1)} | {_f(share)} | {done.errors if done else '-'} |"
+            f"| {name} | {_f(ttft)} | {_f(worst)} | {_f(ttft / idle_ttft if ttft else None)} | "
+            f"{','.join(sorted(chats.classes)) if chats else '-'} | "
+            f"{_f(done.seconds if done else None, 1)} | {_f(share)} | {_f(gaps)} | "
+            f"{done.errors if done else '-'} |"
         )
-    table = "\n".join(lines)
-    print(table)
-    if args.write_readme:
-        write_readme(table, "priority", "bench/priority.py")
-    return 0
+    return "\n".join(lines)
 
 
 def _f(value: float | None, digits: int = 2) -> str:
