@@ -3,7 +3,8 @@ is not marked otherwise (tests/docs/blocks.py) runs in its own process against o
 server, the address on the page pointed at it, in a folder holding the files the
 examples open (photo.png, mask.png, talk.mp3). The server serves what the pages name:
 the embedded all-MiniLM-L6-v2, the real SmolLM2-135M-Instruct GGUF (`smollm2` and
-`qwen3` reach it too), and tiny random models as `sd15`, `whisper` and `mms-tts-eng`.
+`qwen3` reach it too), and tiny random models as `reranker`, `sd15`, `whisper` and
+`mms-tts-eng`.
 
 Each must end with exit code 0 and no error in what it printed (an answer `{"error":
 ...}` counts); where the page shows its output (a block marked `output` after it),
@@ -29,7 +30,7 @@ from PIL import Image
 
 from tests.docs.blocks import Block, with_outputs
 from tests.support.live import clean_env, live_server, make_settings
-from tests.support.random_models import save_random_sd15
+from tests.support.random_models import save_random_cross_encoder, save_random_sd15
 from tests.support.random_vits import save_random_vits
 from tests.support.random_whisper import save_random_whisper, tone, write_encoded
 
@@ -49,6 +50,7 @@ def docs_server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path):
         {"name": "all-MiniLM-L6-v2"},
         {"name": "SmolLM2-135M-Instruct", "kind": "generation", "path": str(smollm2_gguf)},
         {"name": "sd15", "kind": "diffusion", "path": str(save_random_sd15(tmp / "sd15"))},
+        {"name": "reranker", "kind": "rerank", "path": str(save_random_cross_encoder(tmp / "ce"))},
         {"name": "whisper", "kind": "speech", "path": str(save_random_whisper(tmp / "whisper"))},
         {
             "name": "mms-tts-eng",
