@@ -17,6 +17,7 @@ chat or embed with).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -41,6 +42,7 @@ from app.api.intake import (
     generation_request,
     read_parsed,
 )
+from app.api.load_wait import admit_watching, drop, progress
 from app.api.ollama.schemas import (
     ChatBody,
     EmbedBody,
@@ -335,7 +337,10 @@ async def _generate(
     )
     answer = Answer(valid, model, chat, started)
     with client_watch(request) as watch:
-        generation = (await admit_choices(fleet, valid, watch))[0]
+        admission = await admit_watching(fleet, model, admit_choices(fleet, valid, watch))
+        if admission.loading and valid.stream:  # the load's progress first (app.api.load_wait)
+            return StreamingResponse(answer.after_load(fleet, admission.task), media_type=NDJSON)
+        generation = (await admission.task)[0]
         if not valid.stream:
             watch.on_leave(generation.close)
             try:
@@ -364,6 +369,28 @@ class Answer:
         thought, text = split("".join(parts), frame_of(generation))
         final = self._final(outcome, cost) | self._content(text)
         return _json_response(self._with_thinking(final, thought), cost)
+
+    async def after_load(
+        self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
+    ) -> AsyncIterator[bytes]:
+        """The load's progress while the model loads, as chunks with an empty message (or
+        response) and its `status` in words, as Ollama's pull says its steps; then the
+        answer's chunks, or the admission's error as the stream's last line."""
+        taken = False
+        try:
+            async for words in progress(fleet, self.model, admission):
+                yield orjson.dumps(self._chunk() | self._text("") | {"status": words}) + b"\n"
+            try:
+                generation = (await admission)[0]
+            except VramgateError as exc:
+                yield orjson.dumps({"error": ollama_message(exc), "code": exc.code}) + b"\n"
+                return
+            taken = True
+        finally:
+            if not taken:  # the client left meanwhile: nothing admitted stays
+                drop(admission, lambda generations: [g.close() for g in generations])
+        async for chunk in self.chunks(generation):
+            yield chunk
 
     async def chunks(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         try:

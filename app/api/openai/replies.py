@@ -23,7 +23,9 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
+from app.api.load_wait import drop, progress
 from app.api.thinking import frame_of
+from app.core.fleet.fleet import Fleet
 from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
@@ -81,6 +83,39 @@ class Reply:
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache"},
         )
+
+    def stream_after_load(
+        self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
+    ) -> Response:
+        """Server-sent events that begin while the model loads: its progress as comment
+        lines (`: loading NAME: ...`, skipped by SSE parsers: app.api.load_wait), then the
+        chunks as `stream` sends them, or the admission's error as an error event."""
+        return StreamingResponse(
+            self._after_load(fleet, admission),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def _after_load(
+        self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
+    ) -> AsyncIterator[bytes]:
+        taken = False
+        try:
+            async for words in progress(fleet, self.body.model, admission):
+                yield b": " + words.encode() + b"\n\n"
+            try:
+                generations = await admission
+            except VramgateError as exc:
+                yield _sse(exc.body())
+                yield DONE
+                return
+            taken = True
+        finally:
+            if not taken:  # the client left meanwhile: nothing admitted stays
+                drop(admission, lambda generations: [g.close() for g in generations])
+        self.tier = generations[0].job.priority.service_tier
+        async for event in self._events(generations):
+            yield event
 
     async def _events(self, generations: list[AdmittedGeneration]) -> AsyncIterator[bytes]:
         """Chunks as text is decoded, each naming its choice; a choice's last names its

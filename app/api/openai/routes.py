@@ -22,6 +22,7 @@ from app.api.intake import (
     read_parsed,
     request_schemas,
 )
+from app.api.load_wait import admit_watching
 from app.api.openai.replies import Reply
 from app.api.openai.schemas import (
     ChatRequest,
@@ -155,7 +156,10 @@ async def _complete(
     valid = generation_request(fleet, body, images, scope=cache_scope(request, *body.caller_ids()))
     reply = Reply(valid, kind, prefix)
     with client_watch(request) as watch:
-        generations = await admit_choices(fleet, valid, watch)
+        admission = await admit_watching(fleet, valid.model, admit_choices(fleet, valid, watch))
+        if admission.loading and valid.stream:  # the load's progress first (app.api.load_wait)
+            return reply.stream_after_load(fleet, admission.task)
+        generations = await admission.task
         if not valid.stream:
             return await reply.respond(generations, watch)
     # the stream's response reads the connection itself: the watch has ended

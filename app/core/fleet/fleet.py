@@ -167,6 +167,12 @@ class Fleet:
             lane.in_flight[served] -= 1
         return prepared.tokens
 
+    def loading(self, model: str) -> dict[str, Any] | None:
+        """How far the load of the model a request's name means has come (its /status
+        row's `load`) while it loads; None when it is not loading."""
+        served = self.resolve(model)
+        return self.lane_for(served).registry.loading(served)
+
     def card(self, model: str) -> ModelCard:
         """What `model` is (app.models.card), loaded or not; 404 for one not served."""
         model = self.resolve(model)

@@ -171,6 +171,13 @@ class ModelRegistry:
             for name, e in self.entries.items()
         ]
 
+    def loading(self, name: str) -> dict[str, Any] | None:
+        """`name`'s load as its /status row says it while it loads; None otherwise."""
+        entry = self.entries.get(name)
+        if entry is None or entry.state != "loading":
+            return None
+        return self._load_view(entry)
+
     @staticmethod
     def _load_view(entry: ModelEntry) -> dict[str, Any]:
         """How far a loading model has come (app.core.lifecycle.load_watch)."""

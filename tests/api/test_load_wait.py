@@ -1,0 +1,79 @@
+"""A streamed chat whose model loads first is told how the load goes before its first
+token (app.api.load_wait): over HTTP, a simulated model whose load takes 2 s; Ollama's
+NDJSON carries chunks with an empty message and a `status`, OpenAI's events comment
+lines; the official `ollama` and `openai` clients read both streams as before. A model
+already loaded streams no such line."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import ollama
+import openai
+
+from app.config.settings import ModelSpec
+from tests.support.live import Live, live_server, make_settings
+
+HELLO = [{"role": "user", "content": "hello"}]
+SHORT = {"num_predict": 4}
+
+
+def unload(live: Live) -> None:
+    httpx.post(live.url + "/admin/models/slow/unload", timeout=60).raise_for_status()
+
+
+def ollama_lines(live: Live) -> list[dict]:
+    body = {"model": "slow", "messages": HELLO, "stream": True, "options": {"num_predict": 4}}
+    with httpx.stream("POST", live.url + "/api/chat", json=body, timeout=60) as answer:
+        assert answer.status_code == 200
+        return [json.loads(line) for line in answer.iter_lines() if line]
+
+
+def openai_lines(live: Live) -> list[str]:
+    body = {"model": "slow", "messages": HELLO, "stream": True, "max_tokens": 4}
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_a_streamed_chat_that_loads_its_model_hears_the_load_before_its_first_token(tmp_path):
+    slow = ModelSpec(name="slow", kind="simulated", load_ms=2000, load="demand")
+    settings = make_settings(tmp_path, device="simulated:4GiB", models=(slow,))
+    with live_server(settings) as live:
+        lines = ollama_lines(live)
+        told = [line for line in lines if "status" in line]
+        first = next(i for i, line in enumerate(lines) if line["message"]["content"])
+        assert told and all(i < first for i, line in enumerate(lines) if "status" in line)
+        assert told[0]["status"].startswith("loading slow: loading")
+        assert all(line["message"] == {"role": "assistant", "content": ""} for line in told)
+        assert not told[0]["done"] and lines[-1]["done"]
+        assert "status" not in ollama_lines(live)[0]  # loaded: no load to tell
+        unload(live)
+        said = ollama.Client(host=live.url).chat("slow", HELLO, stream=True, options=SHORT)
+        chunks = list(said)
+        assert chunks[-1].done and "".join(c.message.content or "" for c in chunks)
+
+        unload(live)
+        events = openai_lines(live)
+        comments = [e for e in events if e.startswith(":")]
+        assert comments and comments[0].startswith(": loading slow: loading")
+        assert events.index(comments[-1]) < min(
+            i for i, e in enumerate(events) if e.startswith("data: ")
+        )
+        assert events[-1] == "data: [DONE]"
+        assert not any(e.startswith(":") for e in openai_lines(live))
+        unload(live)
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="none")
+        stream = client.chat.completions.create(
+            model="slow", messages=HELLO, stream=True, max_tokens=4
+        )
+        texts = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert "".join(texts)
+
+        unload(live)  # a caller that leaves during the load leaves nothing admitted behind
+        body = {"model": "slow", "messages": HELLO, "stream": True, "options": SHORT}
+        with httpx.stream("POST", live.url + "/api/chat", json=body, timeout=60) as answer:
+            assert "status" in json.loads(next(answer.iter_lines()))
+        assert ollama_lines(live)[-1]["done"]
+        assert live.status()["queue"]["depth"] == 0
