@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from app.cli import main
-from app.config.settings import ConfigSource
+from app.config.settings import ConfigSource, ModelSpec
 from tests.support.hub import Hub
 from tests.support.live import live_server, make_settings
 
@@ -55,3 +55,23 @@ def test_a_search_over_http_follows_the_simulated_devices_free_memory(hub, tmp_p
         empty = httpx.get(live.url + "/admin/models/search", params={"q": "llama"}).json()
         assert empty["results"] == []
         assert httpx.get(live.url + "/admin/models/search", params={"q": ""}).status_code == 400
+
+
+@pytest.mark.slow  # a real llama.cpp load of SmolLM2
+def test_the_search_answer_is_what_the_real_load_then_measures(hub, smollm2_gguf, tmp_path):
+    """On the CPU, SmolLM2's Q4_1 as the search plans it at a 2,048 context against the
+    same file loaded by llama.cpp with that context: the pool's cells the same, the bytes
+    (what the engine's log reported allocating) within 10%."""
+    spec = ModelSpec(
+        name="smol", kind="generation", path=smollm2_gguf, context_length=2048, load="startup"
+    )
+    settings = make_settings(tmp_path, device="cpu", models=(spec,))
+    with live_server(settings) as live:
+        asked = {"q": "smol", "context": 2048}
+        answer = httpx.get(live.url + "/admin/models/search", params=asked, timeout=60).json()
+        planned = answer["results"][0]["fits"]["quants"][0]["now"]
+        row = next(m for m in live.status()["models"] if m["name"] == "smol")
+    measured = row["measured"]["device_bytes"] + row["measured"]["host_bytes"]
+    assert planned["verdict"] == "cpu" and planned["kv_cells"] == row["kv_cells"]
+    assert abs(planned["device_bytes"] - measured) <= 0.10 * measured, (planned, measured)
+    print(f"planned {planned['device_bytes']} bytes, measured {measured}")
