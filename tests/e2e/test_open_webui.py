@@ -1,12 +1,14 @@
 """Open WebUI itself (open-webui 0.12.4 from PyPI, in a virtual environment of its own: its
 pinned dependencies are not vramgate's) against a live vramgate serving SmolLM2, the
-embedded MiniLM, a tiny random SD 1.5 and a tiny random Whisper, on the settings README
-gives ("Using vramgate with Open WebUI / aider / llm"): both connections (OpenAI's at
-/v1, Ollama's at the root), its image engines pointed at vramgate with their model
-fields left empty, its speech-to-text engine with its model field left empty. Driven
+embedded MiniLM, a tiny Qwen3 taught to think, a tiny random SD 1.5 and a tiny random
+Whisper, on the settings README gives ("Using vramgate with Open WebUI / aider / llm"):
+both connections (OpenAI's at /v1, Ollama's at the root), its image engines pointed at
+vramgate with their model fields left empty, its speech-to-text engine with its model
+field left empty. Driven
 through Open WebUI's own REST API, as its pages call it: the model list of both
 connections, a streamed chat on its defaults (with its page's session, so with its
-builtin tools, offered natively), an image from each image engine, a transcription. Open
+builtin tools, offered natively), a thinking model's chat on each connection as its page
+saves one (the thinking folded), an image from each image engine, a transcription. Open
 WebUI runs offline (its own embedding model is vramgate's, over OpenAI's API). Skipped
 where the package cannot be installed."""
 
@@ -19,12 +21,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import httpx
 import pytest
 
 from app.config.settings import ModelSpec
 from tests.support import apps
+from tests.support.families import QWEN3, Lesson, save_family_model
 from tests.support.live import (
     Live,
     RequestBodies,
@@ -117,13 +121,137 @@ def signed_in(
             process.wait()
 
 
+QUESTION = "What is the weather in Oslo?"
+THOUGHT = "Oslo is wet. So: rain, as every day there."
+ANSWER = "It rains in Oslo."
+
+
+def thinking_model(folder: Path) -> Path:
+    """A tiny Qwen3 (its real chat template, tests/support/families.py) taught to think
+    THOUGHT in its `<think>` block, then answer ANSWER, when asked QUESTION."""
+    lesson = Lesson([user(QUESTION)], f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}")
+    return save_family_model(folder, QWEN3, [lesson])
+
+
+def page_chat(client: httpx.Client, model: str) -> dict[str, Any]:
+    """A new chat asked QUESTION as Open WebUI's page starts one (Chat.svelte's body: its
+    socket's session, `parent_id` null, the user message and the answer's id), which
+    Open WebUI runs in the background and saves to the chat (its middleware's streaming
+    handler, as for the page, whose socket gets the same events); the answer as saved,
+    once done. Two of its Chat Controls set: Function Calling `legacy` (with the native
+    one its builtin tools would reach the prompt, which the model was not taught on) and
+    Temperature 0 (the taught answer greedily: sampled, a 4-logit lead is lost now and
+    then). No title, tags or follow-ups asked."""
+    asked, answered = str(uuid4()), str(uuid4())
+    message = {"id": asked, "parentId": None, "childrenIds": [], "role": "user"}
+    message |= {"content": QUESTION, "timestamp": int(time.time()), "models": [model]}
+    body = {
+        "model": model,
+        "stream": True,
+        "messages": [user(QUESTION)],
+        "params": {"function_calling": "legacy", "temperature": 0},
+        "session_id": "vramgate-test-session",
+        "id": answered,
+        "parent_id": None,
+        "user_message": message,
+        "background_tasks": {},
+    }
+    started = client.post("/api/chat/completions", json=body)
+    assert started.status_code == 200 and started.json().get("chat_id"), started.text
+    chat_id = started.json()["chat_id"]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        chat = client.get(f"/api/v1/chats/{chat_id}").json()["chat"]
+        saved = chat["history"]["messages"].get(answered, {})
+        if saved.get("done"):
+            assert "error" not in saved, saved
+            return saved
+        time.sleep(0.5)
+    raise AssertionError(f"Open WebUI's chat was not done in 300 s: {saved}")
+
+
+def item_text(item: dict[str, Any]) -> str:
+    """An output item's text, as the page reads it (structuredOutput.ts)."""
+    return "".join(part.get("text", "") for part in item.get("content") or [])
+
+
+def assert_folded(saved: dict[str, Any]) -> None:
+    """The answer as Open WebUI saved it: its thinking in a reasoning item opened from the
+    stream's thinking field (`reasoning_content`: its middleware's streaming handler;
+    thinking it finds in `<think>` tags in the content gets none), which the page shows
+    folded (StructuredOutputRenderer.svelte: a Collapsible, `open` only with the
+    expandDetails setting; structuredOutput.ts, buildReasoningToken: type "reasoning",
+    "Thought for N seconds" once done), then the answer in the message item after it and
+    in `content`, without the thinking."""
+    kinds = [item["type"] for item in saved["output"]]
+    assert kinds == ["reasoning", "message"], saved["output"]
+    thought, answer = saved["output"]
+    assert item_text(thought).strip() == THOUGHT, thought
+    assert thought["attributes"].get("type") == "reasoning_content", thought
+    assert thought["status"] == "completed" and "duration" in thought, thought  # done
+    assert item_text(answer).strip() == ANSWER and saved["content"].strip() == ANSWER, saved
+    assert "Oslo is wet" not in saved["content"] and "<think>" not in saved["content"], saved
+
+
+def wire_ollama(reply: bytes) -> tuple[str, str]:
+    """An Ollama chat stream as vramgate sent it: its thinking and its content."""
+    lines = [json.loads(line) for line in reply.splitlines() if line.strip()]
+    thinking = "".join(line["message"].get("thinking") or "" for line in lines)
+    return thinking, "".join(line["message"].get("content") or "" for line in lines)
+
+
+def wire_openai(reply: bytes) -> tuple[str, str]:
+    """An OpenAI chat stream as vramgate sent it: its reasoning_content and content."""
+    thinking, content = [], []
+    for line in reply.decode().splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[6:]).get("choices", []):
+            delta = choice.get("delta") or {}
+            thinking.append(delta.get("reasoning_content") or "")
+            content.append(delta.get("content") or "")
+    return "".join(thinking), "".join(content)
+
+
+def folds_thinking_on_both_connections(
+    client: httpx.Client, front: RequestBodies, model: str
+) -> None:
+    """A chat with a thinking model through each of Open WebUI's connections, as its page
+    chats: what vramgate sent it (the thinking apart, not in the content) and what it
+    saved (the thinking folded, the answer apart). The OpenAI connection is given a
+    prefix in its settings (Admin Settings, Connections), as for a server listed on both:
+    else the picker's model of that name is the Ollama connection's."""
+    saved = page_chat(client, model)
+    (sent, *_) = [body for body in front.bodies("/api/chat") if body["model"] == model]
+    assert sent["messages"] == [user(QUESTION)], sent  # the lesson's prompt
+    (*_, reply) = [r for r in front.replies("/api/chat") if f'"model":"{model}"'.encode() in r]
+    thinking, content = wire_ollama(reply)
+    assert thinking.strip() == THOUGHT and content.strip() == ANSWER, reply
+    assert_folded(saved)
+
+    config = client.get("/openai/config").json()
+    config["OPENAI_API_CONFIGS"] = {"0": {"enable": True, "prefix_id": "openai"}}
+    assert client.post("/openai/config/update", json=config).status_code == 200
+    picker = [m["id"] for m in client.get("/api/models").json()["data"]]
+    assert f"openai.{model}" in picker, picker
+    saved = page_chat(client, f"openai.{model}")
+    (sent, *_) = front.bodies("/v1/chat/completions")
+    assert sent["model"] == model and sent["stream"] is True, sent
+    reply = front.replies("/v1/chat/completions")[-1]
+    thinking, content = wire_openai(reply)
+    assert thinking.strip() == THOUGHT and content.strip() == ANSWER, reply
+    assert_folded(saved)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # its install (about 2 min), its start and four flows, on a busy machine
-def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
+@pytest.mark.timeout(1200)  # its install (about 2 min), its start and five flows, on a busy machine
+def test_open_webui_lists_chats_folds_thinking_draws_with_both_engines_and_transcribes(
     open_webui, smollm2, tmp_path
 ):
+    thinking = thinking_model(tmp_path / "qwen3")  # on the torch engine: no conversion
     models = (
         ModelSpec(name="smollm2", kind="generation", path=smollm2),
+        ModelSpec(name="qwen3", kind="generation", path=thinking, dtype="float32"),
         ModelSpec(name="tiny-sd", kind="diffusion", path=save_random_sd15(tmp_path / "sd")),
         ModelSpec(name="tiny-whisper", kind="speech", path=save_random_whisper(tmp_path / "w")),
     )
@@ -178,6 +306,10 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
             assert "num_ctx" not in sent.get("options", {}), sent  # the default context
             print(f"\nopen webui offered {len(offered)} tools: {', '.join(offered)}")
 
+            asked = time.monotonic()
+            folds_thinking_on_both_connections(client, fronts[0], "qwen3")
+            figures["thinking_chats_s"] = time.monotonic() - asked
+
             for engine in ("openai", "automatic1111"):
                 config = client.get("/api/v1/images/config").json()
                 config |= {"ENABLE_IMAGE_GENERATION": True, "IMAGE_GENERATION_ENGINE": engine}
@@ -207,6 +339,7 @@ def test_open_webui_lists_chats_draws_with_both_engines_and_transcribes(
             served = live.status()["counters"]["served_by_model"]
     # each answer came from vramgate: the chat, both images, the transcription
     assert served.get("smollm2", 0) >= 1 and served.get("tiny-sd", 0) >= 2, served
+    assert served.get("qwen3", 0) >= 2, served
     assert served.get("tiny-whisper", 0) >= 1, served
     print("\nopen webui: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
 

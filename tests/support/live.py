@@ -121,21 +121,29 @@ def live_server(
 
 class RequestBodies:
     """An ASGI app in front of vramgate's that keeps each HTTP request's path and body as
-    they arrived (live_server's `front`): what an app sent, read off the wire."""
+    they arrived, and the body of the answer sent back (live_server's `front`): what an
+    app sent and what it received, read off the wire."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.seen: list[tuple[str, bytes]] = []
+        self.answered: list[tuple[str, bytes]] = []
 
     def bodies(self, path: str) -> list[Any]:
         """The JSON bodies of the requests to `path`, in order."""
         return [json.loads(body) for seen, body in self.seen if seen == path]
+
+    def replies(self, path: str) -> list[bytes]:
+        """The bodies of the answers to `path` (a stream's every byte), in the order they
+        ended."""
+        return [body for seen, body in self.answered if seen == path]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
+        sent: list[bytes] = []
 
         async def receiving() -> Any:
             message = await receive()
@@ -145,7 +153,14 @@ class RequestBodies:
                     self.seen.append((scope["path"], b"".join(chunks)))
             return message
 
-        await self.app(scope, receiving, send)
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                sent.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self.answered.append((scope["path"], b"".join(sent)))
+            await send(message)
+
+        await self.app(scope, receiving, sending)
 
 
 def free_port() -> int:
