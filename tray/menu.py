@@ -110,6 +110,11 @@ class TrayActions:
     def open_dashboard(self, icon: Any) -> None:
         self.open_url(self._page("/dashboard"))
 
+    def open_library(self, icon: Any) -> None:
+        """The dashboard at its Library: which model fits this machine, before the
+        download (with a token the sign-in's redirect brings the dashboard's top)."""
+        self.open_url(self._page("/dashboard") + "#library-section")
+
     def open_docs(self, icon: Any) -> None:
         self.open_url(self._page("/docs"))
 
@@ -187,7 +192,14 @@ def build_menu(view: TrayView, actions: TrayActions) -> tuple[Item, ...]:
     return (
         *status,
         SEPARATOR,
-        Item("Models", submenu=models or (Item("none loaded", enabled=False),)),
+        Item(
+            "Models",
+            submenu=(
+                *(models or (Item("none loaded", enabled=False),)),
+                SEPARATOR,
+                Item("Find a model that fits this GPU…", actions.open_library),
+            ),
+        ),
         Item("Open dashboard", actions.open_dashboard),
         Item("Open API docs", actions.open_docs),
         Item("Open logs folder", actions.open_logs),

@@ -137,6 +137,24 @@ def gauge_fraction(fraction: float) -> float:
     return round(max(0.0, min(1.0, fraction)) * GAUGE_STEPS) / GAUGE_STEPS
 
 
+def load_words(models: list[dict[str, Any]]) -> list[str]:
+    """Each loading model's progress as its /status row's `load` says it: "loading qwen3
+    41%" where its fraction is known, else its seconds so far ("loading qwen3 3 s"), or
+    "waiting for memory"."""
+    said = []
+    for model in models:
+        load = model.get("load")
+        if model.get("state") != "loading" or not load:
+            continue
+        if load.get("fraction") is not None:
+            said.append(f"loading {model['name']} {load['fraction'] * 100:.0f}%")
+        elif load.get("elapsed_s") is not None:
+            said.append(f"loading {model['name']} {load['elapsed_s']:.0f} s")
+        else:
+            said.append(f"{model['name']} {load['phase']}")
+    return said
+
+
 def model_line(model: dict[str, Any], now: float, previous: ModelLine | None) -> ModelLine:
     """A /status model as the menu shows it: its keep-alive left as the clock time it ends
     (a menu is not redrawn while open, and a countdown would rebuild it at every poll)."""
@@ -204,6 +222,9 @@ def view_of(
     if images:  # the first running image's step: "image 12/30"
         tooltip += " · " + images[0].partition(": ")[2].partition(" (")[0]
         tooltip += f" +{len(images) - 1}" if len(images) > 1 else ""
+    loading = load_words(status.get("models", []))
+    if loading:  # the first loading model's progress: "loading qwen3 41%"
+        tooltip += " · " + loading[0] + (f" +{len(loading) - 1}" if len(loading) > 1 else "")
     if state not in ("ready", "busy"):
         tooltip += f" · {state}"
     if restarts:

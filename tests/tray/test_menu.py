@@ -116,10 +116,13 @@ def test_open_items_and_start_at_login(tmp_path):
     find(items, "Open dashboard").action(FakeIcon())
     find(items, "Open API docs").action(FakeIcon())
     find(items, "Open logs folder").action(FakeIcon())
+    models = find(items, "Models").submenu
+    find(models, "Find a model that fits this GPU…").action(FakeIcon())
     assert opened == [
         "http://127.0.0.1:8450/dashboard",
         "http://127.0.0.1:8450/docs",
         tmp_path / "log",
+        "http://127.0.0.1:8450/dashboard#library-section",  # the dashboard's Library
     ]
     login = find(items, "Start at login")
     assert login.checked is False  # opt-in: off by default

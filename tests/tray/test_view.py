@@ -187,3 +187,21 @@ def test_an_idle_models_keep_alive_end_is_a_clock_time_that_stays_put_across_pol
     assert used_again != first
     busy = view_of(status(models=[{"name": "m", "state": "ready", "weights_bytes": 0}]))
     assert busy.models[0].unloads_at is None
+
+
+def test_a_loading_model_shows_how_far_its_load_has_come_in_the_tooltip():
+    """From its /status row's `load` (app.core.lifecycle.load_watch.load_view): the
+    fraction where known, else its seconds so far, else that it waits for memory."""
+    measured = {"phase": "loading the weights", "fraction": 0.413, "elapsed_s": 2.5}
+    timed = {"phase": "loading", "fraction": None, "elapsed_s": 3.2}
+    waiting = {"phase": "waiting for memory", "fraction": None, "elapsed_s": None}
+    rows = [
+        {"name": "qwen3", "state": "loading", "weights_bytes": 0, "load": measured},
+        {"name": "sd", "state": "loading", "weights_bytes": 0, "load": timed},
+        {"name": "big", "state": "loading", "weights_bytes": 0, "load": waiting},
+    ]
+    tooltip = view_of(status(models=rows)).tooltip
+    assert tooltip == "VRAM 6.1 / 24.0 GiB · 2 running · 5 waiting · loading qwen3 41% +2"
+    assert view_of(status(models=rows[1:2])).tooltip.endswith(" · loading sd 3 s")
+    assert view_of(status(models=rows[2:])).tooltip.endswith(" · big waiting for memory")
+    assert "loading" not in view_of(STATUS).tooltip  # none loading
