@@ -33,6 +33,7 @@ class GgufFacts:
     file_bytes: int
     quantization: str = "unknown"  # its file type, as llama.cpp names it: Q4_1, Q8_0, F16
     pooling: str | None = None  # an embedding model's: mean, cls, last, rank (None: unsaid)
+    vocab: int = 0  # its vocabulary's tokens, a row of logits (0: unsaid)
 
     def kv_bytes_per_token(self, kv_type: str, layers: int | None = None) -> int:
         """One token's KV cells in `layers` layers (all, by default) at `kv_type`."""
@@ -66,8 +67,12 @@ def read_gguf_facts(path: Path) -> GgufFacts:
         field = reader.fields.get(key)
         return None if field is None else _value(field)
 
+    def length(key: str) -> int | None:
+        field = reader.fields.get(key)
+        return None if field is None else len(field.data)
+
     tensors = [(tensor.name, int(tensor.n_bytes)) for tensor in reader.tensors]
-    return facts_of(get, tensors, path.stat().st_size, path.name)
+    return facts_of(get, tensors, path.stat().st_size, path.name, length)
 
 
 def header_facts(
@@ -76,14 +81,19 @@ def header_facts(
     """The facts of a GGUF read from its header's bytes alone (app.engines.gguf_header):
     its metadata, and the tensors of all its files (a split GGUF's shards list their own),
     `file_bytes` the files' sizes together."""
-    return facts_of(header.metadata.get, tensors, file_bytes, name)
+    return facts_of(header.metadata.get, tensors, file_bytes, name, header.lengths.get)
 
 
 def facts_of(
-    get: Callable[[str], Any], tensors: Iterable[tuple[str, int]], file_bytes: int, name: str
+    get: Callable[[str], Any],
+    tensors: Iterable[tuple[str, int]],
+    file_bytes: int,
+    name: str,
+    length: Callable[[str], int | None] = lambda key: None,
 ) -> GgufFacts:
     """The facts from a GGUF's metadata (`get(key)`, None where it lacks the key) and its
-    tensors' names and bytes, however they were read."""
+    tensors' names and bytes, however they were read; `length(key)`: an array's length
+    where `get` does not give the array (a header's long ones)."""
 
     def read(key: str, default: Any = None) -> Any:
         found = get(key)
@@ -108,6 +118,10 @@ def facts_of(
         else:
             other += nbytes
     template = read("tokenizer.chat_template")
+    tokens = get("tokenizer.ggml.tokens")
+    vocab = read(f"{arch}.vocab_size") or (
+        len(tokens) if isinstance(tokens, list) else length("tokenizer.ggml.tokens")
+    )
     return GgufFacts(
         architecture=arch,
         layers=layers,
@@ -120,6 +134,7 @@ def facts_of(
         file_bytes=file_bytes,
         quantization=_file_type(read("general.file_type")),
         pooling=_POOLING.get(int(read(f"{arch}.pooling_type", -1) or -1)),
+        vocab=int(vocab or 0),
     )
 
 

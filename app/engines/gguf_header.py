@@ -13,7 +13,7 @@ dimension count (uint32), dimensions (uint64 each), type (uint32) and data offse
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"GGUF"
@@ -37,6 +37,7 @@ class GgufHeader:
     metadata: dict[str, Any]  # scalars, strings, short arrays (long ones: None)
     tensors: tuple[tuple[str, int], ...]  # each tensor's name and its data's bytes
     end: int  # where the header's tensor infos end
+    lengths: dict[str, int] = field(default_factory=dict)  # the long arrays' lengths
 
 
 class _Cursor:
@@ -45,6 +46,7 @@ class _Cursor:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.at = 0
+        self.skipped: int | None = None  # the length of the last array stepped over
 
     def take(self, count: int) -> bytes:
         end = self.at + count
@@ -73,9 +75,13 @@ class _Cursor:
         kind, count = self.number("<I"), self.number("<Q")
         if kind in _SCALARS and count > ARRAY_KEPT:  # stepped over at once
             self.take(count * struct.calcsize(_SCALARS[kind]))
+            self.skipped = count
             return None
         values = [self.value(kind) for _ in range(count)]
-        return values if count <= ARRAY_KEPT else None
+        if count > ARRAY_KEPT:
+            self.skipped = count
+            return None
+        return values
 
 
 def read_header(data: bytes) -> GgufHeader:
@@ -91,9 +97,13 @@ def read_header(data: bytes) -> GgufHeader:
         raise ValueError(f"a GGUF version this reader does not know: {version}")
     tensor_count, kv_count = cursor.number("<Q"), cursor.number("<Q")
     metadata: dict[str, Any] = {}
+    lengths: dict[str, int] = {}
     for _ in range(kv_count):
         key = cursor.string()
+        cursor.skipped = None
         metadata[key] = cursor.value(cursor.number("<I"))
+        if metadata[key] is None and cursor.skipped is not None:
+            lengths[key] = cursor.skipped
     tensors = []
     for _ in range(tensor_count):
         name = cursor.string()
@@ -105,4 +115,4 @@ def read_header(data: bytes) -> GgufHeader:
         for dim in dims:
             elements *= dim
         tensors.append((name, elements * block_bytes // block))
-    return GgufHeader(metadata, tuple(tensors), cursor.at)
+    return GgufHeader(metadata, tuple(tensors), cursor.at, lengths)

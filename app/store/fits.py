@@ -26,6 +26,7 @@ from typing import Any, Literal
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.layer_split import compute_bytes
 from app.engines.llama_cpp.load.plan import LoadSettings, host_bytes, plan_load
+from app.engines.llama_cpp.speculation import DEFAULT as DEFAULT_SPECULATION
 from app.store.hub import DEFAULT_QUANT, Quant, choose, list_repo, quants_of
 from app.store.hub_header import remote_facts
 from app.store.machine import Machine
@@ -182,7 +183,8 @@ def quant_fit(
 def fits(text: str, machine: Machine, context: int | None = None) -> Fits:
     """What `text` (as `pull` takes it) needs here, each quantisation of it; PullError
     where it is no GGUF model or the Hub cannot be read."""
-    settings = LoadSettings(context=context)
+    # as a model with no settings loads: speculating (its drafts' buffers and pool)
+    settings = LoadSettings(context=context, **DEFAULT_SPECULATION.load_fields())
     source = parse_source(text)
     if source.kind == "path" and Path(source.ref).suffix.lower() == ".gguf":
         return _local(text, Path(source.ref), machine, settings)
@@ -267,7 +269,8 @@ def pull_refusal(text: str, machine: Machine) -> str | None:
             f"{_gib(size)}, and {_where(machine)}; {INSTEAD}"
         )
     facts, _ = listing.chosen_facts()
-    fit = quant_fit(label, listing.chosen.files, facts, machine, LoadSettings(), True)
+    settings = LoadSettings(**DEFAULT_SPECULATION.load_fields())
+    fit = quant_fit(label, listing.chosen.files, facts, machine, settings, True)
     if fit.most.verdict != "no":
         return None
     return (

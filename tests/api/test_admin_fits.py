@@ -52,11 +52,13 @@ def test_the_verdicts_follow_the_devices_free_memory(hub, tmp_path):
         assert (fit["now"]["verdict"], fit["most"]["verdict"]) == ("gpu", "gpu")
         assert first["said"]["Q4_1"]["now"].startswith("fits on the GPU, 2048 tokens")
         assert first["header_bytes"] == hub.sent[f"{REPO}/{SMOL}"] <= 2 * MiB
-        live.service.device.set_external(200 * MiB)  # another program takes 200 MiB
+        # another program takes 100 MiB: what is left holds some layers, beside the
+        # compute buffer and the 90 MiB its drafts' logits add to it at 32 slots
+        live.service.device.set_external(100 * MiB)
         taken = httpx.get(live.url + "/admin/models/fits", params=asked, timeout=60).json()
         now = taken["quants"][0]["now"]
         assert now["verdict"] == "split" and 0 < now["gpu_layers"] < now["layers"] == 30
-        assert now["room_bytes"] < first["quants"][0]["now"]["room_bytes"] - 190 * MiB
+        assert now["room_bytes"] < first["quants"][0]["now"]["room_bytes"] - 95 * MiB
         assert taken["quants"][0]["most"]["verdict"] == "gpu"
         missing = httpx.get(live.url + "/admin/models/fits", params={"source": "llama9"})
         assert missing.status_code == 404 and "llama3.2" in missing.json()["error"]["message"]

@@ -17,6 +17,15 @@ def test_the_header_alone_gives_the_facts_of_the_whole_file(smollm2_gguf):
     assert facts == read_gguf_facts(smollm2_gguf)
     assert header.metadata["general.architecture"] == "llama"
     assert header.metadata["tokenizer.ggml.tokens"] is None  # 49,152 strings: stepped over
+    assert header.lengths["tokenizer.ggml.tokens"] == 49152  # but counted
+    assert facts.vocab == 49152  # a row of logits: what a speculating runner's drafts cost
+
+
+def test_a_header_without_the_vocab_size_key_counts_the_tokenizers_tokens(smollm2_gguf):
+    data = smollm2_gguf.read_bytes()
+    header = read_header(data[: 2 * 2**20])
+    del header.metadata["llama.vocab_size"]
+    assert header_facts(header, header.tensors, len(data), smollm2_gguf.name).vocab == 49152
 
 
 def test_bytes_that_end_inside_the_header_say_how_many_more_are_needed(smollm2_gguf):

@@ -16,6 +16,7 @@ from typing import Any
 from app.config.settings import ModelSpec
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.draft_meter import DraftMeter, DraftSample, Verdict
+from app.engines.llama_cpp.load.plan import LoadSettings
 from app.engines.llama_cpp.requests import completion_body, decode_result, drafts_of, logprobs_of
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.engines.llama_cpp.slots import TAG_FIELD
@@ -68,6 +69,13 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
     def runner_settings(self) -> dict[str, Any]:
         plan = self.planned_speculation()
         return {"speculative": plan.runner_settings()} if plan is not None else {}
+
+    def load_settings(self) -> LoadSettings:
+        """Its spec's, and what its planned speculation costs (its drafts' logits in the
+        compute and output buffers, its n-gram pool): counted before it loads."""
+        plan = self.planned_speculation()
+        settings = super().load_settings()
+        return replace(settings, **plan.load_fields()) if plan is not None else settings
 
     def loaded(self, props: dict[str, Any]) -> None:
         self.chat_template = props.get("chat_template") or self.facts().chat_template

@@ -69,8 +69,13 @@ def plan_pool(
     floor = wanted if context and parallel else min(wanted, per_request, FLOOR_CELLS)
     cells = _largest_fitting(wanted, floor, fits)
     per_request = min(per_request, cells)
-    slots = parallel or max(1, min(DEFAULT_SLOTS, cells // CELLS_PER_SLOT))
-    return KvPool(cells, per_request, slots)
+    return KvPool(cells, per_request, slots_for(cells, parallel))
+
+
+def slots_for(cells: int, parallel: int | None) -> int:
+    """A pool's slots: `parallel` where the spec sets it, else one per `CELLS_PER_SLOT`
+    cells, at most `DEFAULT_SLOTS`."""
+    return parallel or max(1, min(DEFAULT_SLOTS, cells // CELLS_PER_SLOT))
 
 
 def _largest_fitting(wanted: int, floor: int, fits: Callable[[int], bool]) -> int:

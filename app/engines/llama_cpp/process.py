@@ -44,6 +44,13 @@ _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 # speculative decoding's n-gram pool, in host memory (common/speculative.cpp):
 #   spec common_specu: - mod size=4194304 (16.000 MB)
 _NGRAM_POOL = re.compile(r"\bmod size=\d+ \(([\d.]+) MB\)")
+# the rows of logits a batch may output, and a row's floats (src/llama-context.cpp,
+# llama-model.cpp):
+#   llama_context: n_outputs_max         = 512
+#   print_info: n_vocab               = 49152
+_OUTPUTS_MAX = re.compile(r"\bn_outputs_max\s*=\s*(\d+)")
+_VOCAB = re.compile(r"\bn_vocab\s*=\s*(\d+)")
+LOGIT_BYTES = 4  # float32
 
 
 # The build that imported, for each list of builds tried: later runners start on it at
@@ -84,7 +91,7 @@ def footprint_of(lines: list[str]) -> Footprint:
     which the caller ensures by reading one process's log)."""
     device: dict[str, int] = {}
     host: dict[str, int] = {}
-    on_device = layers = 0
+    on_device = layers = outputs = vocab = 0
     for line in lines:
         if (found := _BUFFER.search(line)) is not None:
             name, what, mib = found.groups()
@@ -95,7 +102,24 @@ def footprint_of(lines: list[str]) -> Footprint:
             on_device, layers = int(offloaded.group(1)), int(offloaded.group(2))
         elif (pool := _NGRAM_POOL.search(line)) is not None:
             host["ngram"] = host.get("ngram", 0) + int(float(pool.group(1)) * MiB)
+        elif (most := _OUTPUTS_MAX.search(line)) is not None:
+            outputs = int(most.group(1))
+        elif (words := _VOCAB.search(line)) is not None:
+            vocab = int(words.group(1))
+    _grown_outputs(device, host, outputs * vocab * LOGIT_BYTES)
     return Footprint(device, host, on_device, layers)
+
+
+def _grown_outputs(device: dict[str, int], host: dict[str, int], most: int) -> None:
+    """The output buffer as it grows: llama.cpp allocates it at load for a row of
+    logits a slot (its log's figure) and reallocates it, in the same place, when a batch
+    outputs more rows (`output_reserve`), up to `n_outputs_max` rows. A speculating
+    runner's batch outputs each slot's draft (SmolLM2-135M, 32 slots, drafts of 24:
+    6.00 MiB logged, 512 rows of 49,152 floats, 96 MiB, once drafts run; measured here
+    at 4 slots: the process grew 28 MiB more than without drafts while it drafted)."""
+    book = device if "output" in device else host
+    if most > book.get("output", 0):
+        book["output"] = most
 
 
 def engine_unavailable_text(error: str) -> str:

@@ -37,6 +37,7 @@ KIND = "ngram-mod"  # llama.cpp's --spec-type
 MATCH = 16  # tokens of the answer a draft's n-gram matches
 DRAFT_MIN = 8  # a chain shorter than this is not drafted
 DRAFT_MAX = 24  # the most tokens one draft proposes
+NGRAM_MOD_POOL = 4_194_304 * 4  # ngram-mod's pool, host memory: its log's "16.000 MB"
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,24 @@ class Speculation:
     def describe(self) -> str:
         return f"{self.kind} (match {self.match}, drafts of {self.draft_min}-{self.draft_max})"
 
+    @property
+    def pool_bytes(self) -> int:
+        """Its drafts' pool in host memory (the other kinds' small maps: not counted)."""
+        return NGRAM_MOD_POOL if self.kind == "ngram-mod" else 0
+
+    def load_fields(self) -> dict[str, int]:
+        """What it adds to a load's plan (app.engines.llama_cpp.load.plan.LoadSettings)."""
+        return {"draft_max": self.draft_max, "draft_pool": self.pool_bytes}
+
+
+DEFAULT = Speculation(KIND, MATCH, DRAFT_MIN, DRAFT_MAX)  # a model with no settings
+
 
 def plan_speculation(spec: ModelSpec) -> Speculation | None:
     """A generation model's speculation: on by default, off where `speculative = false`;
     its draft sizes where the spec sets them (a `draft_min` above `draft_max` takes it)."""
     if not spec.speculative or spec.kind != "generation":
         return None
-    high = spec.draft_max if spec.draft_max is not None else DRAFT_MAX
-    low = min(spec.draft_min if spec.draft_min is not None else DRAFT_MIN, high)
-    return Speculation(KIND, MATCH, low, high)
+    high = spec.draft_max if spec.draft_max is not None else DEFAULT.draft_max
+    low = min(spec.draft_min if spec.draft_min is not None else DEFAULT.draft_min, high)
+    return Speculation(DEFAULT.kind, DEFAULT.match, low, high)

@@ -344,12 +344,15 @@ def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers
 ):
     """The same server path as on a GPU, on a simulated 1 GiB card: SmolLM2 with 8 slots
     of 8,192 cells needs 1.5 GiB there with every layer; the load takes the layers that
-    fit, says the split, and the simulated card holds what the split takes."""
-    from app.engines.llama_cpp.layer_split import bytes_on_device
+    fit, says the split, and the simulated card holds what the split takes (with what
+    its drafts add to the compute buffer: it speculates, as a model with no settings)."""
+    from app.engines.llama_cpp.layer_split import bytes_on_device, speculation_bytes
+    from app.engines.llama_cpp.speculation import DEFAULT
 
     facts = read_gguf_facts(smollm2_gguf)
     cells = 8192 * 8
-    whole = bytes_on_device(facts, facts.layers, "f16", cells)
+    drafts = speculation_bytes(facts, 8, DEFAULT.draft_max)  # 192 rows of logits, 36 MiB
+    whole = bytes_on_device(facts, facts.layers, "f16", cells, drafts)
     assert 1.4 * 2**30 < whole < 1.6 * 2**30
     spec = ModelSpec(
         name="smol",
@@ -363,12 +366,14 @@ def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers
     row = model_row(live)
     assert row["state"] == "ready", row["error"]
     layers = facts.layers
-    fits = [n for n in range(layers + 1) if bytes_on_device(facts, n, "f16", cells) <= 2**30]
+    fits = [
+        n for n in range(layers + 1) if bytes_on_device(facts, n, "f16", cells, drafts) <= 2**30
+    ]
     on_device = max(fits)
     assert 0 < on_device < layers
     gpu = round(100 * on_device / layers)
     assert row["split"] == f"{100 - gpu}%/{gpu}% CPU/GPU"
-    held = bytes_on_device(facts, on_device, "f16", cells)
+    held = bytes_on_device(facts, on_device, "f16", cells, drafts)
     assert row["weights_bytes"] == held
     device = live.status()["device"]
     assert device["used_by_us_bytes"] == held <= 2**30

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.engines.gguf_facts import GgufFacts
-from app.engines.llama_cpp.layer_split import bytes_on_device, compute_bytes, plan_split
+from app.engines.llama_cpp.layer_split import (
+    bytes_on_device,
+    compute_bytes,
+    plan_split,
+    speculation_bytes,
+)
 
 MiB, GiB = 2**20, 2**30
 
@@ -65,3 +72,35 @@ def test_layers_asked_for_are_taken_as_asked_and_nothing_fits_in_nothing():
     assert asked.on_device == 5
     none = plan_split(model, kv_type="f16", cells=1024, accelerator=True, free_bytes=10 * MiB)
     assert (none.on_device, none.device_bytes, none.describe()) == (0, 0, "100% CPU")
+
+
+def test_drafts_add_a_row_of_logits_per_drafted_token_to_the_compute_and_output_buffers():
+    """SmolLM2-135M's vocabulary (49,152 tokens): 0.1875 MiB a row, as llama.cpp's log
+    grew by (layer_split.speculation_bytes); a micro-batch of 512 rows at most."""
+    smol = replace(facts(), vocab=49152)
+    row = 49152 * 4
+    assert speculation_bytes(smol, 4, 24) == (100 - 4) * row == 18 * MiB
+    assert speculation_bytes(smol, 32, 24) == (512 - 32) * row == 90 * MiB
+    assert speculation_bytes(smol, 32, 0) == 0 and speculation_bytes(facts(), 32, 24) == 0
+    cpu = plan_split(smol, kv_type="f16", cells=4096, accelerator=False, free_bytes=None)
+    drafting = plan_split(
+        smol,
+        kv_type="f16",
+        cells=4096,
+        accelerator=False,
+        free_bytes=None,
+        drafting=90 * MiB,
+        drafting_host=106 * MiB,
+    )
+    assert drafting.device_bytes == cpu.device_bytes + 196 * MiB  # the CPU's RAM: all of it
+    gpu = plan_split(smol, kv_type="f16", cells=4096, accelerator=True, free_bytes=None)
+    on_gpu = plan_split(
+        smol,
+        kv_type="f16",
+        cells=4096,
+        accelerator=True,
+        free_bytes=None,
+        drafting=90 * MiB,
+        drafting_host=106 * MiB,
+    )
+    assert on_gpu.device_bytes == gpu.device_bytes + 90 * MiB  # the pool and outputs: RAM

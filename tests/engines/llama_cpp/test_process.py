@@ -69,6 +69,24 @@ def test_speculative_decodings_ngram_pool_is_host_memory_of_the_load():
     assert found.host_bytes == footprint_of(CPU_LOAD).host_bytes + 16 * MiB
 
 
+def test_a_speculating_runners_output_buffer_is_counted_as_large_as_it_grows():
+    """llama.cpp logs the output buffer it allocates at load (a row of logits a slot)
+    and grows it when a batch outputs more rows, up to n_outputs_max: 32 slots of
+    SmolLM2 with drafts of 24 logged 6.00 MiB and grow to 512 rows of 49,152 floats."""
+    lines = [
+        "0.00.409.042 I print_info: n_vocab               = 49152",
+        "0.00.420.679 I llama_context: n_outputs_max         = 512",
+        "0.00.420.692 I llama_context: n_outputs_max_per_seq = 25",
+        "0.00.424.639 I llama_context:        CPU  output buffer size =     6.00 MiB",
+    ]
+    assert footprint_of(lines).host == {"output": 512 * 49152 * 4}
+    cuda = [*lines[:3], "llama_context:  CUDA_Host  output buffer size =     6.00 MiB"]
+    assert footprint_of(cuda).host == {"output": 96 * MiB} and footprint_of(cuda).device == {}
+    # without drafts a slot outputs one row: what the load logged is what it keeps
+    plain = [lines[0], "0.00.420.679 I llama_context: n_outputs_max         = 2", CPU_LOAD[2]]
+    assert footprint_of(plain).host == {"output": int(0.38 * MiB)}
+
+
 def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
     missing = tmp_path / "nothing-here.gguf"
     runner = RunnerProcess("broken", [sys.executable, "-m", "app.engines.llama_cpp.runner_main"])

@@ -10,6 +10,8 @@ The pool is as big as the settings and the file want, shrunk to fit with every l
 the device (down to the pool's floor) before any layer is left on the CPU; the layers'
 bytes come from the file's geometry, corrected by what a load of the same settings
 measured (`learned`: the bytes it measured for a number of cells and layers, or None).
+A model that speculates (`draft_max`) also needs what its drafts add to the compute and
+output buffers and its n-gram pool (app.engines.llama_cpp.layer_split.speculation_bytes).
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.engines.gguf_facts import GgufFacts
-from app.engines.llama_cpp.kv_pool import KvPool, plan_pool
-from app.engines.llama_cpp.layer_split import LayerSplit, compute_bytes, plan_split
+from app.engines.llama_cpp.kv_pool import KvPool, plan_pool, slots_for
+from app.engines.llama_cpp.layer_split import (
+    LayerSplit,
+    compute_bytes,
+    plan_split,
+    speculation_bytes,
+)
 
 SLOT_CONTEXT = 4096  # a request's cells where neither the setting nor the file names any
 Learned = Callable[[int, int], int | None]  # (cells, layers on the device) -> bytes
@@ -40,6 +47,8 @@ class LoadSettings:
     parallel: int | None = None
     kv_budget: int | None = None  # the KV pool's bytes, at most
     gpu_layers: int | Literal["auto"] = "auto"
+    draft_max: int = 0  # speculation's most tokens a draft proposes (0: it does not draft)
+    draft_pool: int = 0  # its drafts' pool in host memory (ngram-mod's n-grams), bytes
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,8 @@ def split_for(
     """The layers beside `cells` KV cells: from the GGUF's own geometry, scaled by what a
     load of the same settings measured once there is one."""
 
+    drafts = speculation_bytes(facts, slots_for(cells, settings.parallel), settings.draft_max)
+
     def plan(scale: float) -> LayerSplit:
         return plan_split(
             facts,
@@ -121,6 +132,8 @@ def split_for(
             free_bytes=free_bytes,
             gpu_layers=settings.gpu_layers,
             scale=scale,
+            drafting=drafts,
+            drafting_host=drafts + settings.draft_pool if settings.draft_max > 0 else 0,
         )
 
     estimate = plan(1.0)
