@@ -85,3 +85,18 @@ def test_the_answer_reads_in_words(endpoint):
     assert "layers on the CPU" in said and "(scaled by file size)" in said
     assert f"hf:{BROKEN} (1 downloads)\n  cannot be planned: " in said
     assert "matches 'llama'" in format_search({"query": "llama", "results": []})
+
+
+def test_vramgate_search_with_no_server_measures_this_machine(endpoint, tmp_path, capsys):
+    """No server answers at the config's address: the command plans against this
+    machine (its CPU here), measured by itself."""
+    from app.cli import main
+
+    config = tmp_path / "config.toml"
+    config.write_text('device = "cpu"\nport = 9\n')  # nothing listens on port 9
+    assert main(["search", "smol", "--limit", "1", "--config", str(config)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("on ") and "CPU: " in said.splitlines()[0]
+    assert f"hf:{REPO} (3 downloads)" in said
+    assert "* Q4_1" in said and "fits in RAM (the CPU)" in said
+    assert set(endpoint.sent) == {f"{REPO}/{SMOL}"}  # one repo: one header
