@@ -127,6 +127,7 @@ class Metrics:
 
     def _speculation_gauges(self, r: CollectorRegistry) -> None:
         """Each GGUF model's speculative decoding (app.engines.llama_cpp.draft_meter)."""
+        self._speculative_kinds: dict[str, str] = {}  # each model's kind label now
         self.speculative_on = Gauge(
             "vramgate_speculative_on",
             "1 when the model's runner speculates (its next load's, while unloaded)",
@@ -152,10 +153,12 @@ class Metrics:
             found = row.get("speculative")
             if not isinstance(found, dict):
                 continue
-            name = str(row["name"])
-            self.speculative_on.labels(name, str(found.get("kind") or "none")).set(
-                1 if found.get("on") else 0
-            )
+            name, kind = str(row["name"]), str(found.get("kind") or "none")
+            before = self._speculative_kinds.get(name)
+            if before is not None and before != kind:  # its old kind's series is gone
+                self.speculative_on.remove(name, before)
+            self._speculative_kinds[name] = kind
+            self.speculative_on.labels(name, kind).set(1 if found.get("on") else 0)
             self.speculative_drafted.labels(name).set(found.get("drafted_tokens") or 0)
             self.speculative_accepted.labels(name).set(found.get("accepted_tokens") or 0)
 

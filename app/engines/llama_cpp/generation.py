@@ -159,7 +159,7 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
             del self.open_cells[tag]
         if not final and not stream.cancelled.is_set():
             raise self._stopped(RuntimeError("the stream ended early"))
-        result = decode_result(final, text, logprobs, prepared)
+        result = decode_result(final, text, logprobs, prepared, self.speculating is not None)
         if self.prefix_store is not None and task.params.prefix_cache:
             self.prefix_store.record(result.cached_tokens)  # its hits in /status
         self._measure_drafts(final, streams)
@@ -169,7 +169,7 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         """A finished request's drafts into the meter; speculation that the meter finds
         not to pay, with as many streams as its requests run beside, is turned off from
         the runner's next load (said once, in the log and in /status)."""
-        drafts = drafts_of(final)
+        drafts = drafts_of(final, speculating=True)
         if drafts is None or self.speculating is None:
             return
         sample = DraftSample(

@@ -77,9 +77,14 @@ def logprobs_of(chunk: dict[str, Any]) -> list[TokenLogprob]:
 
 
 def decode_result(
-    final: dict[str, Any], text: list[str], logprobs: list[TokenLogprob], prepared: Prepared
+    final: dict[str, Any],
+    text: list[str],
+    logprobs: list[TokenLogprob],
+    prepared: Prepared,
+    speculating: bool = False,
 ) -> DecodeResult:
-    """A finished (or cancelled: no `final` event) completion as our DecodeResult."""
+    """A finished (or cancelled: no `final` event) completion as our DecodeResult
+    (`speculating`: its runner drafts, so no draft said is none drafted)."""
     task: GenerationInput = prepared.payload
     produced = int(final.get("tokens_predicted", 0))
     finish = _FINISH.get(str(final.get("stop_type")), "cancelled") if final else "cancelled"
@@ -92,7 +97,7 @@ def decode_result(
         logprobs=tuple(logprobs) if task.params.logprobs is not None else None,
         stop_sequence=str(final["stopping_word"]) if final.get("stop_type") == "word" else None,
         cached_tokens=cached_tokens(final),
-        draft_tokens=drafts.drafted if (drafts := drafts_of(final)) else None,
+        draft_tokens=drafts.drafted if (drafts := drafts_of(final, speculating)) else None,
         accepted_tokens=drafts.accepted if drafts else None,
     )
 
@@ -114,11 +119,13 @@ class Drafts:
     decode_ms: float
 
 
-def drafts_of(final: dict[str, Any]) -> Drafts | None:
-    """A finished completion's drafts (`timings.draft_n`, `draft_n_accepted`); None where
-    its runner did not speculate (llama.cpp then leaves them out)."""
+def drafts_of(final: dict[str, Any], speculating: bool = False) -> Drafts | None:
+    """A finished completion's drafts (`timings.draft_n`, `draft_n_accepted`). llama.cpp
+    says them only where it drafted at all (`if (draft_n > 0)`, result_timings::to_json
+    in tools/server): a request of a `speculating` runner that says none drafted none (a
+    free text that found no n-gram to follow); None where the runner does not speculate."""
     timings = final.get("timings")
-    if not isinstance(timings, dict) or "draft_n" not in timings:
+    if not isinstance(timings, dict) or ("draft_n" not in timings and not speculating):
         return None
     return Drafts(
         int(timings.get("draft_n") or 0),

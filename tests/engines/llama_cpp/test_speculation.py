@@ -113,3 +113,19 @@ def test_a_model_whose_drafts_are_accepted_keeps_it(model_of):
     for _ in range(40):
         model._measure_drafts(final(drafted=32, accepted=28), streams=1)
     assert model.turned_off is None and next_runner(model)["speculative"]["kind"] == KIND
+
+
+def test_requests_that_drafted_nothing_are_measured_and_their_speed_can_turn_it_off(model_of):
+    """llama.cpp says `draft_n` only where a request drafted (result_timings::to_json:
+    `if (draft_n > 0)`): a free text that found no n-gram says nothing, and is the
+    meter's measure of the runner without drafts. Drafting requests at half its speed,
+    though their drafts are accepted, turn speculation off."""
+    model = loaded(model_of())
+    nothing = {"stop": True, "timings": {"predicted_n": 96, "predicted_ms": 960.0}}
+    model._measure_drafts(nothing, streams=1)
+    assert model.meter.requests == 1 and model.meter.recent[-1].drafted == 0
+    for _ in range(8):
+        model._measure_drafts(nothing, streams=1)
+        model._measure_drafts(final(drafted=40, accepted=30, ms=1920.0), streams=1)
+    assert model.turned_off is not None and "did not" in model.turned_off.why
+    assert "speculative" not in next_runner(model)
