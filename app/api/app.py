@@ -37,6 +37,7 @@ from app.api.rerank import routes as rerank_routes
 from app.api.responses import routes as responses_routes
 from app.api.responses.store import ResponseStore
 from app.api.vision import routes as vision_routes
+from app.config import ollama_names
 from app.config.settings import ConfigSource, Settings
 from app.core.fleet.fleet import Fleet, build_fleet
 from app.devices.base import Device
@@ -73,6 +74,7 @@ def create_app(
     `models_source`: the config the server reads its model list from again (POST
     /admin/models/reread) and pulls into (POST /admin/models/pull)."""
 
+    ollama_names.use(settings.ollama_names)  # the config's names over the shipped ones
     fleet = build_core(settings, device, on_fatal)
 
     @contextlib.asynccontextmanager

@@ -7,6 +7,9 @@ use for a pulled model (app.core.fleet.names) read it: after `ollama pull llama3
 client chats with `llama3.2`, which reaches the model pulled from that repo. Here, not in
 app.store, because both the store and the core read it (as app.config.hub_names).
 
+A config may add names, or change what one means, with a table of its own in the same
+shape (`ollama_names = "PATH"`, read over the shipped one: `use`).
+
 `NAME` and `NAME:latest` are the name's default tag; `NAME:SIZE` a size's repo, at the
 table's quantisation (else, where the repo lacks it, the one nearest to it, as a pull of
 the repo chooses); `NAME:SIZE-...-QUANT` (Ollama's `3b-instruct-q8_0`) that size's repo at
@@ -109,11 +112,20 @@ def _quant_label(text: str) -> str:
     return "F16" if label == "FP16" else label
 
 
-def read_library(path: Path = TABLE) -> Library:
-    """The table at `path`; ValueError naming what is wrong with it."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+def read_library(path: Path = TABLE, shipped: bool = True) -> Library:
+    """The table at `path`; ValueError naming what is wrong with it. A config's own table
+    (`shipped` False) may leave out the source and date."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not shipped:
+        data = {"source": str(path), "date": "", **data}
     families: dict[str, Family] = {}
     for entry in data.get("names", []):
+        missing = [key for key in ("name", "tags", "default", "quant") if key not in entry]
+        if missing:
+            raise ValueError(f"{path}: a [[names]] table lacks {', '.join(missing)}")
         name = str(entry["name"])
         tags = {str(tag).lower(): str(repo) for tag, repo in dict(entry["tags"]).items()}
         default = str(entry["default"]).lower()
@@ -125,5 +137,22 @@ def read_library(path: Path = TABLE) -> Library:
 
 @functools.cache
 def library() -> Library:
-    """The table shipped with vramgate, read once."""
-    return read_library()
+    """The table shipped with vramgate, with the config's own (`use`) over it; read once."""
+    shipped = read_library()
+    if _OWN is None:
+        return shipped
+    own = read_library(_OWN, shipped=False)
+    return Library(shipped.source, shipped.date, shipped.families | own.families)
+
+
+_OWN: Path | None = None  # the config's table (settings.ollama_names), set by `use`
+
+
+def use(path: Path | None) -> None:
+    """Read the config's table (`ollama_names`) over the shipped one from now on; a
+    ValueError or OSError names what is wrong with it, read here at once."""
+    global _OWN
+    if path is not None:
+        read_library(path, shipped=False)
+    _OWN = path
+    library.cache_clear()

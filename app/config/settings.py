@@ -248,6 +248,12 @@ class Settings(BaseSettings):
     models_dir: Path | None = Field(
         None, description="where `vramgate pull` puts models (default: DATA_DIR/models)"
     )
+    ollama_names: Path | None = Field(
+        None,
+        description="a TOML table of Ollama library names, shaped as the shipped "
+        "app/config/ollama_names.toml's [[names]]: its names are added to the shipped "
+        "ones, and replace those of the same name",
+    )
     token: SecretStr | None = Field(
         None,
         description="bearer token every route but /health requires; `auto` generates one "

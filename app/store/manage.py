@@ -207,9 +207,14 @@ def _err(message: str) -> None:
 
 
 def _settings(args: argparse.Namespace) -> tuple[Settings, Path]:
+    """The settings as the server reads them, the config's Ollama names in use."""
+    from app.config import ollama_names
+
     config_file = getattr(args, "config", None) or config_path()
     models_dir = getattr(args, "models_dir", None)
-    return load_settings({"models_dir": models_dir} if models_dir else {}, config_file), config_file
+    settings = load_settings({"models_dir": models_dir} if models_dir else {}, config_file)
+    ollama_names.use(settings.ollama_names)
+    return settings, config_file
 
 
 def _running_status(server: Server, command: str, why: str = "") -> dict[str, Any] | None:

@@ -75,3 +75,28 @@ def test_the_search_answer_is_what_the_real_load_then_measures(hub, smollm2_gguf
     assert planned["verdict"] == "cpu" and planned["kv_cells"] == row["kv_cells"]
     assert abs(planned["device_bytes"] - measured) <= 0.10 * measured, (planned, measured)
     print(f"planned {planned['device_bytes']} bytes, measured {measured}")
+
+
+def test_a_name_of_the_configs_own_table_reaches_its_repo(hub, tmp_path):
+    """`ollama_names` in the config: its name `mysmol` reaches the loopback Hub's SmolLM2
+    repo (its header read for the answer); a server without it answers 404 with
+    suggestions."""
+    from app.config import ollama_names
+
+    names = tmp_path / "names.toml"
+    names.write_text(
+        f'[[names]]\nname = "mysmol"\ndefault = "135m"\nquant = "Q4_1"\n'
+        f'tags = {{ "135m" = "{REPO}" }}\n'
+    )
+    settings = make_settings(tmp_path, device="simulated:512MiB", ollama_names=names)
+    try:
+        with live_server(settings) as live:
+            found = httpx.get(live.url + "/admin/models/fits", params={"source": "mysmol"})
+        with live_server(make_settings(tmp_path, device="simulated:512MiB")) as live:
+            unknown = httpx.get(live.url + "/admin/models/fits", params={"source": "mysmol"})
+    finally:
+        ollama_names.use(None)
+    answer = found.json()
+    assert found.status_code == 200 and answer["repo"] == REPO and answer["chosen"] == "Q4_1"
+    assert answer["library"] == "mysmol:135m" and hub.sent[f"{REPO}/{SMOL}"] <= 2 * MiB
+    assert unknown.status_code == 404 and unknown.json()["error"]["suggestions"] == ["smollm2"]
