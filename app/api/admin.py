@@ -7,6 +7,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any, Literal
@@ -144,6 +145,17 @@ async def pull_model(request: Request, body: PullBody) -> StreamingResponse:
     return StreamingResponse(ndjson(events), media_type="application/x-ndjson")
 
 
+@router.post("/models/pull/cancel")
+async def cancel_pull(request: Request) -> dict[str, Any]:
+    """Cancel the pull under way: it stops at its next step or chunk, its stream ends
+    with an error that says so; what came is kept, and pulling it again resumes it. 409
+    where no pull is under way."""
+    if request.app.state.pulling is None:
+        raise Conflict("no pull is under way")
+    request.app.state.pull_cancel.set()
+    return {"cancelled": True}
+
+
 @router.get("/models/fits")
 async def model_fits(
     request: Request,
@@ -209,6 +221,7 @@ async def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str
             raise ExceedsDevice(refused, param="source")
     if request.app.state.pulling is not None:
         raise Conflict("a pull is under way; wait for it to end")
+    cancel = request.app.state.pull_cancel = threading.Event()
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
 
@@ -222,7 +235,7 @@ async def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str
             settings = await asyncio.to_thread(source.settings)
             spec = await asyncio.to_thread(
                 pull, body.source, settings, source.file, name=body.name, kind=body.kind,
-                force=body.force, progress=EventProgress(emit),
+                force=body.force, progress=EventProgress(emit, cancel=cancel),
             )  # fmt: skip
             fleet.apply((await asyncio.to_thread(source.settings)).models)
             events.put_nowait({"status": "success", "model": spec.name, "kind": spec.kind})

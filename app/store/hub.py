@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
-from app.store.progress import Progress
+from app.store.progress import Progress, PullCancelled
 from app.store.pull_lock import partial_root, repo_key
 from app.store.sources import PullError, Source
 
@@ -267,6 +267,8 @@ def download_files(
             download_file(url, local, size, headers, progress.advance)
     except Oversized as exc:
         raise PullError(f"could not download {repo!r} from the Hugging Face hub: {exc}") from exc
+    except PullCancelled:
+        raise
     except Exception as exc:
         raise PullError(
             f"could not download {repo!r} from the Hugging Face hub: {exc}. What came is "
@@ -324,7 +326,7 @@ def download_file(
                                 f"{local.name} came with more than the {size} bytes the "
                                 "hub lists for it; none of it was kept"
                             )
-            except (HfHubHTTPError, Oversized):
+            except (HfHubHTTPError, Oversized, PullCancelled):
                 raise
             except Exception:
                 tries -= 1

@@ -4,9 +4,17 @@ events."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from app.store.sources import PullError
+
+
+class PullCancelled(PullError):
+    """The person cancelled the pull: it stopped at its next step or chunk; what came is
+    kept, and pulling the same again resumes it."""
 
 
 class Progress:
@@ -55,15 +63,20 @@ class EventProgress(Progress):
     called on the pulling thread."""
 
     def __init__(
-        self, emit: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.monotonic
+        self,
+        emit: Callable[[dict[str, Any]], None],
+        clock: Callable[[], float] = time.monotonic,
+        cancel: threading.Event | None = None,
     ) -> None:
         super().__init__()
         self._emit = emit
         self._clock = clock
+        self._cancel = cancel  # once set, the pull stops at its next step or chunk
         self._what, self._total, self._done, self._sent = "", 0, 0, -1
         self._start, self._started_at = 0, 0.0
 
     def step(self, text: str) -> None:
+        self._check()
         self._emit({"status": text})
 
     def begin(self, what: str, total: int, done: int = 0) -> None:
@@ -72,6 +85,7 @@ class EventProgress(Progress):
         self._send()
 
     def advance(self, nbytes: int) -> None:
+        self._check()
         self._done += nbytes
         if (self._done - self._sent) * 100 >= self._total or self._done >= self._total:
             self._send()
@@ -79,6 +93,12 @@ class EventProgress(Progress):
     def end(self) -> None:
         if self._sent != self._done:
             self._send()
+
+    def _check(self) -> None:
+        if self._cancel is not None and self._cancel.is_set():
+            raise PullCancelled(
+                "the pull was cancelled; what came is kept, and pulling it again resumes it"
+            )
 
     def _send(self) -> None:
         self._sent = self._done

@@ -1,14 +1,15 @@
 """The dashboard's Library in headless Chromium: a search of the loopback Hub (holding
 SmolLM2's real GGUF, and a Q8_0 listed beside it) lists each quantisation with where it
 fits on the simulated GPU, the verdicts change as another program takes the GPU's memory,
-and a quantisation's Pull fills the progress bar (the Hub paused halfway); a screenshot in
-the test's folder."""
+and a quantisation's Pull fills the progress bar (the Hub paused halfway), is cancelled
+there and resumed by the next Pull; a screenshot in the test's folder."""
 
 from __future__ import annotations
 
 import shutil
 import threading
 
+import httpx
 import pytest
 
 from app.config.settings import ConfigSource
@@ -72,9 +73,21 @@ def test_search_verdicts_and_a_pull_with_its_progress_on_the_library(
         shot = tmp_path / "library.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"screenshot: {shot}")
+        page.click("#pull-cancel")  # it stops at its next chunk, once the Hub goes on
         go_on.set()
+        expect(status).to_have_text(
+            "the pull was cancelled; what came is kept, and pulling it again resumes it",
+            timeout=60000,
+        )
+        expect(page.locator("#pull-cancel")).to_be_hidden()
+        hub.ranges.clear()
+        quant.locator("button[data-action='pull']").click()  # again: it resumes
         expect(status).to_contain_text("pulled ", timeout=60000)
         browser.close()
+        idle = httpx.post(live.url + "/admin/models/pull/cancel", timeout=10)
+    assert idle.status_code == 409 and idle.json()["error"]["message"] == "no pull is under way"
+    resumed = [r for key, r in hub.ranges if key == f"{REPO}/{SMOL}"]
+    assert len(resumed) == 1 and int(resumed[0].split("=")[1].rstrip("-")) >= len(smol) // 2
     assert roomy.startswith("fits on the GPU, ") and "layers on the CPU" in tight
     assert set(searched) == {f"{REPO}/{SMOL}"} and searched[f"{REPO}/{SMOL}"] <= 4 * MiB
     assert 0.4 < halfway <= 0.5  # where the Hub paused
