@@ -214,8 +214,8 @@ async def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str
     a Hub GGUF that cannot fit on this machine at all (app.store.fits.pull_refusal: 413,
     with the bytes it needs and the most there is) unless `force`."""
     source = _config_source(request)
+    machine = machine_from_status(fleet_of(request).status())
     if _parsed(body.source).kind == "hub" and not body.force:
-        machine = machine_from_status(fleet_of(request).status())
         refused = await asyncio.to_thread(pull_refusal, body.source, machine)
         if refused is not None:
             raise ExceedsDevice(refused, param="source")
@@ -236,6 +236,7 @@ async def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str
             spec = await asyncio.to_thread(
                 pull, body.source, settings, source.file, name=body.name, kind=body.kind,
                 force=body.force, progress=EventProgress(emit, cancel=cancel),
+                machine=machine,
             )  # fmt: skip
             fleet.apply((await asyncio.to_thread(source.settings)).models)
             events.put_nowait({"status": "success", "model": spec.name, "kind": spec.kind})

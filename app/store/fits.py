@@ -279,6 +279,31 @@ def pull_refusal(text: str, machine: Machine) -> str | None:
     )
 
 
+def fitted_source(source: Source, machine: Machine) -> tuple[Source, str | None]:
+    """One of Ollama's names whose tag names only a size (`qwen3:4b`), at the quantisation
+    the verdicts pick here: the table's where it fits the GPU whole with nothing else on
+    it, else the largest smaller one that does (what it chose and why, in words); any
+    other source, or no such smaller one, as it is (None)."""
+    if source.library is None or source.quant is not None or not machine.accelerator:
+        return source, None
+    try:
+        found = _remote(source.library, source, machine, LoadSettings())
+    except PullError:
+        return source, None  # the pull itself says what is wrong
+    table = found.quant(found.chosen)
+    if table.most.verdict == "gpu":
+        return source, None
+    whole = [q for q in found.quants if q.most.verdict == "gpu" and q.file_bytes < table.file_bytes]
+    if not whole:
+        return source, None
+    picked = whole[-1]  # by size: the largest that fits whole
+    why = (
+        f"{picked.label}: the largest quantisation of {found.repo} that fits {machine.device} "
+        f"whole ({table.label}, the names table's, {said(table.most)})"
+    )
+    return replace(source, default_quant=picked.label), why
+
+
 INSTEAD = (
     "pick a smaller quantisation or model (`vramgate fits` lists them), or pull anyway with --force"
 )

@@ -14,13 +14,16 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config.settings import ModelSpec, Settings, config_path, load_settings
 from app.errors import VramgateError
 from app.store.folders import remove_model
 from app.store.pull import PullError, pull
 from app.store.sources import parse_source
+
+if TYPE_CHECKING:
+    from app.store.machine import Machine
 
 MiB = 2**20
 
@@ -238,9 +241,12 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def pull_command(args: argparse.Namespace) -> int:
+    from app.store.fits import pull_refusal
+
     try:
         settings, config_file = _settings(args)
-        refused = None if args.force else _pull_refusal(args.source, settings, args.url)
+        machine = _pull_machine(args.source, settings, args.url)
+        refused = None if args.force or machine is None else pull_refusal(args.source, machine)
         if refused is not None:
             _err(f"vramgate pull: {refused}")
             return 1
@@ -252,6 +258,7 @@ def pull_command(args: argparse.Namespace) -> int:
             kind=args.kind,
             force=args.force,
             convert=args.convert,
+            machine=machine,
         )
     except (PullError, ValueError, OSError) as exc:
         _err(f"vramgate pull: {exc}")
@@ -260,10 +267,10 @@ def pull_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pull_refusal(text: str, settings: Settings, url: str | None) -> str | None:
-    """Why a pull of `text` is refused before its download (app.store.fits): against the
-    running server's device as its /status says, else this machine's measured here."""
-    from app.store.fits import pull_refusal
+def _pull_machine(text: str, settings: Settings, url: str | None) -> Machine | None:
+    """Where a pull of `text` will run, for its refusal and its quantisation
+    (app.store.fits): the running server's device as its /status says, else this
+    machine's measured here; None for a source that is no Hub repo, or no device."""
     from app.store.machine import machine_from_status, machine_here
 
     if parse_source(text).kind != "hub":
@@ -273,10 +280,9 @@ def _pull_refusal(text: str, settings: Settings, url: str | None) -> str | None:
     except ServerError:
         status = None
     try:
-        machine = machine_from_status(status) if status else machine_here(settings)
+        return machine_from_status(status) if status else machine_here(settings)
     except (VramgateError, OSError, RuntimeError):  # no device to measure: not refused here
         return None
-    return pull_refusal(text, machine)
 
 
 def fits_command(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ import gc
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.config.settings import MODEL_NAME_PATTERN, ModelSpec, Settings
 from app.store.config_file import add_to_config, check_name_free
@@ -43,6 +44,9 @@ from app.store.recognise import (
     shards_of,
 )
 from app.store.sources import PullError, Source, parse_source, regular_files
+
+if TYPE_CHECKING:
+    from app.store.machine import Machine
 
 COPY_CHUNK = 8 * 2**20
 
@@ -94,11 +98,20 @@ def pull(
     force: bool = False,
     convert: bool = False,
     progress: Progress | None = None,
+    machine: Machine | None = None,
 ) -> ModelSpec:
     """`convert`: a GGUF becomes a safetensors folder for the torch engine (the default
-    keeps it for llama.cpp's, where that is installed)."""
+    keeps it for llama.cpp's, where that is installed). `machine`: where it will run, so
+    that one of Ollama's names with only a size picks the quantisation that fits it
+    (app.store.fits.fitted_source)."""
     progress = progress or Progress()
     source = parse_source(text)
+    if machine is not None:
+        from app.store.fits import fitted_source  # the planner, for a pull that asks it
+
+        source, why = fitted_source(source, machine)
+        if why is not None:
+            progress.step(why)
     models_dir = settings.resolved_models_dir
     models_dir.mkdir(parents=True, exist_ok=True)
     scratch = scratch_folder(models_dir)

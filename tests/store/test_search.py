@@ -100,3 +100,58 @@ def test_vramgate_search_with_no_server_measures_this_machine(endpoint, tmp_path
     assert f"hf:{REPO} (3 downloads)" in said
     assert "* Q4_1" in said and "fits in RAM (the CPU)" in said
     assert set(endpoint.sent) == {f"{REPO}/{SMOL}"}  # one repo: one header
+
+
+TINY = "Org/Tiny-135M-GGUF"
+
+
+def smallest_whole_room(facts) -> int:  # type: ignore[no-untyped-def]
+    """The fewest bytes of device room in which the planner puts `facts` whole on a GPU."""
+    from app.engines.llama_cpp.load.plan import LoadSettings
+    from app.store.fits import place
+
+    lo, hi = 0, 4 * GiB
+    while hi - lo > MiB:
+        mid = (lo + hi) // 2
+        fits_whole = place(facts, LoadSettings(), gpu(mid, mid), mid, 8 * GiB).verdict == "gpu"
+        lo, hi = (lo, mid) if fits_whole else (mid, hi)
+    return hi
+
+
+def test_a_names_size_pulls_the_largest_quantisation_that_fits_the_gpu_whole(
+    hub, endpoint, smollm2_gguf, tmp_path
+):
+    """`tiny:135m` (a name of the config's own table, at Q8_0): on a GPU whose room fits
+    the Q8_0 whole it stays Q8_0; on one between what the Q8_0 and a Q2_K a quarter its
+    size need, the Q2_K; an explicit quantisation in the tag, or a CPU, keeps the table's."""
+    from app.config import ollama_names
+    from app.engines.gguf_facts import read_gguf_facts
+    from app.store.fits import fitted_source, scaled
+    from app.store.sources import parse_source
+
+    smol = smollm2_gguf.read_bytes()
+    hub.add(TINY, {"tiny-135m-Q8_0.gguf": smol, "tiny-135m-Q2_K.gguf": b"\0" * (len(smol) // 4)})
+    names = tmp_path / "names.toml"
+    names.write_text(
+        f'[[names]]\nname = "tiny"\ndefault = "135m"\nquant = "Q8_0"\n'
+        f'tags = {{ "135m" = "{TINY}" }}\n'
+    )
+    facts = read_gguf_facts(smollm2_gguf)
+    q8 = smallest_whole_room(facts)
+    q2 = smallest_whole_room(scaled(facts, len(smol) // 4, "Q2_K"))
+    between = gpu((q8 + q2) // 2, (q8 + q2) // 2)
+    ollama_names.use(names)
+    try:
+        source = parse_source("tiny:135m")
+        picked, why = fitted_source(source, between)
+        kept, none = fitted_source(source, gpu(q8 + 64 * MiB, q8 + 64 * MiB))
+        named, _ = fitted_source(parse_source("tiny:135m-q8_0"), between)
+        cpu = Machine("CPU", False, q2, q2, 8 * GiB, 16 * GiB)
+        on_cpu, _ = fitted_source(source, cpu)
+    finally:
+        ollama_names.use(None)
+    assert (picked.default_quant, picked.library) == ("Q2_K", source.library)
+    assert why is not None and why.startswith(f"Q2_K: the largest quantisation of {TINY} ")
+    assert "(Q8_0, the names table's, fits with " in why
+    assert (kept, none) == (source, None) and named.quant == "Q8_0" and on_cpu == source
+    assert q2 < q8 - 50 * MiB  # the rooms are apart: the test tells them apart
