@@ -86,7 +86,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-docs",
         action="store_true",
-        help="write the screenshots and icons under docs/ that the README shows",
+        help="write the screenshots and icons under docs/ that the pages show",
     )
 
 

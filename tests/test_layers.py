@@ -1,5 +1,5 @@
 """The layers of app/, read from the imports as written (lazy ones included): every
-import runs down the stack of README's Layout, the engines never import one another,
+import runs down the stack of docs/layout.md's Layout, the engines never import one another,
 and torch is imported only by the torch engine and the devices that hold its tensors.
 
 How each would fail: an upward or sideways import (a route helper imported by the core,
@@ -90,7 +90,7 @@ def test_every_import_runs_down_the_layers_and_the_engines_stay_apart():
     wrong = []
     for name, path in modules.items():
         mine = layer_of(name)
-        assert mine is not None, f"{name} is in no layer: add its package to LAYERS and README"
+        assert mine is not None, f"{name} is in no layer: add it to LAYERS and docs/layout.md"
         for target in imports_of(path):
             if target not in modules:  # a name imported from a module, or a library
                 continue

@@ -1,7 +1,7 @@
-"""README's Layout section, the newcomer's map, against the tree: every package of app/
-is named in it, and every path and module it names exists. And the size rule that
-replaced a line count: a module over 600 lines or a function over 80 says why in its
-docstring ("Long because ...").
+"""The Layout section of docs/layout.md ("Developing vramgate"), the newcomer's map,
+against the tree: every package of app/ is named in it, and every path and module it
+names exists. And the size rule that replaced a line count: a module over 600 lines or a
+function over 80 says why in its docstring ("Long because ...").
 
 How it fails: a package added (or moved) without its line in the map, a module renamed
 while the map still names the old one, a 700-line module that does not say why."""
@@ -18,7 +18,7 @@ WHY = "Long because"
 
 
 def layout_section() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     start = readme.index("\n## Layout\n")
     end = readme.find("\n## ", start + 1)
     return readme[start : end if end != -1 else len(readme)]
@@ -33,7 +33,7 @@ def packages() -> list[str]:
 def test_every_package_of_app_is_named_in_the_layout():
     section = layout_section()
     missing = [package for package in packages() if f"`{package}`" not in section]
-    assert not missing, f"README's Layout does not name: {missing}"
+    assert not missing, f"docs/layout.md's Layout does not name: {missing}"
 
 
 def test_every_path_and_module_the_layout_names_exists():
@@ -45,7 +45,7 @@ def test_every_path_and_module_the_layout_names_exists():
     files = {p.name for p in ROOT.glob("**/*.py") if ".venv" not in p.parts}
     modules = [n for n in named if "/" not in n and n.endswith(".py")]
     stale += [m for m in modules if m not in files]
-    assert not stale, f"README's Layout names what is not in the tree: {stale}"
+    assert not stale, f"docs/layout.md's Layout names what is not in the tree: {stale}"
 
 
 def test_a_long_module_or_function_says_why():

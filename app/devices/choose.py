@@ -23,7 +23,7 @@ log = logging.getLogger("vramgate.device")
 CPU_ONLY_TORCH = (
     "an NVIDIA GPU ({gpus}) is present but this PyTorch is a CPU-only build, so vramgate "
     "serves on the CPU: install PyTorch's CUDA build from PyTorch's own package index (the "
-    "README's set-up section says how) and restart"
+    "install page, docs/install.md, says how) and restart"
 )
 
 
@@ -123,7 +123,7 @@ def no_kernels(device: CudaDevice, cuda: Any = None) -> str | None:
     return (
         f"{device.name} (sm_{have}): this PyTorch has no kernels for sm_{have}, only for "
         f"{' '.join(arch_list)}; install a PyTorch CUDA build that includes it (the "
-        "README's set-up section says how)"
+        "install page, docs/install.md, says how)"
     )
 
 

@@ -22,7 +22,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Metrics:
-    """Names are listed in the README; labels are bounded (model names, error codes, the
+    """Names are listed in docs/metrics-logs.md; labels are bounded (model names, error codes, the
     server's device ids)."""
 
     def __init__(self) -> None:

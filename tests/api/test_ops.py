@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.live import live_server, make_settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics-logs.md"
 
 
 def test_health_is_ready_after_warm_up(minilm):
@@ -52,7 +52,7 @@ def test_metrics_parse_with_prometheus_own_parser_and_are_documented(minilm):
         if s.name == "vramgate_requests_total" and s.labels["outcome"] == "ok"
     ]
     assert ok and ok[0].value >= 1
-    documented = set(re.findall(r"`(vramgate_[a-z_]+)`", README.read_text()))
+    documented = set(re.findall(r"`(vramgate_[a-z_]+)`", METRICS_PAGE.read_text()))
     assert set(families) <= documented, set(families) - documented
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted((ROOT / "docs").glob("*.md"))  # README.md joins with its cut
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 INCLUDED = [ROOT / "bench" / "README.md", ROOT / "SECURITY.md"]
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*$")
 MARKER = re.compile(r"^<!-- docs: (.*?) -->$")

@@ -1,5 +1,5 @@
 """aider itself (aider-chat 0.86.2 from PyPI, in a virtual environment of its own) asks a
-live vramgate for an edit, on README's settings: OpenAI's API at /v1 and a model metadata
+live vramgate for an edit, on docs/clients.md's settings: OpenAI's API at /v1 and a model metadata
 file giving the model's context and output limit from vramgate's `/v1/models` (aider
 reads them from litellm's price list, which names no local model: without the file it
 warns of a context of 0). Through litellm as aider calls it, streamed.

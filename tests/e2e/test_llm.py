@@ -1,5 +1,5 @@
 """Simon Willison's `llm` CLI (0.36 from PyPI, in a virtual environment of its own)
-against a live vramgate serving SmolLM2, configured as README says: an entry in its
+against a live vramgate serving SmolLM2, configured as docs/clients.md says: an entry in its
 `extra-openai-models.yaml`. A prompt is answered (streamed, as llm asks by default), and
 `--schema` gives JSON of that schema (vramgate's constrained decoding: a 135M model
 would not write it unaided). Its tools (`-T`): a call made, run by llm and its result

@@ -1,7 +1,7 @@
 """Open WebUI itself (open-webui 0.12.4 from PyPI, in a virtual environment of its own: its
 pinned dependencies are not vramgate's) against a live vramgate serving SmolLM2, the
 embedded MiniLM, a tiny Qwen3 taught to think, a tiny random SD 1.5 and a tiny random
-Whisper, on the settings README gives ("Using vramgate with Open WebUI / aider / llm"):
+Whisper, on the settings docs/clients.md gives ("Open WebUI"):
 both connections (OpenAI's at /v1, Ollama's at the root), its image engines pointed at
 vramgate with their model fields left empty, its speech-to-text engine with its model
 field left empty. Driven
@@ -49,7 +49,7 @@ def open_webui(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def settings_for(url: str, data: Path) -> dict[str, str]:
-    """Open WebUI's environment: README's settings, offline, without logins."""
+    """Open WebUI's environment: docs/clients.md's settings, offline, without logins."""
     return {
         "DATA_DIR": str(data),
         "WEBUI_AUTH": "False",
@@ -93,7 +93,7 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float)
 def signed_in(
     open_webui: Path, live: Live, tmp_path: Path, **extra: str
 ) -> Iterator[tuple[httpx.Client, float]]:
-    """Open WebUI started on README's settings (and `extra`) against `live`, signed in as
+    """Open WebUI started on docs/clients.md's settings (and `extra`) against `live`, signed in as
     its pages are: a client of its REST API with the page's token, and its start time.
     Stopped at the end."""
     port = free_port()

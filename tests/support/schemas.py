@@ -9,7 +9,7 @@ from pathlib import Path
 NESTED = ("nested", "recipe", "deep", "cookbook")  # three of the torch engine's test's twenty
 # and a recipe as the issue describes it: an array of 2-4 objects with enums (its strings
 # bounded: a small model left an unbounded one may still be inside it at max_tokens, as
-# README's structured outputs say; a CI run's answer was)
+# docs/api-openai.md's structured outputs say; a CI run's answer was)
 COOKBOOK = {
     "name": "cookbook",
     "question": "Give me a recipe for pancakes as JSON.",

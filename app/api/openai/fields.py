@@ -3,8 +3,8 @@
 One table per route: a field is implemented (the request schemas in app.api.openai.schemas
 declare and use it), accepted and ignored (it has no meaning on one local machine), or
 refused with a reason unless its value asks for nothing (`n: 1`, `logprobs: false`). A
-field in no table is a 400 naming it, as OpenAI answers. The README's table is rendered
-from here (`markdown_table`), and a test walks the fields of the `openai` package's own
+field in no table is a 400 naming it, as OpenAI answers. docs/api-openai.md's table is
+rendered from here (`markdown_table`), and a test walks the fields of the `openai` package's own
 request types against it.
 """
 
@@ -155,7 +155,7 @@ def screen_fields(table: dict[str, FieldSupport], data: Any) -> Any:
 
 
 def markdown_table() -> str:
-    """The README's table: every field of every route, its support, and why."""
+    """docs/api-openai.md's table: every field of every route, its support, and why."""
     lines = ["| route | field | support | note |", "|---|---|---|---|"]
     paths = {
         "chat": "/v1/chat/completions",

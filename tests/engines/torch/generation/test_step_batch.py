@@ -143,7 +143,7 @@ def test_seeded_sampling_gives_the_same_text_alone_and_in_a_batch(handler):
 
 
 def test_greedy_texts_alone_and_eight_at_once_agree(handler, capsys):
-    """The figure the README states: greedy answers of 16 prompts, each alone, then in
+    """The figure docs/admission.md states: greedy answers of 16 prompts, each alone, then in
     batches of 8 at once."""
     lone = [alone(handler, prompt, 32).text for prompt in PROMPTS]
     batched: list[str] = []
