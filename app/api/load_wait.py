@@ -9,7 +9,8 @@ carries the load's progress every `EVERY_S` until admission answers; then the to
 follow, or the error as the stream's error. Each API says progress in a shape its
 clients pass over: Ollama's NDJSON an empty message with a `status` (as its pull says
 its steps), OpenAI's server-sent events a comment line (`: ...`, which every SSE
-parser, the `openai` client's included, skips).
+parser, the `openai` client's included, skips), Anthropic's that comment and a `ping`
+event (its own keep-alive, which its clients skip). OpenAI's Responses API does not yet.
 """
 
 from __future__ import annotations

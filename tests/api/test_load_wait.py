@@ -1,13 +1,15 @@
 """A streamed chat whose model loads first is told how the load goes before its first
 token (app.api.load_wait): over HTTP, a simulated model whose load takes 2 s; Ollama's
 NDJSON carries chunks with an empty message and a `status`, OpenAI's events comment
-lines; the official `ollama` and `openai` clients read both streams as before. A model
+lines, Anthropic's a comment and a ping; the official `ollama`, `openai` and `anthropic`
+clients read the streams as before. A model
 already loaded streams no such line."""
 
 from __future__ import annotations
 
 import json
 
+import anthropic
 import httpx
 import ollama
 import openai
@@ -70,6 +72,18 @@ def test_a_streamed_chat_that_loads_its_model_hears_the_load_before_its_first_to
         )
         texts = [c.choices[0].delta.content or "" for c in stream if c.choices]
         assert "".join(texts)
+
+        unload(live)  # Anthropic's: a comment and a ping before message_start
+        body = {"model": "slow", "messages": HELLO, "stream": True, "max_tokens": 4}
+        with httpx.stream("POST", live.url + "/v1/messages", json=body, timeout=60) as r:
+            events = [line for line in r.iter_lines() if line]
+        start = events.index("event: message_start")
+        assert events[0].startswith(": loading slow: loading") and "event: ping" in events[:start]
+        assert events[-1] == 'data: {"type":"message_stop"}'
+        unload(live)
+        claude = anthropic.Anthropic(base_url=live.url, api_key="none")
+        with claude.messages.stream(model="slow", messages=HELLO, max_tokens=4) as stream:
+            assert "".join(stream.text_stream)
 
         unload(live)  # a caller that leaves during the load leaves nothing admitted behind
         body = {"model": "slow", "messages": HELLO, "stream": True, "options": SHORT}

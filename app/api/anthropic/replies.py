@@ -25,7 +25,9 @@ import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from app.api.errors import anthropic_body
+from app.api.load_wait import drop, progress
 from app.api.thinking import frame_of
+from app.core.fleet.fleet import Fleet
 from app.core.overflow import said as truncation
 from app.core.requests import ValidGenerationRequest
 from app.core.watch import ClientWatch
@@ -150,6 +152,38 @@ class MessageReply:
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache"},
         )
+
+    def stream_after_load(
+        self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
+    ) -> Response:
+        """Events that begin while the model loads: a ping each second (Anthropic's own
+        keep-alive, which its clients skip) after a comment line that says the load's
+        progress (app.api.load_wait); then the message's events as `stream` sends them,
+        or the admission's error as an error event."""
+        return StreamingResponse(
+            self._after_load(fleet, admission),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def _after_load(
+        self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
+    ) -> AsyncIterator[bytes]:
+        taken = False
+        try:
+            async for words in progress(fleet, self.valid.model, admission):
+                yield b": " + words.encode() + b"\n" + _event("ping", {"type": "ping"})
+            try:
+                (generation,) = await admission
+            except VramgateError as exc:
+                yield _event("error", anthropic_body(exc))
+                return
+            taken = True
+        finally:
+            if not taken:  # the client left meanwhile: nothing admitted stays
+                drop(admission, lambda generations: [g.close() for g in generations])
+        async for event in self._events(generation):
+            yield event
 
     async def _events(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         blocks = BlockWriter()

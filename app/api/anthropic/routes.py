@@ -22,6 +22,7 @@ from app.api.intake import (
     read_parsed,
     request_schemas,
 )
+from app.api.load_wait import admit_watching
 from app.core.requests import ValidGenerationRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"])
@@ -84,7 +85,10 @@ async def create_message(request: Request) -> Response:
     valid = _validated(request, body)
     reply = MessageReply(valid, body.model, body.thinking_shown)
     with client_watch(request) as watch:
-        (generation,) = await admit_choices(fleet, valid, watch)
+        admission = await admit_watching(fleet, valid.model, admit_choices(fleet, valid, watch))
+        if admission.loading and valid.stream:  # the load's progress first (app.api.load_wait)
+            return reply.stream_after_load(fleet, admission.task)
+        (generation,) = await admission.task
         if not valid.stream:
             return await reply.respond(generation, watch)
     # the stream's response reads the connection itself: the watch has ended
