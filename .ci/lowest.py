@@ -5,7 +5,7 @@ that CI tests the oldest versions the project claims to work with:
 
 torch is left out: its older CPU builds come from PyTorch's own index only, which CI
 cannot reach (the registry's older torch wheels are CUDA builds of several GiB); CI
-tests the torch it installs, and README says which.
+tests the torch it installs, and docs/install.md says which.
 """
 
 from __future__ import annotations

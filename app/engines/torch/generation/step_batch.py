@@ -10,7 +10,7 @@ once (`packing`), or copy it from a running row (`kv_cache`), both beside this m
 that ends (end of sequence, stop string, `max_tokens`, client gone) leaves at the next
 boundary and columns no row uses are cut. Each row samples with its own parameters and
 seeded generator (its text does not depend on who shares its batch, up to kernel
-rounding: see the README). Admission stays the gate's: a row exists only once its KV
+rounding: see docs/admission.md). Admission stays the gate's: a row exists only once its KV
 bytes were admitted (at most `max_streams`); rows whose padding a batch could not hold
 within that step in a batch of their own; a cache that is not plain dynamic (sliding
 windows) runs rows one at a time.
