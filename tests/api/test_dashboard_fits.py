@@ -29,8 +29,8 @@ def test_fits_and_a_load_in_progress_on_the_models_view(smollm2_gguf, tmp_path, 
     config.write_text(
         '[[models]]\nname = "slow"\nkind = "simulated"\nload_ms = 4000\nload = "demand"\n'
     )
-    source = ConfigSource(config, {"device": "simulated:256MiB", "models_dir": tmp_path / "m"})
-    settings = make_settings(tmp_path, device="simulated:256MiB", models=source.settings().models)
+    source = ConfigSource(config, {"device": "simulated:512MiB", "models_dir": tmp_path / "m"})
+    settings = make_settings(tmp_path, device="simulated:512MiB", models=source.settings().models)
     with Hub() as hub, live_server(settings, models_source=source) as live, sync_playwright() as pw:
         hub.add(REPO, {SMOL: smollm2_gguf.read_bytes()})
         monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # as HF_ENDPOINT sets it
