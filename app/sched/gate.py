@@ -201,7 +201,7 @@ class MemoryGate:
         """Give a permit back (idempotent) and return the permits this frees for waiters."""
         now = self._clock()
         ended = self._running.pop(permit.ticket_id, None)
-        if ended is not None and ended.priority < Priority.BACKGROUND:
+        if ended is not None and ended.person:
             self._person_at = now
         return self._admit(now)
 
@@ -286,6 +286,7 @@ class MemoryGate:
                 cells=sum(t.cells for t in members),
                 cell_pool=leader.cell_pool,
                 priority=ranks[id(leader)],
+                person=leader.priority < Priority.BACKGROUND,
             )
             self._running[leader.id] = permit
             permits.append(permit)
@@ -299,30 +300,31 @@ class MemoryGate:
         self, ranks: dict[int, int], eligible: list[int] | None, now: float
     ) -> list[int] | None:
         """The queue positions that may start (of `eligible`, None: all): without the
-        background tickets while work of a higher class runs or waits; for
-        `single_after_s` after that, with one background ticket at most running."""
+        background tickets while a person's work (its own class above background, not
+        aged into it) runs or waits; for `single_after_s` after that, with one
+        background ticket at most running. Aged tickets start as interactive ones."""
         if not self.step_aside:
             return eligible
         positions = range(len(self._queue)) if eligible is None else eligible
-        busy = any(p.priority < Priority.BACKGROUND for p in self._running.values()) or any(
-            rank < Priority.BACKGROUND for rank in ranks.values()
+        person = any(p.person for p in self._running.values()) or any(
+            t.priority < Priority.BACKGROUND for t in self._queue
         )
-        if busy:
-            self._person_at = now
         kept = [i for i in positions if ranks[id(self._queue[i])] < Priority.BACKGROUND]
-        background = [i for i in positions if ranks[id(self._queue[i])] >= Priority.BACKGROUND]
-        if not busy and background and self._person_near(now):
-            if not any(p.priority >= Priority.BACKGROUND for p in self._running.values()):
-                kept.append(background[0])  # the queue is in order: its first
-        elif not busy:
+        if person:
+            self._person_at = now
+        elif not self._person_near(now):
             return eligible
+        elif not any(not p.person for p in self._running.values()):
+            background = (i for i in positions if ranks[id(self._queue[i])] >= Priority.BACKGROUND)
+            kept += [i for i in itertools.islice(background, 1)]  # in order: the first
         self._aside = {id(t) for t in self._queue if ranks[id(t)] >= Priority.BACKGROUND} - {
             id(self._queue[i]) for i in kept
         }
         return sorted(kept)
 
     def _person_near(self, now: float) -> bool:
-        """Whether interactive work ran or waited within `single_after_s`."""
+        """Whether a person's work (its own class, not aged into it) ran or waited
+        within `single_after_s`."""
         return self._person_at is not None and now - self._person_at < self.single_after_s
 
     def _reserve_for(self, ranks: dict[int, int]) -> Callable[[Ticket], tuple[int, int]]:

@@ -51,6 +51,7 @@ class Permit:
     cells: int = 0  # of its model's pool (Ticket.cells)
     cell_pool: str = ""
     priority: int = 1  # its leader's class, as it was admitted (aged: interactive)
+    person: bool = False  # its leader asked for a person's class itself (never by aging)
 
     @property
     def ticket_ids(self) -> tuple[int, ...]:

@@ -347,6 +347,28 @@ def test_background_runs_one_at_a_time_for_single_after_s_after_a_person_s_work(
     assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
 
 
+def test_background_that_aged_is_no_person_and_holds_the_flood_to_one_never():
+    """A flood alone on a CPU's gate: what waited aging_s counts as interactive and goes
+    first, but it is no person: the rest neither steps aside for it nor is held to one
+    at a time after it (a bench run saw a flood alone take 7x its time: once a ticket
+    aged, the rest stepped aside, aged in turn, and ran one at a time after)."""
+    gate, clock = make_gate(pool=100, slots=1, max_queue=16)
+    gate.single_after_s = 30
+    first = gate.submit(classed(10, Priority.BACKGROUND))
+    assert isinstance(first, Admit)
+    waiting = [classed(10, Priority.BACKGROUND) for _ in range(3)]
+    for w in waiting:
+        gate.submit(w)
+    clock.now += gate.aging_s + 1  # all three aged
+    gate.slots = 8
+    started = gate.release(first.permit)
+    assert len(started) == 3, started
+    assert not any(p.person for p in started)
+    # the rest of the flood starts beside them: no person came, none steps aside
+    assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
+    assert isinstance(gate.submit(classed(10, Priority.BACKGROUND)), Admit)
+
+
 def test_background_is_not_held_to_one_where_no_person_came_or_single_after_s_is_0():
     gate, _ = make_gate(pool=100, slots=8)
     gate.single_after_s = 30
