@@ -63,7 +63,8 @@ def test_an_install_under_way_is_waited_for_and_then_taken(tmp_path):
     folder, calls = tmp_path / "app", []
     process = installer(folder, 3, finish=True)
     _install(folder, apps.pip_command(folder, "app"), made_here(folder, calls))
-    assert process.poll() == 0  # it was waited for: its installer had ended
+    # it was waited for: its installer had finished (it ends a moment after its mark)
+    assert (folder / apps.COMPLETE).exists() and process.wait(10) == 0
     assert calls == []  # and its install taken, not made again
     assert apps.installed(folder, apps.pip_command(folder, "app"))
 
