@@ -454,7 +454,10 @@ def test_open_webui_all_day_on_the_defaults_the_next_turn_in_seconds(
     offered = [tool["function"]["name"] for tool in with_tools["tools"]]
     print(f"open webui offered {len(offered)} tools")
     assert "get_current_timestamp" in offered  # the tools were on
-    bound = figures["turn1_first_s"] / 10  # a prefix found, not the tools prefilled again
+    # a prefix found, not the tools prefilled again: a miss prefills them as turn 1 did
+    # (34.6 s here); a hit took 0.8 s alone and 5.0 s with another test worker on the 2
+    # cores (behind Open WebUI's title, tag and follow-up requests after turn 1)
+    bound = figures["turn1_first_s"] / 4
     for turn in ("turn2_first_s", "new_chat_first_s"):
         assert figures[turn] < bound, (turn, figures)
     assert embedded and all(b["model"] == "all-MiniLM-L6-v2" for b in embedded), embedded
