@@ -16,12 +16,13 @@ event (its own keep-alive, which its clients skip). OpenAI's Responses API does 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from app.core.fleet.fleet import Fleet
 from app.core.lifecycle.load_watch import said
+from app.errors import VramgateError
 
 T = TypeVar("T")
 
@@ -70,3 +71,31 @@ def drop(task: asyncio.Future[Any], close: Any) -> None:
         task.cancel()
     elif not task.cancelled() and task.exception() is None:
         close(task.result())
+
+
+async def lines_until_admitted(
+    fleet: Fleet,
+    model: str,
+    admission: asyncio.Future[list[T]],
+    say: Callable[[str], bytes],
+    refuse: Callable[[VramgateError], bytes],
+    close: Callable[[T], object],
+    admitted: list[list[T]],
+) -> AsyncIterator[bytes]:
+    """A streamed answer's lines while its model loads: the load's progress as `say`
+    words it, then, if admission refused, `refuse`'s error line; what it admitted goes
+    into `admitted` for the answer's own lines. A client that left meanwhile (the
+    lines closed before they took it) leaves nothing admitted: `close` each."""
+    taken = False
+    try:
+        async for words in progress(fleet, model, admission):
+            yield say(words)
+        try:
+            admitted.append(await admission)
+        except VramgateError as exc:
+            yield refuse(exc)
+            return
+        taken = True
+    finally:
+        if not taken:  # the client left meanwhile: nothing admitted stays
+            drop(admission, lambda results: [close(r) for r in results])

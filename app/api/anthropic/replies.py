@@ -25,7 +25,7 @@ import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from app.api.errors import anthropic_body
-from app.api.load_wait import drop, progress
+from app.api.load_wait import lines_until_admitted
 from app.api.thinking import frame_of
 from app.core.fleet.fleet import Fleet
 from app.core.overflow import said as truncation
@@ -169,19 +169,22 @@ class MessageReply:
     async def _after_load(
         self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
     ) -> AsyncIterator[bytes]:
-        taken = False
-        try:
-            async for words in progress(fleet, self.valid.model, admission):
-                yield b": " + words.encode() + b"\n" + _event("ping", {"type": "ping"})
-            try:
-                (generation,) = await admission
-            except VramgateError as exc:
-                yield _event("error", anthropic_body(exc))
-                return
-            taken = True
-        finally:
-            if not taken:  # the client left meanwhile: nothing admitted stays
-                drop(admission, lambda generations: [g.close() for g in generations])
+        admitted: list[list[AdmittedGeneration]] = []
+        lines = lines_until_admitted(
+            fleet,
+            self.valid.model,
+            admission,
+            lambda words: b": " + words.encode() + b"\n" + _event("ping", {"type": "ping"}),
+            lambda exc: _event("error", anthropic_body(exc)),
+            AdmittedGeneration.close,
+            admitted,
+        )
+        async with contextlib.aclosing(lines):
+            async for line in lines:
+                yield line
+        if not admitted:
+            return
+        ((generation,),) = admitted
         async for event in self._events(generation):
             yield event
 

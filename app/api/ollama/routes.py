@@ -18,6 +18,7 @@ chat or embed with).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -42,7 +43,7 @@ from app.api.intake import (
     generation_request,
     read_parsed,
 )
-from app.api.load_wait import admit_watching, drop, progress
+from app.api.load_wait import admit_watching, lines_until_admitted
 from app.api.ollama.schemas import (
     ChatBody,
     EmbedBody,
@@ -376,20 +377,22 @@ class Answer:
         """The load's progress while the model loads, as chunks with an empty message (or
         response) and its `status` in words, as Ollama's pull says its steps; then the
         answer's chunks, or the admission's error as the stream's last line."""
-        taken = False
-        try:
-            async for words in progress(fleet, self.model, admission):
-                yield orjson.dumps(self._chunk() | self._text("") | {"status": words}) + b"\n"
-            try:
-                generation = (await admission)[0]
-            except VramgateError as exc:
-                yield orjson.dumps({"error": ollama_message(exc), "code": exc.code}) + b"\n"
-                return
-            taken = True
-        finally:
-            if not taken:  # the client left meanwhile: nothing admitted stays
-                drop(admission, lambda generations: [g.close() for g in generations])
-        async for chunk in self.chunks(generation):
+        admitted: list[list[AdmittedGeneration]] = []
+        lines = lines_until_admitted(
+            fleet,
+            self.model,
+            admission,
+            lambda words: orjson.dumps(self._chunk() | self._text("") | {"status": words}) + b"\n",
+            lambda exc: orjson.dumps({"error": ollama_message(exc), "code": exc.code}) + b"\n",
+            AdmittedGeneration.close,
+            admitted,
+        )
+        async with contextlib.aclosing(lines):
+            async for line in lines:
+                yield line
+        if not admitted:
+            return
+        async for chunk in self.chunks(admitted[0][0]):
             yield chunk
 
     async def chunks(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:

@@ -15,6 +15,7 @@ tool calls are read from the answer only, never from the thinking.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
-from app.api.load_wait import drop, progress
+from app.api.load_wait import lines_until_admitted
 from app.api.thinking import frame_of
 from app.core.fleet.fleet import Fleet
 from app.core.overflow import said as truncation
@@ -99,20 +100,22 @@ class Reply:
     async def _after_load(
         self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
     ) -> AsyncIterator[bytes]:
-        taken = False
-        try:
-            async for words in progress(fleet, self.body.model, admission):
-                yield b": " + words.encode() + b"\n\n"
-            try:
-                generations = await admission
-            except VramgateError as exc:
-                yield _sse(exc.body())
-                yield DONE
-                return
-            taken = True
-        finally:
-            if not taken:  # the client left meanwhile: nothing admitted stays
-                drop(admission, lambda generations: [g.close() for g in generations])
+        admitted: list[list[AdmittedGeneration]] = []
+        lines = lines_until_admitted(
+            fleet,
+            self.body.model,
+            admission,
+            lambda words: b": " + words.encode() + b"\n\n",
+            lambda exc: _sse(exc.body()) + DONE,
+            AdmittedGeneration.close,
+            admitted,
+        )
+        async with contextlib.aclosing(lines):
+            async for line in lines:
+                yield line
+        if not admitted:
+            return
+        (generations,) = admitted
         self.tier = generations[0].job.priority.service_tier
         async for event in self._events(generations):
             yield event
