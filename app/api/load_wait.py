@@ -73,25 +73,24 @@ def drop(task: asyncio.Future[Any], close: Any) -> None:
         close(task.result())
 
 
-async def lines_until_admitted(
+async def after_load(
     fleet: Fleet,
     model: str,
     admission: asyncio.Future[list[T]],
     say: Callable[[str], bytes],
     refuse: Callable[[VramgateError], bytes],
     close: Callable[[T], object],
-    admitted: list[list[T]],
+    answer: Callable[[list[T]], AsyncIterator[bytes]],
 ) -> AsyncIterator[bytes]:
-    """A streamed answer's lines while its model loads: the load's progress as `say`
-    words it, then, if admission refused, `refuse`'s error line; what it admitted goes
-    into `admitted` for the answer's own lines. A client that left meanwhile (the
-    lines closed before they took it) leaves nothing admitted: `close` each."""
+    """A streamed answer that begins while its model loads: the load's progress as `say`
+    words it, then `answer`'s lines from what admission gave, or `refuse`'s error line.
+    A client that left before the answer took it leaves nothing admitted: `close` each."""
     taken = False
     try:
         async for words in progress(fleet, model, admission):
             yield say(words)
         try:
-            admitted.append(await admission)
+            admitted = await admission
         except VramgateError as exc:
             yield refuse(exc)
             return
@@ -99,3 +98,5 @@ async def lines_until_admitted(
     finally:
         if not taken:  # the client left meanwhile: nothing admitted stays
             drop(admission, lambda results: [close(r) for r in results])
+    async for line in answer(admitted):
+        yield line

@@ -25,7 +25,7 @@ import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from app.api.errors import anthropic_body
-from app.api.load_wait import lines_until_admitted
+from app.api.load_wait import after_load
 from app.api.thinking import frame_of
 from app.core.fleet.fleet import Fleet
 from app.core.overflow import said as truncation
@@ -166,27 +166,18 @@ class MessageReply:
             headers={"Cache-Control": "no-cache"},
         )
 
-    async def _after_load(
+    def _after_load(
         self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
     ) -> AsyncIterator[bytes]:
-        admitted: list[list[AdmittedGeneration]] = []
-        lines = lines_until_admitted(
+        return after_load(
             fleet,
             self.valid.model,
             admission,
             lambda words: b": " + words.encode() + b"\n" + _event("ping", {"type": "ping"}),
             lambda exc: _event("error", anthropic_body(exc)),
             AdmittedGeneration.close,
-            admitted,
+            lambda generations: self._events(generations[0]),
         )
-        async with contextlib.aclosing(lines):
-            async for line in lines:
-                yield line
-        if not admitted:
-            return
-        ((generation,),) = admitted
-        async for event in self._events(generation):
-            yield event
 
     async def _events(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         blocks = BlockWriter()

@@ -18,7 +18,6 @@ chat or embed with).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import time
@@ -43,7 +42,7 @@ from app.api.intake import (
     generation_request,
     read_parsed,
 )
-from app.api.load_wait import admit_watching, lines_until_admitted
+from app.api.load_wait import admit_watching, after_load
 from app.api.ollama.schemas import (
     ChatBody,
     EmbedBody,
@@ -371,29 +370,21 @@ class Answer:
         final = self._final(outcome, cost) | self._content(text)
         return _json_response(self._with_thinking(final, thought), cost)
 
-    async def after_load(
+    def after_load(
         self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
     ) -> AsyncIterator[bytes]:
         """The load's progress while the model loads, as chunks with an empty message (or
         response) and its `status` in words, as Ollama's pull says its steps; then the
         answer's chunks, or the admission's error as the stream's last line."""
-        admitted: list[list[AdmittedGeneration]] = []
-        lines = lines_until_admitted(
+        return after_load(
             fleet,
             self.model,
             admission,
             lambda words: orjson.dumps(self._chunk() | self._text("") | {"status": words}) + b"\n",
             lambda exc: orjson.dumps({"error": ollama_message(exc), "code": exc.code}) + b"\n",
             AdmittedGeneration.close,
-            admitted,
+            lambda generations: self.chunks(generations[0]),
         )
-        async with contextlib.aclosing(lines):
-            async for line in lines:
-                yield line
-        if not admitted:
-            return
-        async for chunk in self.chunks(admitted[0][0]):
-            yield chunk
 
     async def chunks(self, generation: AdmittedGeneration) -> AsyncIterator[bytes]:
         try:

@@ -15,7 +15,6 @@ tool calls are read from the answer only, never from the thinking.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
-from app.api.load_wait import lines_until_admitted
+from app.api.load_wait import after_load
 from app.api.thinking import frame_of
 from app.core.fleet.fleet import Fleet
 from app.core.overflow import said as truncation
@@ -97,28 +96,22 @@ class Reply:
             headers={"Cache-Control": "no-cache"},
         )
 
-    async def _after_load(
+    def _after_load(
         self, fleet: Fleet, admission: asyncio.Future[list[AdmittedGeneration]]
     ) -> AsyncIterator[bytes]:
-        admitted: list[list[AdmittedGeneration]] = []
-        lines = lines_until_admitted(
+        return after_load(
             fleet,
             self.body.model,
             admission,
             lambda words: b": " + words.encode() + b"\n\n",
             lambda exc: _sse(exc.body()) + DONE,
             AdmittedGeneration.close,
-            admitted,
+            self._answer_after_load,
         )
-        async with contextlib.aclosing(lines):
-            async for line in lines:
-                yield line
-        if not admitted:
-            return
-        (generations,) = admitted
+
+    def _answer_after_load(self, generations: list[AdmittedGeneration]) -> AsyncIterator[bytes]:
         self.tier = generations[0].job.priority.service_tier
-        async for event in self._events(generations):
-            yield event
+        return self._events(generations)
 
     async def _events(self, generations: list[AdmittedGeneration]) -> AsyncIterator[bytes]:
         """Chunks as text is decoded, each naming its choice; a choice's last names its
