@@ -30,7 +30,7 @@ from app.errors import (
 )
 from app.store.fits import fits, pull_refusal, said
 from app.store.folders import remove_model
-from app.store.machine import machine_from_status
+from app.store.machine import Machine, machine_from_status
 from app.store.manage import model_folder
 from app.store.progress import EventProgress
 from app.store.pull import pull
@@ -167,7 +167,7 @@ async def model_fits(
     memory now and the most it has; `chosen` is what a pull fetches, `refusal` why a pull
     of it would be refused."""
     _parsed(source)
-    machine = machine_from_status(fleet_of(request).status())
+    machine = _machine_now(request)
     try:
         found = await asyncio.to_thread(fits, source, machine, context)
     except PullError as exc:
@@ -186,12 +186,22 @@ async def model_search(
     """The Hub's GGUF repos for `q`, each answered as `/admin/models/fits` answers one
     (app.store.search): its quantisations, their bytes and verdicts here; only headers
     are fetched."""
-    machine = machine_from_status(fleet_of(request).status())
+    machine = _machine_now(request)
     try:
         found = await asyncio.to_thread(search, q, machine, context, limit)
     except PullError as exc:
         raise InvalidRequest(str(exc), param="q") from exc
     return {"query": q, "machine": asdict(machine), "results": [f.as_dict() for f in found]}
+
+
+def _machine_now(request: Request) -> Machine:
+    """This machine's rooms for a model as the gate sees them now: each device read
+    afresh (a reading kept for the admissions may be a moment old, from before another
+    program took its memory)."""
+    fleet = fleet_of(request)
+    for lane in fleet.lanes:
+        lane.memory.snapshot(fresh=True)
+    return machine_from_status(fleet.status())
 
 
 def _parsed(text: str) -> Source:
@@ -214,7 +224,7 @@ async def start_pull(request: Request, body: PullBody) -> asyncio.Queue[dict[str
     a Hub GGUF that cannot fit on this machine at all (app.store.fits.pull_refusal: 413,
     with the bytes it needs and the most there is) unless `force`."""
     source = _config_source(request)
-    machine = machine_from_status(fleet_of(request).status())
+    machine = _machine_now(request)
     if _parsed(body.source).kind == "hub" and not body.force:
         refused = await asyncio.to_thread(pull_refusal, body.source, machine)
         if refused is not None:

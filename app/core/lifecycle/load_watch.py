@@ -92,10 +92,10 @@ class LoadWatch:
         self._thread.join(timeout=2.0)
 
     def _watch(self) -> None:
-        phase, said_at = None, self.began
+        phase, said_at, last = None, self.began, None
         while not self._done.wait(self._every):
-            try:
-                progress = self._progress()
+            try:  # an engine done with its part (the load measuring it) keeps its last phase
+                progress = last = self._progress() or last
             except Exception:  # a look at a load must never fail it
                 log.debug(
                     "model %s: its load's progress could not be read", self.name, exc_info=True

@@ -279,21 +279,22 @@ class LlamaRunnerModel(ModelHandler):
         runner = RunnerProcess(self.name, argv, env)
         started = time.perf_counter()
         free_before = device.snapshot().free
-        self._starting = runner, device
+        self._starting = runner, device  # its progress, until it serves (its last phase)
         try:
-            ready = runner.start(config, LOAD_TIMEOUT_S)
-        except EngineUnavailable as exc:
-            _engine_unavailable[:] = [str(exc)]
-            log.error("GGUF models cannot load: %s", exc)
-            raise
+            try:
+                ready = runner.start(config, LOAD_TIMEOUT_S)
+            except EngineUnavailable as exc:
+                _engine_unavailable[:] = [str(exc)]
+                log.error("GGUF models cannot load: %s", exc)
+                raise
+            self._runner, self._device = runner, device
+            try:  # a load that fails past here ends its runner: nothing is left running
+                self._serving(device, ready, key, free_before)
+            except BaseException:
+                self.unload()
+                raise
         finally:
             self._starting = None
-        self._runner, self._device = runner, device
-        try:  # a load that fails past here ends its runner: nothing is left running
-            self._serving(device, ready, key, free_before)
-        except BaseException:
-            self.unload()
-            raise
         if self.loads is not None and device.kind in MEASURED_ON:
             fingerprint = self.fingerprint or self.identify()
             where = self._load_config(pool.cells, self.split.on_device)

@@ -56,6 +56,28 @@ def test_the_watch_logs_each_phase_once_and_reminds_on_a_long_one(caplog):
     assert phases_said[:4] == ["a", "b", "b", "c"], lines
 
 
+def test_an_engine_done_with_its_part_keeps_its_last_phase_in_the_log(caplog):
+    """A llama.cpp runner's progress ends when it serves, before the load is done (its
+    measures after): the log goes on saying its last phase, never a bare `loading`."""
+    looks = iter([LoadProgress("a", 1, 2), LoadProgress("b", 2, 2), None, None, None])
+    seen = threading.Event()
+    clock = iter(range(0, 1000, 4))
+
+    def progress() -> LoadProgress | None:
+        look = next(looks, "end")
+        if look == "end":
+            seen.set()
+            return None
+        return look
+
+    caplog.set_level(logging.INFO, "vramgate.registry")
+    with LoadWatch("m", progress, None, clock=lambda: next(clock), every_s=0.001, remind_s=10):
+        assert seen.wait(10)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model m")]
+    assert lines and all(" (" in line for line in lines), lines
+    assert [line.split(": ")[1].split(" (")[0] for line in lines][:3] == ["a", "b", "b"], lines
+
+
 def a_load_seen_in_status(live: Live) -> dict[str, Any]:
     """Load `slow` and look at /status while it loads: its row's `load` once it has
     begun (the load waited for)."""
