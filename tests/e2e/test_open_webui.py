@@ -350,8 +350,11 @@ def user(text: str) -> dict[str, str]:
 
 def streamed_chat(client: httpx.Client, body: dict[str, Any]) -> tuple[str, float]:
     """A chat as Open WebUI's page sends it (streamed), its text and its first token's
-    time after it was asked."""
-    asked, text, first = time.monotonic(), [], None
+    time after it was asked: the first of its words, of a tool call or of its thinking,
+    or its end where it has none (with the tools on, SmolLM2 sampled on Open WebUI's
+    defaults now and then answers with nothing but a call, or nothing: a CI run's turn
+    streamed only empty deltas). The time measures the prompt's prefill either way."""
+    asked, text, first, events = time.monotonic(), [], None, []
     with client.stream("POST", "/api/chat/completions", json=body) as reply:
         assert reply.status_code == 200, reply.read()
         for line in reply.iter_lines():
@@ -359,12 +362,20 @@ def streamed_chat(client: httpx.Client, body: dict[str, Any]) -> tuple[str, floa
                 continue
             event = json.loads(line[6:])
             assert "error" not in event, event
+            events.append(event)
             for choice in event.get("choices", []):
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
+                delta = choice.get("delta") or {}
+                piece = delta.get("content") or ""
+                called = "".join(
+                    (call.get("function") or {}).get("name") or ""
+                    for call in delta.get("tool_calls") or []
+                )
+                thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                done = choice.get("finish_reason")  # an empty answer: its prompt was read
+                if (piece or called or thought or done) and first is None:
                     first = time.monotonic() - asked
-                text.append(piece)
-    assert first is not None, text
+                text.append(piece or (f"[{called}]" if called else ""))
+    assert first is not None, events[-5:]
     return "".join(text), first
 
 
