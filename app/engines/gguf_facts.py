@@ -1,8 +1,8 @@
 """What a GGUF file says about itself, read from its header without loading it: the
-geometry the gate prices a llama.cpp load from (bytes per layer, KV bytes per token),
-its trained context and its chat template (the model card's). A file on this disk is
-read by gguf's reader; a file on the Hub from its header's bytes (app.engines.gguf_header);
-both through `facts_of`."""
+geometry the gate prices a llama.cpp load from (bytes per layer, KV bytes per token,
+which layers attend to a sliding window), its trained context and its chat template (the
+model card's). A file on this disk is read by gguf's reader; a file on the Hub from its
+header's bytes (app.engines.gguf_header); both through `facts_of`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ from app.engines.gguf_header import GgufHeader
 # q4_0 18 bytes a block of 32 (ggml.c's type traits)
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+# Sliding-window attention as llama.cpp derives it for the architectures it knows
+# (src/llama-model.cpp, load_hparams): (period, default window). Every `period`th layer
+# attends to the whole context, the others to the last `window` tokens
+# (llama_hparams::set_swa_pattern: layer il slides where il % period < period - 1); the
+# window is `{arch}.attention.sliding_window`, else the default (None: without the key,
+# no layer slides).
+_SLIDING: dict[str, tuple[int, int | None]] = {"gemma2": (2, 4096), "gemma3": (6, None)}
 
 
 @dataclass(frozen=True)
@@ -34,11 +41,28 @@ class GgufFacts:
     quantization: str = "unknown"  # its file type, as llama.cpp names it: Q4_1, Q8_0, F16
     pooling: str | None = None  # an embedding model's: mean, cls, last, rank (None: unsaid)
     vocab: int = 0  # its vocabulary's tokens, a row of logits (0: unsaid)
+    sliding_window: int = 0  # the tokens a sliding-window layer attends to (0: none)
+    sliding: tuple[bool, ...] = ()  # for each layer, whether it slides (empty: none does)
 
     def kv_bytes_per_token(self, kv_type: str, layers: int | None = None) -> int:
-        """One token's KV cells in `layers` layers (all, by default) at `kv_type`."""
+        """One token's KV cells in `layers` layers (all, by default) at `kv_type`, as if
+        every layer held every token (a sliding-window layer holds fewer: `kv_bytes`)."""
         count = self.layers if layers is None else layers
         return int(count * self.kv_width * KV_BYTES_PER_ELEMENT[kv_type])
+
+    def kv_bytes(
+        self, kv_type: str, cells: int, window_cells: int, layers: range | None = None
+    ) -> int:
+        """The KV cache's bytes in `layers` (all, by default) at `kv_type`: `cells` cells
+        in a layer that attends to the whole context, `window_cells` in a sliding-window
+        one (what the engine sizes its window's cache at)."""
+        chosen = range(self.layers) if layers is None else layers
+        sliding = sum(1 for i in chosen if i < len(self.sliding) and self.sliding[i])
+        whole = len(chosen) - sliding
+        return (
+            self.kv_bytes_per_token(kv_type, whole) * cells
+            + self.kv_bytes_per_token(kv_type, sliding) * window_cells
+        )
 
 
 def _value(field: Any) -> Any:
@@ -117,6 +141,7 @@ def facts_of(
             per_layer[int(found.group(1))] += nbytes
         else:
             other += nbytes
+    window, sliding = _sliding(arch, layers, read)
     template = read("tokenizer.chat_template")
     tokens = get("tokenizer.ggml.tokens")
     vocab = read(f"{arch}.vocab_size") or (
@@ -135,7 +160,23 @@ def facts_of(
         quantization=_file_type(read("general.file_type")),
         pooling=_POOLING.get(int(read(f"{arch}.pooling_type", -1) or -1)),
         vocab=int(vocab or 0),
+        sliding_window=window,
+        sliding=sliding,
     )
+
+
+def _sliding(
+    arch: str, layers: int, read: Callable[[str, Any], Any]
+) -> tuple[int, tuple[bool, ...]]:
+    """The sliding window and which layers use it, as llama.cpp derives them (`_SLIDING`);
+    (0, ()) for an architecture it gives none."""
+    if arch not in _SLIDING:
+        return 0, ()
+    period, default = _SLIDING[arch]
+    window = int(read(f"{arch}.attention.sliding_window", default) or 0)
+    if window <= 0:
+        return 0, ()
+    return window, tuple(i % period < period - 1 for i in range(layers))
 
 
 # llama.cpp's enum llama_pooling_type (include/llama.h), as GGUF files store it

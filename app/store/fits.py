@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
-from app.engines.llama_cpp.layer_split import compute_bytes
+from app.engines.llama_cpp.layer_split import compute_bytes, kv_bytes
 from app.engines.llama_cpp.load.plan import LoadSettings, host_bytes, plan_load
 from app.engines.llama_cpp.speculation import DEFAULT as DEFAULT_SPECULATION
 from app.store.hub import DEFAULT_QUANT, Quant, choose, list_repo, quants_of
@@ -48,6 +48,7 @@ class Placement:
     device_bytes: int  # on the device (on a CPU device: in RAM)
     host_bytes: int  # in RAM beside a GPU (the layers left on the CPU)
     room_bytes: int  # the device's room it was planned in
+    kv_bytes: int = 0  # its KV pool's (a sliding-window layer's at its window's cells)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class QuantFit:
     files: tuple[str, ...]
     file_bytes: int
     weights_bytes: int
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # its KV pool's bytes a cell, at the most room
     compute_bytes: int
     from_header: bool  # its own header read; else scaled from the one read by file size
     now: Placement
@@ -124,12 +125,13 @@ def place(
     """`facts` planned with `room` bytes on the device and `host_room` of RAM beside it."""
     plan = plan_load(facts, settings, accelerator=machine.accelerator, free_bytes=room)
     pool, split = plan.pool, plan.split
+    kv = kv_bytes(facts, settings.kv_type, pool.cells, pool.slots)
     if not machine.accelerator:
         verdict: Verdict = "cpu" if split.device_bytes <= room else "no"
         return Placement(
-            verdict, pool.per_request, pool.cells, split.layers, 0, split.device_bytes, 0, room
+            verdict, pool.per_request, pool.cells, split.layers, 0, split.device_bytes, 0, room, kv
         )
-    host = host_bytes(facts, settings.kv_type, pool.cells, split.on_device)
+    host = host_bytes(facts, settings.kv_type, pool.cells, split.on_device, pool.slots)
     verdict = "split" if host <= host_room else "no"
     if split.on_device >= split.layers:
         verdict = "gpu"
@@ -142,6 +144,7 @@ def place(
         split.device_bytes,
         host,
         room,
+        kv,
     )
 
 
@@ -167,16 +170,17 @@ def quant_fit(
     settings: LoadSettings,
     from_header: bool,
 ) -> QuantFit:
+    most = place(facts, settings, machine, machine.most_bytes, machine.host_total_bytes)
     return QuantFit(
         label=label,
         files=files,
         file_bytes=facts.file_bytes,
         weights_bytes=sum(facts.layer_bytes) + facts.other_bytes,
-        kv_bytes_per_token=facts.kv_bytes_per_token(settings.kv_type),
+        kv_bytes_per_token=most.kv_bytes // max(most.kv_cells, 1),
         compute_bytes=compute_bytes(facts),
         from_header=from_header,
         now=place(facts, settings, machine, machine.free_bytes, machine.host_free_bytes),
-        most=place(facts, settings, machine, machine.most_bytes, machine.host_total_bytes),
+        most=most,
     )
 
 

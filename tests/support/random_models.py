@@ -95,21 +95,11 @@ def save_random_llama(
     `sliding_window` it is a Mistral (v0.1's attention: its KV cache is a sliding
     window's, which rows cannot join)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    bpe.train_from_iterator(CORPUS, trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+        tokenizer_object=_byte_level_bpe(), bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
@@ -139,6 +129,102 @@ def save_random_llama(
         model.lm_head.weight[tokenizer.eos_token_id].zero_()
     model.save_pretrained(folder)
     return folder
+
+
+def _byte_level_bpe() -> Any:
+    """A byte-level BPE tokenizer (tokenizers') trained here on CORPUS, with <s>, </s> and
+    <pad> as its special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    return bpe
+
+
+def save_random_gemma3_gguf(
+    gguf_file: Path,
+    *,
+    layers: int = 6,
+    window: int = 64,
+    context: int = 8192,
+    width: int = 256,
+    heads: int = 4,
+    kv_heads: int = 4,
+    head_dim: int = 256,
+) -> Path:
+    """A random Gemma 3 written straight as a GGUF with gguf's writer, as llama.cpp's
+    converter lays one out (its `gemma3` tensors and keys, float16 weights, no output
+    head: the embeddings are tied), with sliding-window metadata: every layer but each
+    sixth attends to the last `window` tokens (`gemma3.attention.sliding_window`), as
+    Gemma 3's do; the tokenizer is `_byte_level_bpe`'s, as a "gpt2" token list. Its
+    weights are noise: it loads (llama.cpp sizes its KV caches from the header) and
+    generates nonsense."""
+    import gguf
+    import numpy as np
+
+    doc = json.loads(_byte_level_bpe().to_str())
+    vocab = doc["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+    writer = gguf.GGUFWriter(str(gguf_file), "gemma3")
+    writer.add_name("random-gemma3")
+    writer.add_context_length(context)
+    writer.add_embedding_length(width)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(2 * width)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1e6)
+    writer.add_sliding_window(window)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in ("<s>", "</s>", "<pad>") else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(vocab["<s>"])
+    writer.add_eos_token_id(vocab["</s>"])
+    writer.add_pad_token_id(vocab["<pad>"])
+    writer.add_chat_template(CHAT_TEMPLATE)
+    random = np.random.default_rng(0)
+    names, kinds = gguf.TENSOR_NAMES, gguf.MODEL_TENSOR
+
+    def add(kind: Any, shape: tuple[int, ...], block: int = 0) -> None:
+        name = names[kind].format(bid=block) + ".weight"
+        if len(shape) == 1:  # a norm's weights (Gemma's converter stores 1 + w)
+            writer.add_tensor(name, np.ones(shape, np.float32))
+        else:
+            writer.add_tensor(name, (random.standard_normal(shape) * 0.02).astype(np.float16))
+
+    add(kinds.TOKEN_EMBD, (len(tokens), width))
+    add(kinds.OUTPUT_NORM, (width,))
+    for block in range(layers):
+        for norm in (kinds.ATTN_NORM, kinds.ATTN_POST_NORM, kinds.FFN_NORM, kinds.FFN_POST_NORM):
+            add(norm, (width,), block)
+        add(kinds.ATTN_Q_NORM, (head_dim,), block)
+        add(kinds.ATTN_K_NORM, (head_dim,), block)
+        add(kinds.ATTN_Q, (heads * head_dim, width), block)
+        add(kinds.ATTN_K, (kv_heads * head_dim, width), block)
+        add(kinds.ATTN_V, (kv_heads * head_dim, width), block)
+        add(kinds.ATTN_OUT, (width, heads * head_dim), block)
+        add(kinds.FFN_GATE, (2 * width, width), block)
+        add(kinds.FFN_UP, (2 * width, width), block)
+        add(kinds.FFN_DOWN, (width, 2 * width), block)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return gguf_file
 
 
 def save_model_wheel(model: Path, wheel: Path) -> Path:

@@ -14,6 +14,9 @@ By default a request may use the model's whole trained context, and the pool hol
 `POOL_REQUESTS` of them (at most `MAX_CELLS`, which then caps a request too), shrunk to
 what the device can give (down to `FLOOR_CELLS`) before any layer is left on the CPU;
 `kv_budget` caps its bytes.
+A model whose layers attend to a sliding window (Gemma 2 and 3) holds `cells` cells only
+in its other layers: llama.cpp gives the sliding ones a cache of their own, sized for a
+window of each slot's and a micro-batch (`window_cells`).
 `context_length` and `parallel` remain as caps; set both, and the pool is their product
 (the old split's size), kept whole.
 """
@@ -76,6 +79,18 @@ def slots_for(cells: int, parallel: int | None) -> int:
     """A pool's slots: `parallel` where the spec sets it, else one per `CELLS_PER_SLOT`
     cells, at most `DEFAULT_SLOTS`."""
     return parallel or max(1, min(DEFAULT_SLOTS, cells // CELLS_PER_SLOT))
+
+
+def window_cells(cells: int, slots: int, window: int, ubatch: int) -> int:
+    """The cells llama.cpp gives a sliding-window layer's cache beside a unified KV of
+    `cells` cells and `slots` sequences (src/llama-kv-cache-iswa.cpp, `swa_full` off as
+    by default): a window for each sequence and a micro-batch of `ubatch` tokens, at
+    most the pool's, padded to 256. A tiny Gemma 3 (window 64) at 32,768 cells and 32
+    slots logged "creating SWA KV cache, size = 2560 cells". `cells` where no layer
+    slides (`window` 0)."""
+    if window <= 0:
+        return cells
+    return -(-min(cells, window * slots + ubatch) // 256) * 256
 
 
 def _largest_fitting(wanted: int, floor: int, fits: Callable[[int], bool]) -> int:

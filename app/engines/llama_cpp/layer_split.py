@@ -5,7 +5,8 @@ Studio split a model larger than VRAM). Pure: numbers in, a split out.
 llama.cpp offloads the last `n` repeating layers (`n_gpu_layers`), and with all of them
 the output head (`n_gpu_layers` = layers + 1); each offloaded layer also holds its KV
 cells on the GPU. The compute buffer is priced from the model's width before it is
-measured: llama.cpp sizes it for one micro-batch (512 tokens) of activations.
+measured: llama.cpp sizes it for one micro-batch (512 tokens) of activations. A layer
+that attends to a sliding window holds its window's cells, not the pool's (`kv_bytes`).
 
 A runner that speculates verifies each slot's draft in one batch, every drafted token an
 output: llama.cpp then reserves its compute buffer for a micro-batch of that many rows
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.engines.gguf_facts import GgufFacts
+from app.engines.llama_cpp.kv_pool import window_cells
 
 UBATCH = 512  # llama.cpp's default micro-batch (n_ubatch), what its compute buffer holds
 ACTIVATION_FLOATS = 16  # float32 activations per width element per token, a margin on it
@@ -57,6 +59,17 @@ def compute_bytes(facts: GgufFacts) -> int:
     return UBATCH * max(facts.width, 1) * 4 * ACTIVATION_FLOATS
 
 
+def kv_bytes(
+    facts: GgufFacts, kv_type: str, cells: int, slots: int, layers: range | None = None
+) -> int:
+    """The KV cache's bytes in `layers` (all, by default) of a pool of `cells` cells and
+    `slots` slots as the runner asks llama.cpp for it (a unified KV, micro-batches of
+    `UBATCH` tokens at most the pool's): a sliding-window layer at its window's cells
+    (`window_cells`). What the load plans, and what fits answers."""
+    window = window_cells(cells, slots, facts.sliding_window, min(UBATCH, cells))
+    return facts.kv_bytes(kv_type, cells, window, layers)
+
+
 def speculation_bytes(facts: GgufFacts, slots: int, draft_max: int) -> int:
     """What drafts of up to `draft_max` tokens in each of `slots` slots add to the compute
     buffer, and again to the output buffer: the rows of logits (float32, a row of the
@@ -74,16 +87,21 @@ def speculation_bytes(facts: GgufFacts, slots: int, draft_max: int) -> int:
 
 
 def bytes_on_device(
-    facts: GgufFacts, on_device: int, kv_type: str, cells: int, drafting: int = 0
+    facts: GgufFacts,
+    on_device: int,
+    kv_type: str,
+    cells: int,
+    drafting: int = 0,
+    slots: int = 1,
 ) -> int:
-    """The device bytes of `on_device` layers (the last ones), their KV cells, the head
-    when every layer is there, and the compute buffer (`drafting`: what speculation adds
-    to it, `speculation_bytes`)."""
+    """The device bytes of `on_device` layers (the last ones), their KV cells (of a pool
+    of `slots` slots), the head when every layer is there, and the compute buffer
+    (`drafting`: what speculation adds to it, `speculation_bytes`)."""
     if on_device <= 0:
         return 0
     blocks = sum(facts.layer_bytes[facts.layers - on_device :])
     head = facts.other_bytes if on_device >= facts.layers else 0
-    kv = facts.kv_bytes_per_token(kv_type, on_device) * cells
+    kv = kv_bytes(facts, kv_type, cells, slots, range(facts.layers - on_device, facts.layers))
     return blocks + head + kv + compute_bytes(facts) + drafting
 
 
@@ -98,21 +116,23 @@ def plan_split(
     scale: float = 1.0,
     drafting: int = 0,
     drafting_host: int = 0,
+    slots: int = 1,
 ) -> LayerSplit:
     """The split for a load: on the CPU everything is in RAM; on a GPU the layers asked
     for, or (auto) as many as fit in `free_bytes` (None: all). `scale`: what loads of
     this model measured against this estimate (learned), applied to every layer count.
     Speculation's bytes: `drafting` beside the compute buffer (on the GPU where a layer
     is), `drafting_host` in host memory (the CPU's device: its output buffer's growth
-    and its n-gram pool)."""
+    and its n-gram pool). `slots`: the pool's (a sliding window's cells are a window
+    each)."""
 
     def held(count: int) -> int:
-        return round(bytes_on_device(facts, count, kv_type, cells, drafting) * scale)
+        return round(bytes_on_device(facts, count, kv_type, cells, drafting, slots) * scale)
 
     every = facts.layers
     if not accelerator:
         whole = sum(facts.layer_bytes) + facts.other_bytes
-        kv = facts.kv_bytes_per_token(kv_type) * cells
+        kv = kv_bytes(facts, kv_type, cells, slots)
         total = whole + kv + compute_bytes(facts) + drafting + drafting_host
         return LayerSplit(every, 0, round(total * scale), accelerator=False)
     if gpu_layers != "auto":

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.config.settings import ModelSpec
-from app.engines.llama_cpp.kv_pool import FLOOR_CELLS, MAX_CELLS, KvPool, plan_pool
+from app.engines.llama_cpp.kv_pool import FLOOR_CELLS, MAX_CELLS, KvPool, plan_pool, window_cells
 
 
 def test_by_default_a_request_may_use_the_whole_trained_context():
@@ -38,6 +38,21 @@ def test_a_pool_shrinks_to_fit_the_device_before_the_layers_do():
     assert 11_744 <= fits_12k.cells <= 12_000 and fits_12k.per_request == 8192
     nothing = plan_pool(8192, context=None, parallel=None, budget_cells=None, fits=lambda c: False)
     assert nothing.cells == FLOOR_CELLS and nothing.per_request == FLOOR_CELLS
+
+
+@pytest.mark.parametrize(
+    ("cells", "slots", "window", "ubatch", "held"),
+    [
+        (32768, 32, 64, 512, 2560),  # logged: "creating SWA KV cache, size = 2560 cells"
+        (8192, 32, 512, 512, 8192),  # windows of 32 slots hold more than the pool: the pool's
+        (1000, 1, 64, 512, 768),  # 576, padded to 256
+        (32768, 32, 0, 512, 32768),  # no layer slides
+    ],
+)
+def test_a_sliding_windows_cells_are_a_window_a_slot_and_a_micro_batch(
+    cells, slots, window, ubatch, held
+):
+    assert window_cells(cells, slots, window, ubatch) == held
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from app.engines.llama_cpp.kv_pool import KvPool, plan_pool, slots_for
 from app.engines.llama_cpp.layer_split import (
     LayerSplit,
     compute_bytes,
+    kv_bytes,
     plan_split,
     speculation_bytes,
 )
@@ -86,9 +87,8 @@ def plan_kv_pool(
 ) -> KvPool:
     """The KV pool: as big as the settings and the file want, shrunk to fit in
     `free_bytes` with every layer on the device (down to the pool's floor)."""
-    per_token = facts.kv_bytes_per_token(settings.kv_type)
     budget = settings.kv_budget
-    budget_cells = int(budget) // max(per_token, 1) if budget is not None else None
+    budget_cells = cells_bought(facts, settings, int(budget)) if budget is not None else None
 
     def fits(cells: int) -> bool:
         if free_bytes is None:
@@ -109,6 +109,26 @@ def plan_kv_pool(
     )
 
 
+def cells_bought(facts: GgufFacts, settings: LoadSettings, budget: int) -> int:
+    """The most cells whose KV (`kv_bytes`, at the slots such a pool has) costs at most
+    `budget` bytes: `budget` over a token's bytes in every layer, more where some layers
+    hold only a sliding window's cells."""
+    kv_type = settings.kv_type
+    low = budget // max(facts.kv_bytes_per_token(kv_type), 1)
+    if not facts.sliding:
+        return low
+
+    def costs(cells: int) -> int:
+        return kv_bytes(facts, kv_type, cells, slots_for(cells, settings.parallel))
+
+    whole = facts.layers - sum(facts.sliding)
+    high = budget // max(facts.kv_bytes_per_token(kv_type, whole), 1) if whole else 2**24
+    while low < high:  # costs grows with the cells: the last that fits
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if costs(middle) <= budget else (low, middle - 1)
+    return low
+
+
 def split_for(
     facts: GgufFacts,
     settings: LoadSettings,
@@ -121,7 +141,8 @@ def split_for(
     """The layers beside `cells` KV cells: from the GGUF's own geometry, scaled by what a
     load of the same settings measured once there is one."""
 
-    drafts = speculation_bytes(facts, slots_for(cells, settings.parallel), settings.draft_max)
+    slots = slots_for(cells, settings.parallel)
+    drafts = speculation_bytes(facts, slots, settings.draft_max)
 
     def plan(scale: float) -> LayerSplit:
         return plan_split(
@@ -134,6 +155,7 @@ def split_for(
             scale=scale,
             drafting=drafts,
             drafting_host=drafts + settings.draft_pool if settings.draft_max > 0 else 0,
+            slots=slots,
         )
 
     estimate = plan(1.0)
@@ -143,7 +165,7 @@ def split_for(
     return plan(measured / estimate.device_bytes)
 
 
-def host_bytes(facts: GgufFacts, kv_type: str, cells: int, on_device: int) -> int:
+def host_bytes(facts: GgufFacts, kv_type: str, cells: int, on_device: int, slots: int = 1) -> int:
     """What a GPU split leaves in RAM: the first layers (those not on the device), their
     KV cells, the head unless every layer is on the device, and the compute buffer where
     none is (llama.cpp then computes on the CPU)."""
@@ -151,6 +173,6 @@ def host_bytes(facts: GgufFacts, kv_type: str, cells: int, on_device: int) -> in
     if on_cpu <= 0:
         return 0
     blocks = sum(facts.layer_bytes[:on_cpu])
-    kv = facts.kv_bytes_per_token(kv_type, on_cpu) * cells
+    kv = kv_bytes(facts, kv_type, cells, slots, range(on_cpu))
     compute = compute_bytes(facts) if on_device <= 0 else 0
     return blocks + facts.other_bytes + kv + compute
