@@ -15,7 +15,7 @@ import ollama
 import openai
 
 from app.config.settings import ModelSpec
-from tests.support.live import Live, live_server, make_settings
+from tests.support.live import Live, live_server, make_settings, wait_until
 
 HELLO = [{"role": "user", "content": "hello"}]
 SHORT = {"num_predict": 4}
@@ -23,6 +23,12 @@ SHORT = {"num_predict": 4}
 
 def unload(live: Live) -> None:
     httpx.post(live.url + "/admin/models/slow/unload", timeout=60).raise_for_status()
+
+
+def held(live: Live) -> tuple[int, int]:
+    """What the gate holds now: admitted bytes and running jobs."""
+    device = live.status()["devices"][0]
+    return device["admitted_bytes"], device["running"]
 
 
 def ollama_lines(live: Live) -> list[dict]:
@@ -86,8 +92,12 @@ def test_a_streamed_chat_that_loads_its_model_hears_the_load_before_its_first_to
             assert "".join(stream.text_stream)
 
         unload(live)  # a caller that leaves during the load leaves nothing admitted behind
-        body = {"model": "slow", "messages": HELLO, "stream": True, "options": SHORT}
+        long = {"num_predict": 4000}  # 20 s of steps: an answer left running would hold on
+        body = {"model": "slow", "messages": HELLO, "stream": True, "options": long}
         with httpx.stream("POST", live.url + "/api/chat", json=body, timeout=60) as answer:
             assert "status" in json.loads(next(answer.iter_lines()))
+        loaded = lambda: live.status()["models"][0]["state"] == "ready"  # noqa: E731
+        wait_until(loaded, 30, "the load the leaving caller began, done")
+        wait_until(lambda: not any(held(live)), 10, "its admission let go")
         assert ollama_lines(live)[-1]["done"]
         assert live.status()["queue"]["depth"] == 0
