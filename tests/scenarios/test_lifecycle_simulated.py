@@ -121,3 +121,36 @@ def test_simulated_a_fault_while_starting_the_models_is_logged_and_the_server_de
     assert any("starting the models failed" in r.message for r in caplog.records)
     assert any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records)
     assert live.client().get("/status").status_code == 200
+
+
+def test_simulated_an_unload_during_the_warm_up_leaves_the_model_unloaded_not_failed(
+    server_factory, caplog
+):
+    """A model unloaded while its warm-up runs (a person's Unload in the tray, moments
+    after its load): its warm-up ends by the unload, which is no failure; the model is
+    unloaded, serves again on its next request, and no error is logged."""
+    slow_warm = ModelSpec(
+        name="w",
+        kind="simulated",
+        weights=100 * MiB,
+        load="demand",
+        buckets=(  # warmed one after the other: the unload comes during the first
+            SimulatedBucket(size=64, bytes=100 * MiB, run_ms=3000),
+            SimulatedBucket(size=128, bytes=100 * MiB, run_ms=10),
+        ),
+    )
+    live = server_factory(device="simulated:1GiB", models=(slow_warm,))
+    row = lambda: live.status()["models"][0]  # noqa: E731
+    with live.client() as client:
+        loading = threading.Thread(target=client.post, args=("/admin/models/w/load",))
+        loading.start()
+        wait_until(lambda: row()["state"] == "warming", 30, "w warming up")
+        assert client.post("/admin/models/w/unload", timeout=60).json()["state"] == "unloaded"
+        loading.join(60)
+        wait_until(lambda: row()["state"] != "warming", 30, "the warm-up ended")
+        assert row()["state"] == "unloaded" and not row().get("error"), row()
+        assert not [r for r in caplog.records if "warm-up failed" in r.getMessage()]
+        # the positive control: its next request loads it and is served
+        body = {"model": "w", "prompt": "one", "max_tokens": 1}
+        assert client.post("/v1/completions", json=body, timeout=60).status_code == 200
+        assert row()["state"] in ("warming", "ready")

@@ -100,10 +100,14 @@ class ModelLoads:
         try:
             await self._warm_up(name, entry.handler)
         except VramgateError as exc:
+            if entry.state != "warming":  # unloaded meanwhile: its unload's, not a failure
+                log.info("model %s: its warm-up ended by its unload: %s", name, exc.message)
+                return
             entry.state, entry.error = "failed", f"warm-up failed: {exc.message}"
             log.error("model %s %s", name, entry.error)
             return
-        entry.state = "ready"
+        if entry.state == "warming":  # an unload begun meanwhile goes on
+            entry.state = "ready"
 
     # -- a request for a model that is away ----------------------------------------------
     async def wait_loaded(self, name: str, deadline: float) -> None:
