@@ -38,6 +38,9 @@ class Family:
     added: tuple[str, ...]  # tags the answer's text carries (not special: decoded)
     eos: str
     bos: str | None = None
+    stops: tuple[str, ...] = ()  # other tokens that end an answer (harmony's `<|call|>`)
+    think_open: str = "<think>"  # where a thought starts, and how a spent budget ends it
+    budget_close: str = "</think>"
 
     def chat_template(self) -> str:
         return (TEMPLATES / self.template).read_text()
@@ -93,6 +96,27 @@ MISTRAL_NEMO = Family(
     eos="</s>",
     bos="<s>",
 )
+# gpt-oss: harmony's markers are control tokens, as in its o200k_harmony tokenizer; an
+# answer ends with `<|return|>` (its eos) or `<|call|>`
+GPT_OSS = Family(
+    "gpt-oss",
+    "openai-gpt-oss-120b.jinja",
+    (
+        "<|endoftext|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|channel|>",
+        "<|constrain|>",
+        "<|return|>",
+        "<|call|>",
+    ),
+    (),
+    eos="<|return|>",
+    stops=("<|call|>",),
+    think_open="<|channel|>analysis<|message|>",
+    budget_close="<|end|><|start|>assistant<|channel|>final<|message|>",
+)
 
 
 @dataclass(frozen=True)
@@ -120,6 +144,8 @@ def save_family_model(folder: Path, family: Family, lessons: list[Lesson]) -> Pa
     tokenizer = _tokenizer(family, lessons)
     tokenizer.save_pretrained(folder)
     model = _random_llama(tokenizer)
+    stops = [tokenizer.convert_tokens_to_ids(stop) for stop in family.stops]
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
     taught = [seq for lesson in lessons for seq in _sequences(tokenizer, family, lesson)]
     _teach(model, taught)
     for asked, answered, given in taught:  # greedily, each answer token for token
@@ -130,6 +156,7 @@ def save_family_model(folder: Path, family: Family, lessons: list[Lesson]) -> Pa
                 max_new_tokens=len(answered) - given,
                 do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=model.generation_config.eos_token_id,
             )
         assert said[0, len(before) :].tolist() == answered[given:], tokenizer.decode(answered)
     model.save_pretrained(folder)
@@ -195,8 +222,9 @@ Taught = tuple[list[int], list[int], int]  # prompt ids, answer ids, answer ids 
 
 def _sequences(tokenizer: Any, family: Family, lesson: Lesson) -> list[Taught]:
     """What a lesson teaches: the prompt as its template renders it and the answer (its
-    end of turn after it); with a budget, also the answer cut after that many thinking
-    tokens, closed, and `after_budget` (only that last part taught)."""
+    end of turn after it, where it does not end in one of the family's stops); with a
+    budget, also the answer cut after that many thinking tokens, closed as an engine
+    closes it (`Family.budget_close`), and `after_budget` (only that last part taught)."""
     prompt = tokenizer.apply_chat_template(
         lesson.messages,
         tools=lesson.tools,
@@ -207,15 +235,30 @@ def _sequences(tokenizer: Any, family: Family, lesson: Lesson) -> list[Taught]:
     prompt += "</think>\n\n" if lesson.closed else ""
     asked = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     end = tokenizer.convert_tokens_to_ids(family.eos)
+    stops = {end, *(tokenizer.convert_tokens_to_ids(stop) for stop in family.stops)}
     answer = tokenizer(lesson.answer, add_special_tokens=False)["input_ids"]
-    taught: list[Taught] = [(asked, [*answer, end], 0)]
+    ended = bool(answer) and answer[-1] in stops
+    taught: list[Taught] = [(asked, answer if ended else [*answer, end], 0)]
     if lesson.budget is not None:
-        opened = prompt.rstrip().endswith("<think>")
-        start = 0 if opened else answer.index(tokenizer.convert_tokens_to_ids("<think>")) + 1
-        closed = [*answer[: start + lesson.budget], tokenizer.convert_tokens_to_ids("</think>")]
+        opened = prompt.rstrip().endswith(family.think_open)
+        start = 0 if opened else _after(answer, _ids(tokenizer, family.think_open))
+        closing = _ids(tokenizer, family.budget_close)
+        closed = [*answer[: start + lesson.budget], *closing]
         after = tokenizer(lesson.after_budget, add_special_tokens=False)["input_ids"]
         taught.append((asked, [*closed, *after, end], len(closed)))
     return taught
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _after(ids: list[int], tag: list[int]) -> int:
+    """Where the first `tag` in `ids` ends."""
+    for at in range(len(ids) - len(tag) + 1):
+        if ids[at : at + len(tag)] == tag:
+            return at + len(tag)
+    raise ValueError("the answer has no thought to cut")
 
 
 def _teach(model: Any, taught: list[Taught]) -> None:

@@ -56,11 +56,15 @@ def thinking_budget(frame: Frame) -> dict[str, Any]:
     itself, as llama.cpp's chat route sets it (tried on xllamacpp 2026.10: the end tags
     and the message must be given, or nothing is forced): the close tag is forced once
     `budget` tokens followed the open tag. (A block the prompt opened is bounded by its
-    handler: app.engines.llama_cpp.generation, `_read_thinking_first`.)"""
+    handler: app.engines.llama_cpp.generation, `_read_thinking_first`.) The first end tag
+    is the one forced; any ends the thinking: harmony's forced close is `<|end|>` and the
+    final message's header, and an analysis that ends itself (`<|end|>`, a call after it)
+    is left alone."""
+    ends = [frame.budget_close] + ([frame.close] if frame.answer else [])
     return {
         "reasoning_budget_tokens": frame.budget,
         "reasoning_budget_start_tag": frame.open,
-        "reasoning_budget_end_tags": [frame.close],
+        "reasoning_budget_end_tags": ends,
         "reasoning_budget_message": "",
     }
 

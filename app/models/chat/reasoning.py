@@ -5,22 +5,27 @@ The families that think in tags (Qwen3 and its successors, DeepSeek-R1 and its d
 QwQ) write `<think>…</think>` before the answer. Their templates differ in who writes
 the opening tag: Qwen3's model writes it; the R1 distills' template writes it at the end
 of the prompt (`<｜Assistant｜><think>\\n`), so the answer begins inside the thinking and
-holds only the closing tag. A `Frame` says which, as the engine rendered the prompt; every
-API's reply reads the answer through one `ThinkSplitter` in that frame.
+holds only the closing tag. gpt-oss writes OpenAI's harmony instead: its thinking is the
+`analysis` channel's message, its answer the `final` one's, a call a message to
+`functions.NAME` (app.models.chat.harmony). A `Frame` says which, as the engine rendered
+the prompt; every API's reply reads the answer through one `ThinkSplitter` in that frame.
 
 Switches are each template's own: Qwen3's `enable_thinking`, gpt-oss's
 `reasoning_effort` (harmony's `Reasoning: low|medium|high`). A template with neither
 (the R1 distills always think) is turned off by closing the block its prompt opened.
-A budget ends the thinking when spent: the engine writes the closing tag and the answer
-follows (llama.cpp's reasoning budget sampler; the torch engine's
+gpt-oss always thinks: off is its lowest effort (`Reasoning: low`), its analysis still
+given as thinking. A budget ends the thinking when spent: the engine writes the closing
+tag (harmony: `<|end|>` and the final message's header) and the answer follows
+(llama.cpp's reasoning budget sampler; the torch engine's
 app.engines.torch.generation.thinking_budget).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from app.models.chat.harmony import ANALYSIS, END, FINAL_HEADER, HarmonyReader
 from app.models.tools import partial_tail
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -61,32 +66,53 @@ class ThinkingAsk:
 
 
 def thinks(template: str | None) -> bool:
-    """Whether a model thinks in `<think>` tags: its chat template names them."""
-    return bool(template) and THINK_OPEN in str(template)
+    """Whether a model thinks: its chat template names `<think>` tags or harmony's
+    analysis channel."""
+    return bool(template) and (THINK_OPEN in str(template) or harmony(template))
+
+
+def harmony(template: str | None) -> bool:
+    """Whether a model answers in harmony (gpt-oss): its template writes the analysis
+    channel's header."""
+    return bool(template) and ANALYSIS in str(template)
 
 
 def template_switches(template: str | None, ask: ThinkingAsk) -> dict[str, Any]:
     """The chat template's own variables for `ask`: `enable_thinking` where it reads that
-    (Qwen3), `reasoning_effort` where it reads that (gpt-oss); nothing for a template
-    with no switch (it is turned off otherwise: `answer_frame`)."""
+    (Qwen3), `reasoning_effort` where it reads that (gpt-oss: thinking off is its lowest
+    effort, as it cannot be off); nothing for a template with no switch (it is turned
+    off otherwise: `answer_frame`)."""
     text = str(template or "")
     switches: dict[str, Any] = {}
     if ask.on is not None and "enable_thinking" in text:
         switches["enable_thinking"] = ask.on
-    if ask.effort is not None and "reasoning_effort" in text:
-        switches["reasoning_effort"] = ask.effort
+    effort = "low" if ask.on is False and harmony(template) else ask.effort
+    if effort is not None and "reasoning_effort" in text:
+        switches["reasoning_effort"] = effort
     return switches
 
 
 @dataclass(frozen=True)
 class Frame:
     """How a model's answer carries its thinking, as its prompt was rendered: between
-    `open` and `close` tags, the first already written by the prompt when `opened`."""
+    `open` and `close` tags, the first already written by the prompt when `opened`; in
+    harmony's messages where `harmony` (`open` and `close` are the analysis message's
+    header and end, `answer` the final message's header a spent budget writes too)."""
 
     opened: bool = False
     open: str = THINK_OPEN
     close: str = THINK_CLOSE
     budget: int | None = None  # the most tokens it may think (None: no bound)
+    harmony: bool = False
+    answer: str = ""  # what follows the close tag where a budget ends the thinking
+
+    @property
+    def budget_close(self) -> str:
+        """What an engine writes where the budget is spent before the thinking closed."""
+        return self.close + self.answer
+
+
+HARMONY = Frame(open=ANALYSIS, close=END, harmony=True, answer=FINAL_HEADER)
 
 
 def answer_frame(
@@ -98,9 +124,14 @@ def answer_frame(
     The frame is opened where the prompt ends in an open tag (the R1 distills' template;
     Qwen3's with thinking off ends in a closed, empty block instead). Thinking off where
     the template has no switch: an opened block is closed in the prompt (the answer
-    follows at once), one the model opens itself gets a budget of 0."""
+    follows at once), one the model opens itself gets a budget of 0. A harmony answer
+    (gpt-oss) is read in its messages, its effort lowered by `template_switches` where
+    thinking is off."""
     if not thinks(template):
         return rendered, None
+    if harmony(template):
+        budget = ask.budget if ask.budget is not None else default_budget
+        return rendered, replace(HARMONY, budget=budget)
     opened = rendered.rstrip().endswith(THINK_OPEN)
     if ask.on is False:
         if opened:
@@ -116,10 +147,12 @@ class ThinkSplitter:
     </think>` at its start (after white space), or everything up to `</think>` in an
     opened frame, is thinking; the rest is text. A piece that may be the start of a tag
     waits for the next text; white space between the thinking and the text is dropped.
-    Without a frame everything is text."""
+    Without a frame everything is text; in a harmony frame, the messages are read by
+    app.models.chat.harmony's reader."""
 
     def __init__(self, frame: Frame | None) -> None:
         self.frame = frame or Frame()
+        self.harmony = HarmonyReader() if frame is not None and frame.harmony else None
         self.state: Literal["start", "thinking", "text"] = "text"
         if frame is not None:
             self.state = "thinking" if frame.opened else "start"
@@ -128,6 +161,8 @@ class ThinkSplitter:
         self.leading = frame is not None and frame.opened  # white space before the thought
 
     def push(self, text: str) -> list[Piece]:
+        if self.harmony is not None:
+            return self.harmony.push(text)
         if self.state == "text":
             if self.after_thinking:
                 text = text.lstrip()
@@ -161,6 +196,8 @@ class ThinkSplitter:
     def end(self) -> list[Piece]:
         """What is still held, once the answer has ended (a thought cut off by the
         token limit is thinking still)."""
+        if self.harmony is not None:
+            return self.harmony.end()
         if self.state == "thinking":
             return self._flush("thinking")
         return self._flush("text")

@@ -36,7 +36,14 @@ from app.engines.torch.module import TorchModule
 from app.errors import InvalidRequest
 from app.models.base import read_chat_template, read_json_object, weight_file_bytes
 from app.models.card import ModelCard
-from app.models.chat.reasoning import Frame, ThinkingAsk, answer_frame, template_switches
+from app.models.chat.harmony import MARKERS
+from app.models.chat.reasoning import (
+    Frame,
+    ThinkingAsk,
+    answer_frame,
+    harmony,
+    template_switches,
+)
 from app.models.decoding import (
     Chat,
     DecodeResult,
@@ -125,6 +132,7 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
         self._eos: set[int] = set()
+        self._hidden: set[int] | None = None  # specials left out of text, where some are kept
         self._keep_last_logits = False
         self._cache_arg = "past_key_values"
 
@@ -161,6 +169,7 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
         own = int(getattr(config, "max_position_embeddings", 0) or 0) or FALLBACK_CONTEXT
         self.context = min(own, self.spec.max_context or own)  # the model's own by default
         self._eos = self._eos_ids(model, tokenizer)
+        self._hidden = self._hidden_ids(tokenizer)
         params = inspect.signature(model.forward).parameters
         self._keep_last_logits = "logits_to_keep" in params
         # transformers renamed the KV cache argument (and output) from past_key_values.
@@ -329,7 +338,22 @@ class CausalLMHandler(InThreads, TorchModule, Generator):
         return self._batcher.rows if self._batcher is not None else 0
 
     def _decode(self, ids: list[int]) -> str:
+        if self._hidden is not None:  # harmony's markers are kept, the other specials not
+            shown = [i for i in ids if i not in self._hidden]
+            return str(self._tokenizer.decode(shown, skip_special_tokens=False))
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    @staticmethod
+    def _hidden_ids(tokenizer: Any) -> set[int] | None:
+        """The special tokens left out of the answer's text, where some are kept: a
+        harmony model's (gpt-oss) markers are read (app.models.chat.harmony), as
+        llama.cpp renders them; None: every special is left out."""
+        if not harmony(getattr(tokenizer, "chat_template", None)):
+            return None
+        kept = {tokenizer.convert_tokens_to_ids(marker) for marker in MARKERS}
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        special = {i for i, token in added.items() if getattr(token, "special", False)}
+        return (special | set(tokenizer.all_special_ids)) - kept
 
     def geometry(self, prompt_tokens: int) -> Geometry:
         logits = (1 if self._keep_last_logits else prompt_tokens) * self._vocab * 4

@@ -9,6 +9,8 @@ from app.models.chat.reasoning import Frame
 
 OPEN, CLOSE = 1, 2  # `<think>` and `</think>` as one token each
 TAGS = {"<think>": [OPEN], "</think>": [CLOSE], "<t>": [7, 8], "</t>": [7, 9]}
+# harmony's: the analysis header, its end, and its end with the final message's header
+TAGS |= {"<a>": [30, 31], "<e>": [32], "<e><f>": [32, 33, 34]}
 
 
 def written(frame: Frame, sampled: list[int]) -> list[int]:
@@ -38,6 +40,14 @@ def test_a_close_tag_of_several_tokens_is_written_one_a_step():
     assert budget is not None
     got = [budget.next(token) for token in [7, 8, 10, 11, 12, 13]]
     assert got == [7, 8, 10, 7, 9, 13]
+
+
+def test_harmonys_spent_budget_writes_the_end_and_the_final_header_whole():
+    frame = Frame(open="<a>", close="<e>", answer="<f>", budget=2, harmony=True)
+    got = written(frame, [30, 31, 10, 11, 12, 13, 14, 15, 16])
+    assert got == [30, 31, 10, 11, 32, 33, 34, 15, 16]
+    # an analysis that ends itself within its budget (a call after it) is left alone
+    assert written(frame, [30, 31, 10, 32, 40, 41, 42]) == [30, 31, 10, 32, 40, 41, 42]
 
 
 def test_no_budget_is_no_bookkeeping():
