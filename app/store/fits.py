@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.engines.gguf_facts import GgufFacts, read_gguf_facts
+from app.engines.llama_cpp.kv_pool import slots_for
 from app.engines.llama_cpp.layer_split import compute_bytes, kv_bytes
 from app.engines.llama_cpp.load.plan import LoadSettings, host_bytes, plan_load
 from app.engines.llama_cpp.speculation import DEFAULT as DEFAULT_SPECULATION
@@ -177,7 +178,7 @@ def quant_fit(
         file_bytes=facts.file_bytes,
         weights_bytes=sum(facts.layer_bytes) + facts.other_bytes,
         kv_bytes_per_token=most.kv_bytes // max(most.kv_cells, 1),
-        compute_bytes=compute_bytes(facts),
+        compute_bytes=compute_bytes(facts, most.kv_cells, slots_for(most.kv_cells, None)),
         from_header=from_header,
         now=place(facts, settings, machine, machine.free_bytes, machine.host_free_bytes),
         most=most,

@@ -2,7 +2,8 @@
 server, the Hub on loopback (tests/support/hub.py) holding SmolLM2's real GGUF: the
 verdicts follow the simulated device's free memory, a pull that could fit nowhere is a
 413 with its numbers (the Ollama client's too) and only the header came, `force` pulls
-it anyway; and on the CPU the answer is what the real load of the same file measures."""
+it anyway; and on the CPU the answer is what the real load of the same file measures,
+SmolLM2's and a Gemma 3's made here whose layers attend to a sliding window."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from app.config.settings import ConfigSource, ModelSpec
 from app.store import machine as machine_module
 from tests.support.hub import Hub
 from tests.support.live import live_server, make_settings
+from tests.support.random_models import save_random_gemma3_gguf
 
 MiB = 2**20
 REPO = "Org/Smol-GGUF"
@@ -105,3 +107,49 @@ def test_the_answer_is_what_the_real_load_measures(hub, smollm2_gguf, tmp_path):
     measured = row["measured"]["device_bytes"] + row["measured"]["host_bytes"]
     assert planned["verdict"] == "cpu" and planned["kv_cells"] == row["kv_cells"]
     assert abs(planned["device_bytes"] - measured) <= 0.10 * measured, (planned, measured)
+
+
+GEMMA_REPO = "Org/Gemma3-Random-GGUF"
+GEMMA = "random-gemma3-F16.gguf"
+WINDOW = 64
+GEMMA_CONTEXT = 8192
+
+
+@pytest.mark.slow  # a real llama.cpp load of a random Gemma 3
+def test_a_sliding_window_models_answer_is_what_its_real_load_measures(tmp_path, monkeypatch):
+    """A Gemma 3 made here (5 of its 6 layers attend to a window of 64 tokens) served by
+    the loopback Hub, asked at an 8,192 context: a pool of 32,768 cells in 32 slots,
+    where llama.cpp gives the sliding layers 64 x 32 + 512 = 2,560 cells each. The fits
+    and search answers plan its KV at exactly what the load's log reports allocating,
+    and all its bytes within 10% of what the load measured (266,946,560 planned against
+    266,838,015 here; every layer at the pool's cells would be 4.3 times its KV and 3.3
+    times its bytes, and without the attention masks' 34.5 MiB of compute buffer it was
+    13.5% short)."""
+    from huggingface_hub import constants
+
+    gemma = save_random_gemma3_gguf(tmp_path / GEMMA, window=WINDOW, context=GEMMA_CONTEXT)
+    spec = ModelSpec(
+        name="gemma", kind="generation", path=gemma, context_length=GEMMA_CONTEXT, load="startup"
+    )
+    settings = make_settings(tmp_path, device="cpu", models=(spec,))
+    with Hub() as hub, live_server(settings) as live:
+        hub.add(GEMMA_REPO, {GEMMA: gemma.read_bytes()})
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # as HF_ENDPOINT sets it
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        asked = {"source": f"hf:{GEMMA_REPO}", "context": GEMMA_CONTEXT}
+        answer = httpx.get(live.url + "/admin/models/fits", params=asked, timeout=60).json()
+        found = {"q": "gemma3", "context": GEMMA_CONTEXT}
+        searched = httpx.get(live.url + "/admin/models/search", params=found, timeout=60).json()
+        row = next(m for m in live.status()["models"] if m["name"] == "gemma")
+        assert hub.sent[f"{GEMMA_REPO}/{GEMMA}"] < len(gemma.read_bytes()) // 4  # its header
+    planned = answer["quants"][0]["now"]
+    also = searched["results"][0]["fits"]["quants"][0]["now"]
+    assert (also["device_bytes"], also["kv_bytes"]) == (
+        planned["device_bytes"],
+        planned["kv_bytes"],
+    )
+    measured = row["measured"]["device_bytes"] + row["measured"]["host_bytes"]
+    print(f"planned {planned}, measured {measured}: {row['measured']}")
+    assert planned["verdict"] == "cpu" and planned["kv_cells"] == row["kv_cells"] == 32768
+    assert abs(planned["device_bytes"] - measured) <= 0.10 * measured, (planned, measured)
+    assert planned["kv_bytes"] == row["measured"]["host"]["KV"]

@@ -4,9 +4,11 @@ Studio split a model larger than VRAM). Pure: numbers in, a split out.
 
 llama.cpp offloads the last `n` repeating layers (`n_gpu_layers`), and with all of them
 the output head (`n_gpu_layers` = layers + 1); each offloaded layer also holds its KV
-cells on the GPU. The compute buffer is priced from the model's width before it is
-measured: llama.cpp sizes it for one micro-batch (512 tokens) of activations. A layer
-that attends to a sliding window holds its window's cells, not the pool's (`kv_bytes`).
+cells on the GPU. The compute buffer is priced from the model's width and the pool's
+cells before it is measured: llama.cpp sizes it for one micro-batch (512 tokens) of
+activations and the attention's mask, a row a token and a column a cell of each KV
+cache. A layer that attends to a sliding window holds its window's cells, not the
+pool's (`kv_bytes`), in a cache with a mask of its own.
 
 A runner that speculates verifies each slot's draft in one batch, every drafted token an
 output: llama.cpp then reserves its compute buffer for a micro-batch of that many rows
@@ -24,6 +26,7 @@ from app.engines.llama_cpp.kv_pool import window_cells
 
 UBATCH = 512  # llama.cpp's default micro-batch (n_ubatch), what its compute buffer holds
 ACTIVATION_FLOATS = 16  # float32 activations per width element per token, a margin on it
+MASK_BYTES = 2  # the attention mask's element (f16, as flash attention takes it)
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,18 @@ class LayerSplit:
         return f"{100 - gpu}%/{gpu}% CPU/GPU"
 
 
-def compute_bytes(facts: GgufFacts) -> int:
-    """A prior for the compute buffer (SmolLM2-135M: 18.0 MiB priced, 15.6 MiB logged)."""
-    return UBATCH * max(facts.width, 1) * 4 * ACTIVATION_FLOATS
+def compute_bytes(facts: GgufFacts, cells: int = 0, slots: int = 1) -> int:
+    """A prior for the compute buffer beside a pool of `cells` cells in `slots` slots: a
+    micro-batch's activations, from the width, and the attention's masks, a micro-batch
+    of rows over each KV cache's cells (the sliding layers' `window_cells` too). The
+    masks as llama.cpp's CPU log shows them, 1 KiB a cell: SmolLM2-135M 22.64 / 30.64 MiB
+    at 8,192 / 16,384 cells; a random Gemma 3 (width 64, a window cache of 2,560 cells
+    beside) 13.15 / 21.15 / 37.15 MiB at 8,192 / 16,384 / 32,768. Priced: SmolLM2 26.0
+    MiB at 8,192 cells (18.0 of activations), that Gemma 3 36.5 MiB at 32,768."""
+    ubatch = min(UBATCH, cells) if cells > 0 else UBATCH
+    window = window_cells(cells, slots, facts.sliding_window, ubatch) if facts.sliding else 0
+    masks = ubatch * (max(cells, 0) + window) * MASK_BYTES
+    return UBATCH * max(facts.width, 1) * 4 * ACTIVATION_FLOATS + masks
 
 
 def kv_bytes(
@@ -79,7 +91,8 @@ def speculation_bytes(facts: GgufFacts, slots: int, draft_max: int) -> int:
     22.64 MiB without drafts; with them 22.64 / 32.39 / 51.14 / 88.64 / 109.64 MiB at
     1 / 4 / 8 / 16 / 32 slots (n_outputs_max 25 / 100 / 200 / 400 / 512), 0.1875 MiB a row
     beyond a constant; this plans 22.5 / 36.0 / 54.0 / 90.0 / 108.0 beside the 18.0
-    priced without. 0 where the GGUF does not say its vocabulary's size."""
+    priced without (8.0 more since the masks are priced). 0 where the GGUF does not say
+    its vocabulary's size."""
     if draft_max <= 0 or slots <= 0:
         return 0
     rows = min(slots * (draft_max + 1), UBATCH) - min(slots, UBATCH)
@@ -102,7 +115,7 @@ def bytes_on_device(
     blocks = sum(facts.layer_bytes[facts.layers - on_device :])
     head = facts.other_bytes if on_device >= facts.layers else 0
     kv = kv_bytes(facts, kv_type, cells, slots, range(facts.layers - on_device, facts.layers))
-    return blocks + head + kv + compute_bytes(facts) + drafting
+    return blocks + head + kv + compute_bytes(facts, cells, slots) + drafting
 
 
 def plan_split(
@@ -133,7 +146,7 @@ def plan_split(
     if not accelerator:
         whole = sum(facts.layer_bytes) + facts.other_bytes
         kv = kv_bytes(facts, kv_type, cells, slots)
-        total = whole + kv + compute_bytes(facts) + drafting + drafting_host
+        total = whole + kv + compute_bytes(facts, cells, slots) + drafting + drafting_host
         return LayerSplit(every, 0, round(total * scale), accelerator=False)
     if gpu_layers != "auto":
         count = max(0, min(int(gpu_layers), every))

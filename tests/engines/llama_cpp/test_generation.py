@@ -339,11 +339,11 @@ def test_a_flood_of_32_clients_is_all_answered_and_never_waits_inside_llama_cpp(
     assert runner_gauge(smol, "requests_processing") == 0
 
 
-def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers_that_fit(
+def test_on_a_1_gib_simulated_gpu_a_model_needing_1_6_gib_starts_with_the_layers_that_fit(
     server_factory, smollm2_gguf
 ):
     """The same server path as on a GPU, on a simulated 1 GiB card: SmolLM2 with 8 slots
-    of 8,192 cells needs 1.5 GiB there with every layer; the load takes the layers that
+    of 8,192 cells needs 1.6 GiB there with every layer; the load takes the layers that
     fit, says the split, and the simulated card holds what the split takes (with what
     its drafts add to the compute buffer: it speculates, as a model with no settings)."""
     from app.engines.llama_cpp.layer_split import bytes_on_device, speculation_bytes
@@ -353,7 +353,7 @@ def test_on_a_1_gib_simulated_gpu_a_model_needing_1_5_gib_starts_with_the_layers
     cells = 8192 * 8
     drafts = speculation_bytes(facts, 8, DEFAULT.draft_max)  # 192 rows of logits, 36 MiB
     whole = bytes_on_device(facts, facts.layers, "f16", cells, drafts)
-    assert 1.4 * 2**30 < whole < 1.6 * 2**30
+    assert 1.5 * 2**30 < whole < 1.7 * 2**30  # 64 MiB of it the attention's mask
     spec = ModelSpec(
         name="smol",
         kind="generation",

@@ -36,7 +36,9 @@ def test_on_the_cpu_everything_is_in_ram_and_no_layer_is_offloaded():
     assert split.gpu_layers_arg == 0
     assert split.describe() == "100% CPU"
     kv = 4096 * 32 * 2 * 8 * 128 * 2
-    assert split.device_bytes == 32 * 40 * MiB + 200 * MiB + kv + compute_bytes(facts())
+    compute = compute_bytes(facts(), 4096)  # activations, and the mask: 512 x 4096 x 2 bytes
+    assert compute == 512 * 4096 * 4 * 16 + 4 * MiB
+    assert split.device_bytes == 32 * 40 * MiB + 200 * MiB + kv + compute
 
 
 def test_a_model_that_fits_goes_whole_with_its_output_head():

@@ -174,5 +174,5 @@ def host_bytes(facts: GgufFacts, kv_type: str, cells: int, on_device: int, slots
         return 0
     blocks = sum(facts.layer_bytes[:on_cpu])
     kv = kv_bytes(facts, kv_type, cells, slots, range(on_cpu))
-    compute = compute_bytes(facts) if on_device <= 0 else 0
+    compute = compute_bytes(facts, cells, slots) if on_device <= 0 else 0
     return blocks + facts.other_bytes + kv + compute
