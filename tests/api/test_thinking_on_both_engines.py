@@ -2,7 +2,8 @@
 calls read as calls, through the official `openai`, `ollama` and `anthropic` clients, on
 both engines: tiny models with the real chat templates of Qwen3 (its model writes
 `<think>`; `enable_thinking` switches it), a DeepSeek-R1 distill (its prompt opens the
-block; no switch), Llama 3.3 and Mistral Nemo, taught their answers on the spot
+block; no switch), gpt-oss (harmony's channels; `reasoning_effort` in its system
+message), Llama 3.3 and Mistral Nemo, taught their answers on the spot
 (tests/support/families.py), served on the torch engine (safetensors) and on llama.cpp
 (the same model as a GGUF) by one server.
 
@@ -10,8 +11,9 @@ Each answer's thinking comes back apart from its text, streamed in order (all of
 thinking before the first word of the answer); thinking off gives none; a budget of 4
 ends the thinking by its 4th token and the answer follows (the model was taught what it
 says after a thought closed there); a tool call in the family's own format (after
-thinking, for Qwen3) comes back as a call, whole and streamed, and the call-like text
-inside the thinking does not."""
+thinking, for Qwen3 and gpt-oss) comes back as a call, whole and streamed, and the
+call-like text inside the thinking does not. gpt-oss cannot stop thinking: its effort
+reaches its template (taught a thought of each length), off as its lowest."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ import pytest
 from openai import OpenAI
 
 from app.config.settings import ModelSpec
+from app.models.chat.reasoning import ThinkingAsk, template_switches
 from tests.support.families import (
+    GPT_OSS,
     LLAMA3,
     MISTRAL_NEMO,
     QWEN3,
@@ -69,15 +73,27 @@ TOOLS = [
 # the call-like text in the thinking names the other tool: it must not become a call
 CALL_THOUGHT = 'A <tool_call>{"name": "get_time", "arguments": {}}</tool_call> is not it.'
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+# harmony's messages: the analysis (thinking), then the final answer or a call
+ANALYSIS = "<|channel|>analysis<|message|>"
+FINAL = "<|end|><|start|>assistant<|channel|>final<|message|>"
+HARMONY_CALL = (
+    "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city": "Oslo"}<|call|>'
+)
+# gpt-oss's thought at each effort: off is its lowest, and it thinks all the same
+LOW_THOUGHT, HIGH_THOUGHT = "Rain.", "Oslo is wet; rain, surely, as it is every day."
 # each family's call, as its model writes it: Llama 3.1+'s JSON with `parameters`,
 # Mistral's list after its [TOOL_CALLS] control token (left out of the decoded text)
 CALLS = {
     "qwen3": f"<think>\n{CALL_THOUGHT}\n</think>\n\n{CALL}",
+    "gptoss": f"{ANALYSIS}{CALL_THOUGHT}{HARMONY_CALL}",
     "llama3": '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, '
     '"id": "c4ll0sl0a"}]',
 }
-MODELS = ("qwen3-torch", "qwen3-llama.cpp", "r1-torch", "r1-llama.cpp")
+MODELS = ("qwen3-torch", "qwen3-llama.cpp", "r1-torch", "r1-llama.cpp")  # thinking turns off
+GPT_OSS_MODELS = ("gptoss-torch", "gptoss-llama.cpp")
+THINKING = MODELS + GPT_OSS_MODELS
 TOOL_MODELS = tuple(f"{family}-{engine}" for family in CALLS for engine in ("torch", "llama.cpp"))
 
 
@@ -106,12 +122,28 @@ def r1_lessons() -> list[Lesson]:
     ]
 
 
+def gpt_oss_lessons() -> list[Lesson]:
+    return [
+        Lesson(
+            ASK, f"{ANALYSIS}{THOUGHT}{FINAL}{ANSWER}", budget=BUDGET, after_budget=AFTER_BUDGET
+        ),
+        Lesson(
+            ASK, f"{ANALYSIS}{LOW_THOUGHT}{FINAL}{ANSWER}", switches={"reasoning_effort": "low"}
+        ),
+        Lesson(
+            ASK, f"{ANALYSIS}{HIGH_THOUGHT}{FINAL}{ANSWER}", switches={"reasoning_effort": "high"}
+        ),
+        Lesson(ASK, CALLS["gptoss"], tools=TOOLS),
+    ]
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("families")
     return {
         "qwen3": save_family_model(tmp / "qwen3", QWEN3, qwen3_lessons()),
         "r1": save_family_model(tmp / "r1", R1_DISTILL, r1_lessons()),
+        "gptoss": save_family_model(tmp / "gptoss", GPT_OSS, gpt_oss_lessons()),
         "llama3": save_family_model(tmp / "llama3", LLAMA3, [Lesson(ASK, CALLS["llama3"], TOOLS)]),
         "mistral": save_family_model(
             tmp / "mistral", MISTRAL_NEMO, [Lesson(ASK, CALLS["mistral"], TOOLS)]
@@ -185,7 +217,7 @@ def thought_tokens(models: dict[str, Path], model: str, thought: str) -> int:
     return len(tokens_of(models[model.split("-")[0]], thought))
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", THINKING)
 def test_openai_chat_gives_the_thinking_apart_whole_and_streamed_in_order(live, model):
     message = chat(live, model).choices[0].message
     assert message.model_extra["reasoning_content"] == THOUGHT
@@ -206,7 +238,7 @@ def test_thinking_off_gives_no_thinking(live, model):
     assert joined(deltas, "content") == ANSWER and not joined(deltas, "reasoning")
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", THINKING)
 def test_a_budget_ends_the_thinking_by_its_last_token_and_the_answer_follows(live, models, model):
     budget = {"reasoning_budget_tokens": BUDGET}
     message = chat(live, model, extra_body=budget).choices[0].message
@@ -225,7 +257,7 @@ def test_a_tool_call_in_the_familys_format_is_a_call_and_none_from_the_thinking(
     (call,) = choice.message.tool_calls
     assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Oslo"}
-    thought = CALL_THOUGHT if model.startswith("qwen3") else None
+    thought = CALL_THOUGHT if model.startswith(("qwen3", "gptoss")) else None
     assert (choice.message.model_extra or {}).get("reasoning_content") == thought
     names, arguments, reasoning = [], "", ""
     for chunk in client.chat.completions.create(**asked, stream=True):
@@ -238,7 +270,21 @@ def test_a_tool_call_in_the_familys_format_is_a_call_and_none_from_the_thinking(
     assert reasoning == (thought or "")
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", GPT_OSS_MODELS)
+def test_a_budget_leaves_a_call_after_a_shorter_analysis_whole(live, models, model):
+    """The analysis ended itself within the budget (`<|end|>`, then the call's header):
+    the budget forces nothing into the call after it."""
+    budget = thought_tokens(models, model, CALL_THOUGHT) + 2
+    asked = {"model": model, "messages": ASK, "tools": TOOLS, "max_tokens": 80, "temperature": 0}
+    extra = {"reasoning_budget_tokens": budget}
+    choice = openai_client(live).chat.completions.create(**asked, extra_body=extra).choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+    assert choice.message.model_extra["reasoning_content"] == CALL_THOUGHT
+
+
+@pytest.mark.parametrize("model", THINKING)
 def test_ollama_gives_message_thinking_and_think_false_turns_it_off(live, model):
     client = ollama.Client(host=live.url)
     greedy = {"temperature": 0, "num_predict": 40}
@@ -251,12 +297,13 @@ def test_ollama_gives_message_thinking_and_think_false_turns_it_off(live, model)
     first_word = next(i for i, c in enumerate(chunks) if c.message.content)
     assert all(not c.message.thinking for c in chunks[first_word:])
     off = client.chat(model=model, messages=ASK, options=greedy, think=False)
-    assert not off.message.thinking and off.message.content == ANSWER
+    low = LOW_THOUGHT if model in GPT_OSS_MODELS else None  # gpt-oss: its lowest effort
+    assert (off.message.thinking or None) == low and off.message.content == ANSWER
     generated = client.generate(model=model, prompt=ASK[0]["content"], options=greedy)
     assert generated.thinking == THOUGHT and generated.response == ANSWER
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", THINKING)
 def test_anthropic_thinking_blocks_their_budget_and_none_unasked(live, models, model):
     client = anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0)
     greedy = {"temperature": 0}  # this client's create() has no such parameter
@@ -294,3 +341,48 @@ def test_responses_give_a_reasoning_item_before_the_message(live, model):
         model=model, input=ASK[0]["content"], temperature=0, reasoning={"effort": "none"}
     )
     assert [item.type for item in off.output] == ["message"] and off.output_text == ANSWER
+
+
+def test_gpt_oss_effort_is_its_templates_reasoning_line(models):
+    """What the server gives gpt-oss's template: `Reasoning: high` for a high effort, its
+    lowest where thinking is asked off, its own default (medium) where nothing is asked."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(models["gptoss"])
+    template = tokenizer.chat_template
+
+    def rendered(ask: ThinkingAsk) -> str:
+        switches = template_switches(template, ask)
+        return tokenizer.apply_chat_template(ASK, tokenize=False, **switches)
+
+    assert "Reasoning: high\n" in rendered(ThinkingAsk.from_effort("high"))
+    assert "Reasoning: low\n" in rendered(ThinkingAsk.from_effort("none"))
+    assert "Reasoning: medium\n" in rendered(ThinkingAsk())
+
+
+@pytest.mark.parametrize("model", GPT_OSS_MODELS)
+def test_gpt_oss_effort_reaches_its_template_on_every_api_and_off_is_its_lowest(live, model):
+    """Each API's effort field, as the thought the model was taught for that effort."""
+    high = chat(live, model, reasoning_effort="high").choices[0].message
+    assert high.model_extra["reasoning_content"] == HIGH_THOUGHT and high.content == ANSWER
+    off = chat(live, model, reasoning_effort="none").choices[0].message
+    assert off.model_extra["reasoning_content"] == LOW_THOUGHT and off.content == ANSWER
+    client = ollama.Client(host=live.url)
+    greedy = {"temperature": 0, "num_predict": 40}
+    assert client.chat(
+        model=model, messages=ASK, options=greedy, think="high"
+    ).message.thinking == (HIGH_THOUGHT)
+    answer = openai_client(live).responses.create(
+        model=model, input=ASK[0]["content"], temperature=0, reasoning={"effort": "high"}
+    )
+    assert answer.output[0].content[0].text == HIGH_THOUGHT and answer.output_text == ANSWER
+    messages = anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0).messages
+    effort = {"temperature": 0, "output_config": {"effort": "high"}}
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    said = messages.create(
+        model=model, max_tokens=40, messages=ASK, thinking=thinking, extra_body=effort
+    )
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in said.content] == [
+        ("thinking", HIGH_THOUGHT),
+        ("text", ANSWER),
+    ]
