@@ -9,7 +9,9 @@ the conversation are shown to it in that same form.
 A forced call (`tool_choice` "required" or a named function) is decoded under a grammar
 (`call_schema`), so its arguments always parse and validate. Otherwise the answer is
 searched for calls in the forms models write: Hermes' `<tool_call>{...}</tool_call>`
-blocks, or an answer that is nothing but such a JSON object (or a list of them).
+blocks, DeepSeek-R1's `<｜tool▁calls▁begin｜>` block (its calls as llama.cpp's parser reads
+them: common/chat.cpp, `common_chat_parse_deepseek_r1`), or an answer that is nothing but
+such a JSON object (or a list of them).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ INSTRUCTION = (
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+R1_OPENER, R1_CLOSER = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+_R1_BLOCK = re.compile(rf"{R1_OPENER}(.*?)(?:{R1_CLOSER}|$)", re.DOTALL)
+# one call: `function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>`
+_R1_CALL = re.compile(
+    r"(?:<｜tool▁call▁begin｜>)?function<｜tool▁sep｜>([^\n]+)\n```json\n(.*?)```\s*<｜tool▁call▁end｜>",
+    re.DOTALL,
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,9 @@ def call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]
 
 def read_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
     """(the text left over, or None; the calls) from a model's answer."""
+    r1 = _r1_calls(text, names)
+    if r1 is not None:
+        return r1
     blocks = _BLOCK.findall(text)
     if blocks:
         calls = [call for block in blocks for call in _calls_in(block, names)]
@@ -104,6 +116,28 @@ def read_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
     fenced = _FENCE.match(stripped)
     calls = _calls_in(fenced.group(1) if fenced else stripped, names)
     return (None, calls) if calls else (text, [])
+
+
+def _r1_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]] | None:
+    """DeepSeek-R1's calls block, where the answer has one whose every call names a tool
+    and has JSON arguments (None: it has no such block)."""
+    blocks = _R1_BLOCK.findall(text)
+    found = [call for block in blocks for call in _R1_CALL.findall(block)]
+    calls = [
+        _calls_in(json.dumps({"name": name, "arguments": _json(args)}), names)
+        for name, args in found
+    ]
+    if not found or not all(calls):
+        return None
+    rest = _R1_BLOCK.sub("", text).strip()
+    return rest or None, [call for each in calls for call in each]
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # no call: `_calls_in` refuses arguments that are no JSON
 
 
 def _calls_in(text: str, names: set[str]) -> list[ToolCall]:
@@ -138,7 +172,7 @@ def _instruction_form(call: dict[str, Any]) -> dict[str, Any]:
     return {"name": function.get("name"), "arguments": function.get("arguments")}
 
 
-OPENER = "<tool_call>"
+OPENERS = ("<tool_call>", R1_OPENER)  # where a call begins after some text
 _CALL_STARTS = ("{", "[", "`")  # an answer that is a call (or a list, or fenced) begins so
 
 
@@ -147,11 +181,11 @@ class CallWatch:
     no longer be the start of a tool call, and what may be one is held to the end.
 
     Undecided while only blank; an answer whose first other character opens JSON (or a
-    fence) may be nothing but a call, and is held whole; one that begins as Hermes'
-    `<tool_call>` opener is held until it is one or diverges. Text let out is watched
-    for an opener later on (a call after some words): from the opener on, it is held
-    again. `end` reads the calls in what was held; text there that is no call is the
-    rest of the content."""
+    fence) may be nothing but a call, and is held whole; one that begins as an opener
+    (Hermes' `<tool_call>`, R1's `<｜tool▁calls▁begin｜>`) is held until it is one or
+    diverges. Text let out is watched for an opener later on (a call after some words):
+    from the opener on, it is held again. `end` reads the calls in what was held; text
+    there that is no call is the rest of the content."""
 
     def __init__(self, names: set[str]) -> None:
         self._names = names
@@ -165,22 +199,23 @@ class CallWatch:
             start = self._held.lstrip()
             if not start:
                 return ""
-            if start.startswith(_CALL_STARTS) or start.startswith(OPENER):
+            if start.startswith(_CALL_STARTS) or start.startswith(OPENERS):
                 return ""  # may be nothing but a call: held to the end
-            if OPENER.startswith(start):
-                return ""  # the opener's first characters so far
+            if any(opener.startswith(start) for opener in OPENERS):
+                return ""  # an opener's first characters so far
             self._streaming = True
         return self._let_out()
 
     def _let_out(self) -> str:
         """The held text up to an opener (held from there on), or up to a tail that may
         still become one."""
-        at = self._held.find(OPENER)
-        if at >= 0:
+        found = [at for at in (self._held.find(opener) for opener in OPENERS) if at >= 0]
+        if found:
+            at = min(found)
             out, self._held = self._held[:at], self._held[at:]
             self._streaming = False  # a call after some text: the rest is held
             return out
-        keep = partial_tail(self._held, OPENER)
+        keep = max(partial_tail(self._held, opener) for opener in OPENERS)
         cut = len(self._held) - keep
         out, self._held = self._held[:cut], self._held[cut:]
         return out

@@ -11,7 +11,7 @@ Each answer's thinking comes back apart from its text, streamed in order (all of
 thinking before the first word of the answer); thinking off gives none; a budget of 4
 ends the thinking by its 4th token and the answer follows (the model was taught what it
 says after a thought closed there); a tool call in the family's own format (after
-thinking, for Qwen3 and gpt-oss) comes back as a call, whole and streamed, and the
+thinking, for Qwen3, the R1 distill and gpt-oss) comes back as a call, whole and streamed, and the
 call-like text inside the thinking does not. gpt-oss cannot stop thinking: its effort
 reaches its template (taught a thought of each length), off as its lowest."""
 
@@ -87,6 +87,11 @@ LOW_THOUGHT, HIGH_THOUGHT = "Rain.", "Oslo is wet; rain, surely, as it is every 
 CALLS = {
     "qwen3": f"<think>\n{CALL_THOUGHT}\n</think>\n\n{CALL}",
     "gptoss": f"{ANALYSIS}{CALL_THOUGHT}{HARMONY_CALL}",
+    # R1's own block, after the thinking its prompt opened (tools in the system message:
+    # its template lists none)
+    "r1": f"{CALL_THOUGHT}\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+    '<｜tool▁sep｜>get_weather\n```json\n{"city": "Oslo"}\n```<｜tool▁call▁end｜>'
+    "<｜tool▁calls▁end｜>",
     "llama3": '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, '
     '"id": "c4ll0sl0a"}]',
@@ -119,6 +124,7 @@ def r1_lessons() -> list[Lesson]:
             after_budget=f"\n\n{AFTER_BUDGET}",
         ),
         Lesson(ASK, ANSWER, closed=True),  # thinking off: the server closes the block
+        Lesson(ASK, CALLS["r1"], tools=TOOLS),
     ]
 
 
@@ -257,7 +263,7 @@ def test_a_tool_call_in_the_familys_format_is_a_call_and_none_from_the_thinking(
     (call,) = choice.message.tool_calls
     assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Oslo"}
-    thought = CALL_THOUGHT if model.startswith(("qwen3", "gptoss")) else None
+    thought = CALL_THOUGHT if model.startswith(("qwen3", "gptoss", "r1")) else None
     assert (choice.message.model_extra or {}).get("reasoning_content") == thought
     names, arguments, reasoning = [], "", ""
     for chunk in client.chat.completions.create(**asked, stream=True):
@@ -323,7 +329,7 @@ def test_anthropic_thinking_blocks_their_budget_and_none_unasked(live, models, m
     assert [(b.type, b.text) for b in off.content] == [("text", ANSWER)]
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", THINKING)
 def test_responses_give_a_reasoning_item_before_the_message(live, model):
     client = openai_client(live)
     answer = client.responses.create(model=model, input=ASK[0]["content"], temperature=0)
@@ -340,7 +346,8 @@ def test_responses_give_a_reasoning_item_before_the_message(live, model):
     off = client.responses.create(
         model=model, input=ASK[0]["content"], temperature=0, reasoning={"effort": "none"}
     )
-    assert [item.type for item in off.output] == ["message"] and off.output_text == ANSWER
+    low = ["reasoning"] if model in GPT_OSS_MODELS else []  # gpt-oss: its lowest effort
+    assert [item.type for item in off.output] == [*low, "message"] and off.output_text == ANSWER
 
 
 def test_gpt_oss_effort_is_its_templates_reasoning_line(models):

@@ -132,3 +132,38 @@ def test_an_opener_that_never_becomes_one_is_let_out():
     assert out == ["", "<today> is sunny"] and (rest, calls) == ("", [])
     out, rest, calls = streamed(["It is <tool", "s> time"], {"weather"})
     assert "".join(out) + rest == "It is <tools> time" and calls == []
+
+
+# DeepSeek-R1's own calls, as its template writes them (tests/support/templates) and
+# llama.cpp's parser reads them (common/chat.cpp, common_chat_parse_deepseek_r1)
+R1_CALLS = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+    '```json\n{"city": "Oslo"}\n```<｜tool▁call▁end｜>\n'
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+    "<｜tool▁calls▁end｜>"
+)
+
+
+def test_r1s_calls_block_is_its_calls_and_the_text_before_it_stays():
+    rest, calls = read_calls(f"Let me look.\n{R1_CALLS}", NAMES)
+    assert rest == "Let me look."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_time", {}),
+    ]
+    cut_off = R1_CALLS.removesuffix("<｜tool▁calls▁end｜>")  # the answer ended at its last call
+    assert [c.name for c in read_calls(cut_off, NAMES)[1]] == ["get_weather", "get_time"]
+
+
+def test_an_r1_block_naming_no_tool_or_without_json_is_left_as_text():
+    for text in (R1_CALLS.replace("get_time", "launch_rockets"), R1_CALLS.replace("{}", "{no")):
+        assert read_calls(text, NAMES) == (text, [])
+
+
+def test_an_r1_block_streamed_is_held_from_its_opener_and_read_at_the_end():
+    text = f"Let me look.{R1_CALLS}"
+    out, rest, calls = streamed([text[i : i + 3] for i in range(0, len(text), 3)], NAMES)
+    assert "".join(out) == "Let me look." and rest == ""
+    assert [c.name for c in calls] == ["get_weather", "get_time"]
+    out, rest, calls = streamed([R1_CALLS[:5], R1_CALLS[5:]], NAMES)  # a call at once
+    assert out == ["", ""] and [c.name for c in calls] == ["get_weather", "get_time"]

@@ -57,7 +57,17 @@ R1_DISTILL = Family(
     "r1-distill",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
     ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
-    ("<think>", "</think>"),
+    # its call block's markers, as text the answer carries (llama.cpp keeps them too: its
+    # R1 handler's preserved_tokens)
+    (
+        "<think>",
+        "</think>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+    ),
     eos="<｜end▁of▁sentence｜>",
     bos="<｜begin▁of▁sentence｜>",
 )
@@ -221,13 +231,17 @@ Taught = tuple[list[int], list[int], int]  # prompt ids, answer ids, answer ids 
 
 
 def _sequences(tokenizer: Any, family: Family, lesson: Lesson) -> list[Taught]:
-    """What a lesson teaches: the prompt as its template renders it and the answer (its
-    end of turn after it, where it does not end in one of the family's stops); with a
-    budget, also the answer cut after that many thinking tokens, closed as an engine
-    closes it (`Family.budget_close`), and `after_budget` (only that last part taught)."""
+    """What a lesson teaches: the prompt as its template renders it (the tools as the
+    server gives them: app.models.tools.chat_messages) and the answer (its end of turn
+    after it, where it does not end in one of the family's stops); with a budget, also
+    the answer cut after that many thinking tokens, closed as an engine closes it
+    (`Family.budget_close`), and `after_budget` (only that last part taught)."""
+    from app.models.tools import chat_messages, template_knows_tools
+
+    knows = template_knows_tools(tokenizer.chat_template)  # else in the system message
     prompt = tokenizer.apply_chat_template(
-        lesson.messages,
-        tools=lesson.tools,
+        chat_messages(lesson.messages, lesson.tools, knows),
+        tools=lesson.tools if knows else None,
         add_generation_prompt=True,
         tokenize=False,
         **lesson.switches,
