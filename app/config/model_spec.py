@@ -4,6 +4,7 @@ server's own settings are app.config.settings'."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,6 +14,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -134,21 +136,32 @@ class ModelSpec(BaseModel):
     )
     speculative: bool = Field(
         True,
-        description="llama.cpp generation: draft-free speculative decoding (n-grams of its "
-        "prompts and answers drafted, verified in one step), on unless false, turned off "
-        "by itself where it measures that it does not pay",
+        description="llama.cpp generation: speculative decoding (n-grams of its prompts and "
+        "answers drafted, or the draft model `draft` names, verified in one step), on unless "
+        "false, turned off by itself where it measures that it does not pay",
     )
     draft_min: int | None = Field(
         default=None,
         ge=0,
         le=256,
-        description="speculative decoding: a draft's fewest tokens (none: the measured default)",
+        description="speculative decoding: a draft's fewest tokens (none: the measured "
+        "default; with a draft model, llama.cpp's own, 0)",
     )
     draft_max: int | None = Field(
         default=None,
         ge=1,
         le=256,
-        description="speculative decoding: a draft's most tokens (none: the measured default)",
+        description="speculative decoding: a draft's most tokens (none: the measured "
+        "default; with a draft model, llama.cpp's own, 3)",
+    )
+    draft: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="llama.cpp generation: a draft model for speculative decoding, in place "
+        "of the n-gram drafts: the name of another GGUF generation model of this config, or "
+        "a .gguf file; its vocabulary must be the model's own (a smaller model of the same "
+        "family); its weights, KV and buffers are counted in the model's bytes",
     )
     context_overflow: Literal["auto", "error", "truncate_middle"] = Field(
         "auto",
@@ -267,6 +280,9 @@ class ModelSpec(BaseModel):
     images: SimulatedImages | None = Field(
         None, description="simulated only: an image generator instead"
     )
+    # the file of the served model `draft` names, found by the server's settings
+    # (`pair_draft`): not a setting of its own
+    _draft_file: Path | None = PrivateAttr(None)
 
     @field_validator("keep_alive", mode="before")
     @classmethod
@@ -286,6 +302,53 @@ class ModelSpec(BaseModel):
         if self.kind in PATH_KINDS and self.path is None:
             raise ValueError(f"model {self.name!r}: a {self.kind} model needs a path")
         return self
+
+    @model_validator(mode="after")
+    def _draft_of_a_gguf(self) -> ModelSpec:
+        """A draft model is for a GGUF generation model that speculates, and is another
+        model (by name: Settings checks that it is served) or a .gguf file."""
+        draft = self.draft
+        if draft is None:
+            return self
+        own = f"model {self.name!r}: its draft {draft!r}"
+        gguf = self.path is not None and self.path.suffix.lower() == ".gguf"
+        if self.kind != "generation" or not gguf or self.engine == "torch":
+            raise ValueError(f"{own}: a draft model is for a GGUF generation model on llama.cpp")
+        if not self.speculative:
+            raise ValueError(f"{own}: a draft model speculates, and it has speculative = false")
+        if draft == self.name:
+            raise ValueError(f"{own}: a model cannot be its own draft")
+        if not draft.lower().endswith(".gguf") and not re.match(MODEL_NAME_PATTERN, draft):
+            raise ValueError(f"{own} is neither a model's name nor a .gguf file")
+        return self
+
+    def pair_draft(self, served: dict[str, ModelSpec]) -> None:
+        """Find its draft's file among the `served` models (by name; a `draft` that names
+        none is a .gguf file of its own), or raise a ValueError saying why that draft
+        cannot be."""
+        draft = self.draft
+        if draft is None:
+            return
+        found = served.get(draft)
+        own = f"model {self.name!r}: its draft {draft!r}"
+        if found is None and not draft.lower().endswith(".gguf"):
+            names = ", ".join(sorted(served))
+            raise ValueError(f"{own} is not a served model (served: {names}) nor a .gguf file")
+        if found is not None:
+            gguf = found.path is not None and found.path.suffix.lower() == ".gguf"
+            if found.kind != "generation" or not gguf:
+                raise ValueError(f"{own} is not a GGUF generation model ({found.kind})")
+            self._draft_file = found.path
+
+    def draft_file(self) -> Path | None:
+        """Its draft model's .gguf: the served model's that `draft` names (found by the
+        server's settings: `pair_draft`), else `draft` itself as a path (None: no
+        draft, or a name not yet found)."""
+        if self.draft is None:
+            return None
+        if self._draft_file is not None:
+            return self._draft_file
+        return Path(self.draft).expanduser() if self.draft.lower().endswith(".gguf") else None
 
     def sampling_defaults(self) -> dict[str, Any]:
         """Its sampling defaults that the config sets, by Ollama's names (`options`)."""

@@ -376,6 +376,13 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _drafts_name_served_models(self) -> Settings:
+        served = {spec.name: spec for spec in self.models}
+        for spec in self.models:
+            spec.pair_draft(served)
+        return self
+
     @field_validator("models")
     @classmethod
     def _unique_names(cls, value: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:

@@ -14,13 +14,21 @@ from dataclasses import replace
 from typing import Any
 
 from app.config.settings import ModelSpec
+from app.engines.gguf_facts import GgufFacts, read_gguf_facts
 from app.engines.llama_cpp.client import RunnerAnswer, RunnerClient
 from app.engines.llama_cpp.draft_meter import DraftMeter, DraftSample, Verdict
+from app.engines.llama_cpp.kv_pool import KvPool
+from app.engines.llama_cpp.layer_split import LayerSplit
 from app.engines.llama_cpp.load.plan import LoadSettings
 from app.engines.llama_cpp.requests import completion_body, decode_result, drafts_of, logprobs_of
 from app.engines.llama_cpp.runner_model import LlamaRunnerModel
 from app.engines.llama_cpp.slots import TAG_FIELD
-from app.engines.llama_cpp.speculation import Speculation, plan_speculation
+from app.engines.llama_cpp.speculation import (
+    DRAFT_MODEL_KIND,
+    Speculation,
+    draft_gpu_layers,
+    plan_speculation,
+)
 from app.engines.llama_cpp.watch import RunnerWatch
 from app.errors import InvalidRequest, RunnerStopped
 from app.models.card import ModelCard
@@ -51,7 +59,10 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
     `speculative = false` or its measurements said it does not pay
     (app.engines.llama_cpp.draft_meter): llama.cpp of xllamacpp 2026.10 takes no
     speculative field per request (its `speculative.*` fields are compiled out; tried:
-    ignored), so a verdict against it holds from the runner's next load on."""
+    ignored), so a verdict against it holds from the runner's next load on. A draft
+    model its config names drafts in the same runner; one llama.cpp cannot pair with it
+    (another vocabulary) fails the load (`DraftRefused`), as llama.cpp alone would serve
+    on without drafts, its memory taken for nothing."""
 
     kind = "generation"
 
@@ -61,6 +72,7 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         self.meter = DraftMeter()  # what its speculation gave, across its runners
         self.speculating: Speculation | None = None  # its running runner's, once loaded
         self.turned_off: Verdict | None = None  # measured not to pay: off from the next load
+        self._draft_facts: GgufFacts | None = None  # its draft model's header, once read
 
     def planned_speculation(self) -> Speculation | None:
         """How its next runner speculates (None: it does not)."""
@@ -72,16 +84,56 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
 
     def load_settings(self) -> LoadSettings:
         """Its spec's, and what its planned speculation costs (its drafts' logits in the
-        compute and output buffers, its n-gram pool): counted before it loads."""
+        compute and output buffers, its n-gram pool or its draft model): counted before
+        it loads."""
         plan = self.planned_speculation()
         settings = super().load_settings()
-        return replace(settings, **plan.load_fields()) if plan is not None else settings
+        if plan is None:
+            return settings
+        return replace(settings, **plan.load_fields(), draft=self.draft_facts(plan))
+
+    def draft_facts(self, plan: Speculation) -> GgufFacts | None:
+        """Its draft model's header (None: it drafts without one)."""
+        if plan.kind != DRAFT_MODEL_KIND:
+            return None
+        if plan.model is None:  # a name the server's settings did not find among its models
+            raise DraftRefused(f"model {self.name!r}: its draft {self.spec.draft!r} is not served")
+        if self._draft_facts is None:
+            try:
+                self._draft_facts = read_gguf_facts(plan.model)
+            except (OSError, ValueError) as exc:
+                raise DraftRefused(
+                    f"model {self.name!r}: its draft model {plan.model} cannot be read: {exc}"
+                ) from exc
+        return self._draft_facts
+
+    def runner_config(self, pool: KvPool, split: LayerSplit) -> dict[str, Any]:
+        """A draft model's layers go where the model's do (`draft_gpu_layers`)."""
+        config = super().runner_config(pool, split)
+        plan = self.planned_speculation()
+        draft = self.draft_facts(plan) if plan is not None else None
+        if draft is not None:
+            layers = draft_gpu_layers(draft, split)
+            config["speculative"] = {**config["speculative"], "gpu_layers": layers}
+        return config
+
+    def _load_config(self, cells: int, layers: int) -> str:
+        """A load with a draft model measures more than one without: learned apart."""
+        plan = self.planned_speculation()
+        where = super()._load_config(cells, layers)
+        return f"{where}d{plan.model.name}" if plan is not None and plan.model else where
 
     def loaded(self, props: dict[str, Any]) -> None:
         self.chat_template = props.get("chat_template") or self.facts().chat_template
-        self.speculating = self.planned_speculation()
-        if self.speculating is not None:
-            log.info("model %s: speculative decoding, %s", self.name, self.speculating.describe())
+        self.speculating = plan = self.planned_speculation()
+        failed = self.footprint().speculation_failed
+        if plan is not None and plan.model is not None and failed is not None:
+            raise DraftRefused(
+                f"model {self.name!r}: llama.cpp cannot draft for it with the draft model "
+                f"{plan.paired}: {failed} (a draft model needs the model's own vocabulary)"
+            )
+        if plan is not None:
+            log.info("model %s: speculative decoding, %s", self.name, plan.describe())
 
     async def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, as the runner's own template and tokenizer make them."""
@@ -314,11 +366,17 @@ class LlamaCppHandler(LlamaRunnerModel, Generator):
         return {
             "on": plan is not None,
             **(plan.runner_settings() if plan is not None else {"kind": None}),
+            "draft_model": plan.paired if plan is not None else None,  # which, and why
             "pays": verdict.pays,
             "why": verdict.why,
             "off_from_next_load": plan is not None and self.turned_off is not None,
             **self.meter.describe(),
         }
+
+
+class DraftRefused(RuntimeError):
+    """A draft model its model cannot load with: not served, unreadable, or refused by
+    llama.cpp (another vocabulary)."""
 
 
 def _error_status(error: Any) -> int:

@@ -51,6 +51,14 @@ _NGRAM_POOL = re.compile(r"\bmod size=\d+ \(([\d.]+) MB\)")
 _OUTPUTS_MAX = re.compile(r"\bn_outputs_max\s*=\s*(\d+)")
 _VOCAB = re.compile(r"\bn_vocab\s*=\s*(\d+)")
 LOGIT_BYTES = 4  # float32
+# a draft model llama.cpp could not pair with its target: it then serves without
+# speculating (tools/server/server-context.cpp's load_model; its reason from
+# common/speculative.cpp, as xllamacpp 2026.10 logged it here for a draft of another
+# vocabulary):
+#   E spec common_specu: the target and draft vocabs are not compatible
+#   E srv    load_model: failed to initialize speculative decoding context: draft model
+#     vocab type must match target model to use speculation
+_SPECULATION_FAILED = re.compile(r"failed to initialize speculative decoding context: (.*)$")
 
 
 # The build that imported, for each list of builds tried: later runners start on it at
@@ -76,6 +84,7 @@ class Footprint:
     host: dict[str, int]
     layers_on_device: int = 0
     layers: int = 0
+    speculation_failed: str | None = None  # llama.cpp's reason, where it could not speculate
 
     @property
     def device_bytes(self) -> int:
@@ -88,38 +97,47 @@ class Footprint:
 
 def footprint_of(lines: list[str]) -> Footprint:
     """The buffers a llama.cpp load logged (a reload logs them again: the last load wins,
-    which the caller ensures by reading one process's log)."""
+    which the caller ensures by reading one process's log): the model's, and a draft
+    model's beside it (its own weights, KV, compute and output buffers, logged the same
+    way after the model's)."""
     device: dict[str, int] = {}
     host: dict[str, int] = {}
-    on_device = layers = outputs = vocab = 0
+    on_device = layers = vocab = 0
+    outputs: list[list[int]] = []  # each context's: its most output bytes, those logged
+    failed = None
     for line in lines:
         if (found := _BUFFER.search(line)) is not None:
             name, what, mib = found.groups()
             on_host = name.startswith("CPU") or name.endswith("_Host")
             book = host if on_host else device
             book[what] = book.get(what, 0) + int(float(mib) * MiB)
-        elif (offloaded := _OFFLOADED.search(line)) is not None:
+            if what == "output" and outputs:
+                outputs[-1][1] += int(float(mib) * MiB)
+        elif (offloaded := _OFFLOADED.search(line)) is not None and not outputs:
             on_device, layers = int(offloaded.group(1)), int(offloaded.group(2))
         elif (pool := _NGRAM_POOL.search(line)) is not None:
             host["ngram"] = host.get("ngram", 0) + int(float(pool.group(1)) * MiB)
         elif (most := _OUTPUTS_MAX.search(line)) is not None:
-            outputs = int(most.group(1))
+            outputs.append([int(most.group(1)) * vocab * LOGIT_BYTES, 0])
         elif (words := _VOCAB.search(line)) is not None:
             vocab = int(words.group(1))
-    _grown_outputs(device, host, outputs * vocab * LOGIT_BYTES)
-    return Footprint(device, host, on_device, layers)
+        elif (refused := _SPECULATION_FAILED.search(line)) is not None:
+            failed = refused.group(1).strip()
+    _grown_outputs(device, host, sum(max(0, most - logged) for most, logged in outputs))
+    return Footprint(device, host, on_device, layers, failed)
 
 
-def _grown_outputs(device: dict[str, int], host: dict[str, int], most: int) -> None:
-    """The output buffer as it grows: llama.cpp allocates it at load for a row of
-    logits a slot (its log's figure) and reallocates it, in the same place, when a batch
-    outputs more rows (`output_reserve`), up to `n_outputs_max` rows. A speculating
-    runner's batch outputs each slot's draft (SmolLM2-135M, 32 slots, drafts of 24:
-    6.00 MiB logged, 512 rows of 49,152 floats, 96 MiB, once drafts run; measured here
-    at 4 slots: the process grew 28 MiB more than without drafts while it drafted)."""
+def _grown_outputs(device: dict[str, int], host: dict[str, int], growth: int) -> None:
+    """The output buffers as they grow: llama.cpp allocates a context's at load for a row
+    of logits a slot (its log's figure) and reallocates it, in the same place, when a
+    batch outputs more rows (`output_reserve`), up to its `n_outputs_max` rows: `growth`,
+    over every context (a draft model's outputs a row a slot, and grows by none). A
+    speculating runner's batch outputs each slot's draft (SmolLM2-135M, 32 slots, drafts
+    of 24: 6.00 MiB logged, 512 rows of 49,152 floats, 96 MiB, once drafts run; measured
+    here at 4 slots: the process grew 28 MiB more than without drafts while it drafted)."""
     book = device if "output" in device else host
-    if most > book.get("output", 0):
-        book["output"] = most
+    if growth > 0:
+        book["output"] = book.get("output", 0) + growth
 
 
 def engine_unavailable_text(error: str) -> str:

@@ -82,10 +82,13 @@ def params_of(config: dict[str, Any]) -> Any:
 
 
 def speculate(p: Any, settings: dict[str, Any]) -> None:
-    """Draft-free speculative decoding on `p` as `settings` say: `kind`, llama.cpp's
-    --spec-type name (ngram-mod, ngram-simple, ngram-map-k, ngram-map-k4v); `match`, the
-    tokens a draft's n-gram matches; `draft_min` and `draft_max`, a draft's tokens (the
-    map kinds have no fewest). The runner's settings carry them as `speculative`;
+    """Speculative decoding on `p` as `settings` say: `kind`, llama.cpp's --spec-type
+    name (ngram-mod, ngram-simple, ngram-map-k, ngram-map-k4v draft-free; draft-simple
+    with a draft model); `match`, the tokens a draft's n-gram matches; `draft_min` and
+    `draft_max`, a draft's tokens (the map kinds have no fewest); for draft-simple,
+    `model`, the draft model's .gguf, whose layers go where the target's do (all of them
+    on the GPU where the target's are: `gpu_layers`) and whose KV cells are of the
+    target's type. The runner's settings carry them as `speculative`;
     bench/llama_server_alone.py --speculative takes the same."""
     import xllamacpp as xlc
 
@@ -93,7 +96,13 @@ def speculate(p: Any, settings: dict[str, Any]) -> None:
     name = "COMMON_SPECULATIVE_TYPE_" + kind.upper().replace("-", "_")
     p.speculative.types = [getattr(xlc.common_speculative_type, name)]
     low, high, match = (int(settings[k]) for k in ("draft_min", "draft_max", "match"))
-    if kind == "ngram-mod":
+    if kind == "draft-simple":
+        draft = p.speculative.draft
+        draft.mparams.path = str(settings["model"])
+        draft.n_gpu_layers = int(settings["gpu_layers"])
+        draft.n_min, draft.n_max = low, high
+        draft.cache_type_k, draft.cache_type_v = p.cache_type_k, p.cache_type_v
+    elif kind == "ngram-mod":
         mod = p.speculative.ngram_mod
         mod.n_match, mod.n_min, mod.n_max = match, low, high
     elif kind.startswith("ngram-"):  # ngram-simple, ngram-map-k, ngram-map-k4v

@@ -87,6 +87,51 @@ def test_a_speculating_runners_output_buffer_is_counted_as_large_as_it_grows():
     assert footprint_of(plain).host == {"output": int(0.38 * MiB)}
 
 
+# A draft model's load after its target's, as the runner logged it here (SmolLM2-135M
+# Q4_1 as its own draft, 2,048 cells, 4 slots, drafts of up to 16: the target's
+# n_outputs_max is a slot's draft and the token before it, the draft's a row a slot)
+DRAFTED_LOAD = """\
+0.00.145.549 I print_info: n_vocab               = 49152
+0.00.152.875 I load_tensors:   CPU_Mapped model buffer size =    92.10 MiB
+0.00.155.608 I llama_context: n_outputs_max         = 68
+0.00.155.672 I llama_context:        CPU  output buffer size =     0.75 MiB
+0.00.155.767 I llama_kv_cache:        CPU KV buffer size =    45.00 MiB
+0.00.183.124 I sched_reserve:        CPU compute buffer size =    20.39 MiB
+0.03.164.800 I common_speculative_init_result: loading draft model '/tmp/d51/draft.gguf'
+0.03.305.230 I print_info: n_vocab               = 49152
+0.03.312.510 I load_tensors:   CPU_Mapped model buffer size =    92.10 MiB
+0.03.314.822 I llama_context: n_outputs_max         = 4
+0.03.314.887 I llama_context:        CPU  output buffer size =     0.75 MiB
+0.03.314.969 I llama_kv_cache:        CPU KV buffer size =    45.00 MiB
+0.03.340.882 I sched_reserve:        CPU compute buffer size =    16.64 MiB
+0.09.292.706 I srv    load_model: speculative decoding context initialized
+""".splitlines()
+
+
+def test_a_draft_models_buffers_are_the_loads_and_each_output_buffer_grows_its_own_way():
+    found = footprint_of(DRAFTED_LOAD)
+    assert found.host["model"] == 2 * int(92.10 * MiB) and found.host["KV"] == 90 * MiB
+    assert found.host["compute"] == int(20.39 * MiB) + int(16.64 * MiB)
+    # the target's grows to 68 rows of logits, the draft's keeps its row a slot
+    assert found.host["output"] == 68 * 49152 * 4 + int(0.75 * MiB)
+    assert found.speculation_failed is None
+
+
+def test_a_draft_model_llama_cpp_could_not_pair_is_said():
+    """llama.cpp serves on without drafts; the footprint keeps its reason (as it logged it
+    for a draft of another vocabulary: common/speculative.cpp's runtime_error, through
+    tools/server's load_model)."""
+    said = (
+        "0.06.333.485 E srv    load_model: failed to initialize speculative decoding "
+        "context: draft model vocab type must match target model to use speculation"
+    )
+    found = footprint_of([*CPU_LOAD[:-1], said, CPU_LOAD[-1]])
+    assert found.speculation_failed == (
+        "draft model vocab type must match target model to use speculation"
+    )
+    assert footprint_of(CPU_LOAD).speculation_failed is None
+
+
 def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
     missing = tmp_path / "nothing-here.gguf"
     runner = RunnerProcess("broken", [sys.executable, "-m", "app.engines.llama_cpp.runner_main"])

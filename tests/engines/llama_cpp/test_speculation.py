@@ -1,22 +1,37 @@
 """Speculative decoding on llama.cpp's engine, a model's side without a runner: the
 plan a spec gives (on by default, off where `speculative = false`, sizes settable), the
 runner settings and llama.cpp's parameters it becomes, and a model whose drafts are
-rarely accepted turning it off by itself. The real runner's side (on in /status and
+rarely accepted turning it off by itself; a draft model's runner settings and bytes in
+the load's plan. The real runner's side (on in /status and
 /metrics, usage, greedy answers equal to llama.cpp's without it) is in test_generation;
 the meter's verdicts in test_draft_meter."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 from app.config.settings import ModelSpec
 from app.engines.gguf_facts import read_gguf_facts
 from app.engines.llama_cpp.draft_meter import MIN_DRAFTED
-from app.engines.llama_cpp.generation import LlamaCppHandler
+from app.engines.llama_cpp.generation import DraftRefused, LlamaCppHandler
 from app.engines.llama_cpp.kv_pool import KvPool
 from app.engines.llama_cpp.layer_split import LayerSplit
+from app.engines.llama_cpp.load.plan import split_for
+from app.engines.llama_cpp.process import Footprint
 from app.engines.llama_cpp.runner_main import params_of
-from app.engines.llama_cpp.speculation import DRAFT_MAX, DRAFT_MIN, KIND, plan_speculation
+from app.engines.llama_cpp.speculation import (
+    DRAFT_MAX,
+    DRAFT_MIN,
+    DRAFT_MODEL_KIND,
+    DRAFT_MODEL_MAX,
+    DRAFT_MODEL_MIN,
+    KIND,
+    NGRAM_MOD_POOL,
+    draft_model_bytes,
+    plan_speculation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +144,71 @@ def test_requests_that_drafted_nothing_are_measured_and_their_speed_can_turn_it_
         model._measure_drafts(final(drafted=40, accepted=30, ms=1920.0), streams=1)
     assert model.turned_off is not None and "did not" in model.turned_off.why
     assert "speculative" not in next_runner(model)
+
+
+def test_a_draft_model_drafts_in_its_runner_with_its_layers_where_the_models_are(
+    model_of, smollm2_gguf, smol_facts
+):
+    model = model_of(draft=str(smollm2_gguf))  # a .gguf file: SmolLM2 as its own draft
+    model._draft_facts = smol_facts
+    settings = next_runner(model)["speculative"]  # on the CPU
+    assert settings["kind"] == DRAFT_MODEL_KIND == "draft-simple"
+    assert settings["model"] == str(smollm2_gguf) and settings["gpu_layers"] == 0
+    assert (settings["draft_min"], settings["draft_max"]) == (DRAFT_MODEL_MIN, DRAFT_MODEL_MAX)
+    pool = KvPool(1024, 1024, 1)
+    some_on_gpu = model.runner_config(pool, LayerSplit(30, 12, 0, True))["speculative"]
+    assert some_on_gpu["gpu_layers"] == smol_facts.layers + 1  # all of it, and its head
+    assert model.runner_config(pool, LayerSplit(30, 0, 0, True))["speculative"]["gpu_layers"] == 0
+    # llama.cpp's own parameters, as the runner builds them
+    params = params_of({**next_runner(model), "key": "k"})
+    assert [t.name for t in params.speculative.types] == ["COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE"]
+    draft = params.speculative.draft
+    assert draft.mparams.path == str(smollm2_gguf) and draft.n_gpu_layers == 0
+    assert (draft.n_min, draft.n_max) == (DRAFT_MODEL_MIN, DRAFT_MODEL_MAX)
+    assert draft.cache_type_k == draft.cache_type_v == params.cache_type_k
+    view = model.speculative_view()
+    assert view["on"] and view["draft_model"] == f"{smollm2_gguf}, named by its config's `draft`"
+    assert model_of().speculative_view()["draft_model"] is None
+
+
+def test_a_draft_models_bytes_are_planned_where_the_models_layers_are(model_of, smol_facts):
+    """With the same draft sizes, a draft model adds its own bytes to the load's plan
+    (less the n-gram pool, in host memory, that drafts without it keep), on the device
+    where the model's layers are: on a GPU too small for both, fewer of them fit."""
+    cells, slots = 8192, 4
+    drafted = model_of(draft="/d/smol-draft.gguf", parallel=slots)
+    drafted._draft_facts = smol_facts
+    plain = model_of(draft_min=DRAFT_MODEL_MIN, draft_max=DRAFT_MODEL_MAX, parallel=slots)
+    draft = draft_model_bytes(smol_facts, "f16", cells, slots)
+    # 92.1 MiB of weights, 180 MiB of KV at 8,192 cells, 26.0 + 0.75 MiB of buffers
+    assert round(draft / 2**20, 2) == 298.85
+
+    def split(model: LlamaCppHandler, accelerator: bool, free: int | None = None) -> LayerSplit:
+        return split_for(
+            smol_facts, model.load_settings(), cells, accelerator=accelerator, free_bytes=free
+        )
+
+    gpu = split(drafted, True).device_bytes - split(plain, True).device_bytes
+    assert gpu == draft
+    cpu = split(drafted, False).device_bytes - split(plain, False).device_bytes
+    assert cpu == draft - NGRAM_MOD_POOL
+    room = split(plain, True).device_bytes + draft // 2  # the model alone, and more
+    assert split(plain, True, room).on_device == 30 > split(drafted, True, room).on_device > 0
+
+
+def test_the_load_says_which_draft_was_paired_and_fails_where_llama_cpp_refused_it(
+    model_of, smollm2_gguf, smol_facts, caplog
+):
+    caplog.set_level(logging.INFO, logger="vramgate.llama_cpp")
+    model = model_of(draft=str(smollm2_gguf))
+    model.loaded({"chat_template": "{{ messages }}"})  # its runner logged no refusal
+    said = f"draft-simple with the draft model {smollm2_gguf}, named by its config's `draft`"
+    assert said in caplog.text and model.speculating is not None
+    # llama.cpp's reason, as its log said it for a draft of another vocabulary
+    refused = "draft model vocab type must match target model to use speculation"
+    model._footprint = Footprint({}, {}, speculation_failed=refused)
+    with pytest.raises(DraftRefused, match=refused):
+        model.loaded({"chat_template": "{{ messages }}"})
+    plain = model_of()  # drafting without a draft model, nothing to pair
+    plain._footprint = Footprint({}, {}, speculation_failed=refused)
+    plain.loaded({"chat_template": "{{ messages }}"})

@@ -11,7 +11,9 @@ the device (down to the pool's floor) before any layer is left on the CPU; the l
 bytes come from the file's geometry, corrected by what a load of the same settings
 measured (`learned`: the bytes it measured for a number of cells and layers, or None).
 A model that speculates (`draft_max`) also needs what its drafts add to the compute and
-output buffers and its n-gram pool (app.engines.llama_cpp.layer_split.speculation_bytes).
+output buffers and its n-gram pool (app.engines.llama_cpp.layer_split.speculation_bytes),
+and a draft model (`draft`) its own weights, KV and buffers beside its layers
+(app.engines.llama_cpp.speculation.draft_model_bytes).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from app.engines.llama_cpp.layer_split import (
     plan_split,
     speculation_bytes,
 )
+from app.engines.llama_cpp.speculation import draft_model_bytes
 
 SLOT_CONTEXT = 4096  # a request's cells where neither the setting nor the file names any
 Learned = Callable[[int, int], int | None]  # (cells, layers on the device) -> bytes
@@ -50,6 +53,7 @@ class LoadSettings:
     gpu_layers: int | Literal["auto"] = "auto"
     draft_max: int = 0  # speculation's most tokens a draft proposes (0: it does not draft)
     draft_pool: int = 0  # its drafts' pool in host memory (ngram-mod's n-grams), bytes
+    draft: GgufFacts | None = None  # its draft model's, where one drafts for it
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ def split_for(
 
     slots = slots_for(cells, settings.parallel)
     drafts = speculation_bytes(facts, slots, settings.draft_max)
+    # a draft model's bytes, where the model's layers are (draft_gpu_layers)
+    draft = settings.draft
+    model = draft_model_bytes(draft, settings.kv_type, cells, slots) if draft is not None else 0
 
     def plan(scale: float) -> LayerSplit:
         return plan_split(
@@ -153,7 +160,7 @@ def split_for(
             free_bytes=free_bytes,
             gpu_layers=settings.gpu_layers,
             scale=scale,
-            drafting=drafts,
+            drafting=drafts + model,
             drafting_host=drafts + settings.draft_pool if settings.draft_max > 0 else 0,
             slots=slots,
         )
