@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.gguf import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
+from bench.gguf_model import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
 from bench.run import one_model_config, start_vramgate, write_readme  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"

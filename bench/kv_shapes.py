@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.generation import Figures, measure_streams  # noqa: E402
-from bench.gguf import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
+from bench.gguf_model import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
 from bench.run import start_vramgate, write_readme  # noqa: E402
 
 SPLIT_CTX = 8192  # llama.cpp alone: n_ctx 8,192 split between its slots (the engines table)

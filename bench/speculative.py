@@ -40,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.gguf import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
+from bench.gguf_model import GGUF_MODEL, ensure_gguf, llama_alone  # noqa: E402
 
 WORKLOADS = ("code edit", "json extraction", "story")
 MAX_TOKENS = {"code edit": 128, "json extraction": 96, "story": 128}

