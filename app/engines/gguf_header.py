@@ -1,7 +1,7 @@
 """A GGUF file's header read from its first bytes alone: its metadata and its tensors'
 names and sizes, without the tensors' data. What a remote GGUF needs before it is
-downloaded (app.store.hub_header fetches the bytes with HTTP Ranges); a local file is
-read whole by gguf's reader (app.engines.gguf_facts), and both give the same facts.
+downloaded (app.store.hub_header fetches the bytes with HTTP Ranges), and a local file's
+(app.engines.gguf_facts reads its first bytes).
 
 GGUF (version 2 and 3, little-endian): the magic `GGUF`, the version (uint32), the tensor
 count and the metadata count (uint64 each); then each metadata key (a string: uint64

@@ -49,3 +49,21 @@ def test_a_sliding_layer_holds_its_windows_cells_and_the_others_the_pools(tmp_pa
     assert gemma.kv_bytes("f16", 32768, 2560, range(5, 6)) == 32 * MiB  # the global one
     assert gemma.kv_bytes("f16", 32768, 2560, range(0, 2)) == 5 * MiB
     assert gemma.kv_bytes("f16", 4096, 4096) == gemma.kv_bytes_per_token("f16") * 4096
+
+
+def test_a_local_files_facts_from_its_header_are_what_ggufs_own_reader_reads(tmp_path):
+    """The header's bytes alone (read_gguf_facts) against gguf's reader of the whole file:
+    the same tensors' bytes, architecture, layers and vocabulary."""
+    import gguf
+
+    path = save_random_gemma3_gguf(tmp_path / "g.gguf", layers=6, window=64)
+    facts = read_gguf_facts(path)
+    reader = gguf.GGUFReader(str(path))
+    whole = sum(int(t.n_bytes) for t in reader.tensors)
+    assert sum(facts.layer_bytes) + facts.other_bytes == whole > 0
+    arch = reader.fields["general.architecture"]
+    assert facts.architecture == bytes(arch.parts[arch.data[0]]).decode() == "gemma3"
+    blocks = reader.fields["gemma3.block_count"]
+    assert facts.layers == int(blocks.parts[blocks.data[0]][0]) == 6
+    assert facts.vocab == len(reader.fields["tokenizer.ggml.tokens"].data)
+    assert facts.file_bytes == path.stat().st_size
