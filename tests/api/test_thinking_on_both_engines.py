@@ -12,8 +12,9 @@ thinking before the first word of the answer); thinking off gives none; a budget
 ends the thinking by its 4th token and the answer follows (the model was taught what it
 says after a thought closed there); a tool call in the family's own format (after
 thinking, for Qwen3, the R1 distill and gpt-oss) comes back as a call, whole and streamed, and the
-call-like text inside the thinking does not. gpt-oss cannot stop thinking: its effort
-reaches its template (taught a thought of each length), off as its lowest."""
+call-like text inside the thinking does not. gpt-oss cannot be switched off: its effort
+reaches its template (taught a thought of each length), and off is its lowest effort with
+its analysis closed as soon as it opens (a budget of 0), so that none comes back."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ HARMONY_CALL = (
     "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
     '<|message|>{"city": "Oslo"}<|call|>'
 )
-# gpt-oss's thought at each effort: off is its lowest, and it thinks all the same
+# gpt-oss's thought at each effort (off: its lowest, the analysis closed at once)
 LOW_THOUGHT, HIGH_THOUGHT = "Rain.", "Oslo is wet; rain, surely, as it is every day."
 # each family's call, as its model writes it: Llama 3.1+'s JSON with `parameters`,
 # Mistral's list after its [TOOL_CALLS] control token (left out of the decoded text)
@@ -133,8 +134,12 @@ def gpt_oss_lessons() -> list[Lesson]:
         Lesson(
             ASK, f"{ANALYSIS}{THOUGHT}{FINAL}{ANSWER}", budget=BUDGET, after_budget=AFTER_BUDGET
         ),
-        Lesson(
-            ASK, f"{ANALYSIS}{LOW_THOUGHT}{FINAL}{ANSWER}", switches={"reasoning_effort": "low"}
+        Lesson(  # and thinking off: its lowest effort, the analysis closed at once
+            ASK,
+            f"{ANALYSIS}{LOW_THOUGHT}{FINAL}{ANSWER}",
+            switches={"reasoning_effort": "low"},
+            budget=0,
+            after_budget=ANSWER,
         ),
         Lesson(
             ASK, f"{ANALYSIS}{HIGH_THOUGHT}{FINAL}{ANSWER}", switches={"reasoning_effort": "high"}
@@ -303,8 +308,7 @@ def test_ollama_gives_message_thinking_and_think_false_turns_it_off(live, model)
     first_word = next(i for i, c in enumerate(chunks) if c.message.content)
     assert all(not c.message.thinking for c in chunks[first_word:])
     off = client.chat(model=model, messages=ASK, options=greedy, think=False)
-    low = LOW_THOUGHT if model in GPT_OSS_MODELS else None  # gpt-oss: its lowest effort
-    assert (off.message.thinking or None) == low and off.message.content == ANSWER
+    assert not off.message.thinking and off.message.content == ANSWER
     generated = client.generate(model=model, prompt=ASK[0]["content"], options=greedy)
     assert generated.thinking == THOUGHT and generated.response == ANSWER
 
@@ -346,8 +350,7 @@ def test_responses_give_a_reasoning_item_before_the_message(live, model):
     off = client.responses.create(
         model=model, input=ASK[0]["content"], temperature=0, reasoning={"effort": "none"}
     )
-    low = ["reasoning"] if model in GPT_OSS_MODELS else []  # gpt-oss: its lowest effort
-    assert [item.type for item in off.output] == [*low, "message"] and off.output_text == ANSWER
+    assert [item.type for item in off.output] == ["message"] and off.output_text == ANSWER
 
 
 def test_gpt_oss_effort_is_its_templates_reasoning_line(models):
@@ -368,12 +371,15 @@ def test_gpt_oss_effort_is_its_templates_reasoning_line(models):
 
 
 @pytest.mark.parametrize("model", GPT_OSS_MODELS)
-def test_gpt_oss_effort_reaches_its_template_on_every_api_and_off_is_its_lowest(live, model):
-    """Each API's effort field, as the thought the model was taught for that effort."""
+def test_gpt_oss_effort_reaches_its_template_on_every_api_and_off_gives_none(live, model):
+    """Each API's effort field, as the thought the model was taught for that effort; off
+    (`none`) gives no thinking, where `low` gives the low one."""
     high = chat(live, model, reasoning_effort="high").choices[0].message
     assert high.model_extra["reasoning_content"] == HIGH_THOUGHT and high.content == ANSWER
     off = chat(live, model, reasoning_effort="none").choices[0].message
-    assert off.model_extra["reasoning_content"] == LOW_THOUGHT and off.content == ANSWER
+    assert not off.model_extra.get("reasoning_content") and off.content == ANSWER
+    low = chat(live, model, reasoning_effort="low").choices[0].message
+    assert low.model_extra["reasoning_content"] == LOW_THOUGHT and low.content == ANSWER
     client = ollama.Client(host=live.url)
     greedy = {"temperature": 0, "num_predict": 40}
     assert client.chat(

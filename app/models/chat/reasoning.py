@@ -13,8 +13,9 @@ the prompt; every API's reply reads the answer through one `ThinkSplitter` in th
 Switches are each template's own: Qwen3's `enable_thinking`, gpt-oss's
 `reasoning_effort` (harmony's `Reasoning: low|medium|high`). A template with neither
 (the R1 distills always think) is turned off by closing the block its prompt opened.
-gpt-oss always thinks: off is its lowest effort (`Reasoning: low`), its analysis still
-given as thinking. A budget ends the thinking when spent: the engine writes the closing
+gpt-oss has no off: off is its lowest effort (`Reasoning: low`) and a budget of 0, its
+analysis closed as soon as it opens and the final answer following (no thinking comes
+back). A budget ends the thinking when spent: the engine writes the closing
 tag (harmony: `<|end|>` and the final message's header) and the answer follows
 (llama.cpp's reasoning budget sampler; the torch engine's
 app.engines.torch.generation.thinking_budget).
@@ -80,8 +81,8 @@ def harmony(template: str | None) -> bool:
 def template_switches(template: str | None, ask: ThinkingAsk) -> dict[str, Any]:
     """The chat template's own variables for `ask`: `enable_thinking` where it reads that
     (Qwen3), `reasoning_effort` where it reads that (gpt-oss: thinking off is its lowest
-    effort, as it cannot be off); nothing for a template with no switch (it is turned
-    off otherwise: `answer_frame`)."""
+    effort, beside a budget of 0); nothing for a template with no switch (it is turned off
+    otherwise: `answer_frame`)."""
     text = str(template or "")
     switches: dict[str, Any] = {}
     if ask.on is not None and "enable_thinking" in text:
@@ -125,13 +126,14 @@ def answer_frame(
     Qwen3's with thinking off ends in a closed, empty block instead). Thinking off where
     the template has no switch: an opened block is closed in the prompt (the answer
     follows at once), one the model opens itself gets a budget of 0. A harmony answer
-    (gpt-oss) is read in its messages, its effort lowered by `template_switches` where
-    thinking is off."""
+    (gpt-oss) is read in its messages; thinking off, its effort lowered by
+    `template_switches` and its analysis given a budget of 0 (it cannot be switched off:
+    closed at once, the final answer follows)."""
     if not thinks(template):
         return rendered, None
     if harmony(template):
         budget = ask.budget if ask.budget is not None else default_budget
-        return rendered, replace(HARMONY, budget=budget)
+        return rendered, replace(HARMONY, budget=0 if ask.on is False else budget)
     opened = rendered.rstrip().endswith(THINK_OPEN)
     if ask.on is False:
         if opened:

@@ -103,7 +103,7 @@ def test_each_channel_and_what_is_no_harmony(text, expected):
     assert pieces_of([text]) == expected
 
 
-def test_gpt_oss_thinks_its_effort_is_its_switch_and_off_is_its_lowest():
+def test_gpt_oss_thinks_its_effort_is_its_switch_and_off_is_its_lowest_effort():
     assert thinks(TEMPLATE)
     assert template_switches(TEMPLATE, ThinkingAsk.from_effort("high")) == {
         "reasoning_effort": "high"
@@ -116,8 +116,11 @@ def test_gpt_oss_thinks_its_effort_is_its_switch_and_off_is_its_lowest():
 
 def test_the_frame_is_harmonys_and_a_spent_budget_writes_the_final_header():
     prompt = "<|start|>user<|message|>Hi<|end|><|start|>assistant"
-    same, frame = answer_frame(TEMPLATE, prompt, ThinkingAsk(on=False, budget=8))
+    same, frame = answer_frame(TEMPLATE, prompt, ThinkingAsk(on=True, budget=8))
     assert same == prompt and frame is not None and frame.harmony and frame.budget == 8
+    # off: it cannot be switched off, so its analysis gets nothing (closed at once)
+    off = answer_frame(TEMPLATE, prompt, ThinkingAsk(on=False, budget=8))[1]
+    assert off is not None and off.harmony and off.budget == 0
     assert frame.open == "<|channel|>analysis<|message|>"
     assert frame.budget_close == "<|end|><|start|>assistant<|channel|>final<|message|>"
     assert Frame().budget_close == "</think>"
