@@ -154,3 +154,26 @@ def test_simulated_an_unload_during_the_warm_up_leaves_the_model_unloaded_not_fa
         body = {"model": "w", "prompt": "one", "max_tokens": 1}
         assert client.post("/v1/completions", json=body, timeout=60).status_code == 200
         assert row()["state"] in ("warming", "ready")
+
+
+def test_simulated_a_load_that_finds_no_room_in_time_is_a_503_and_is_tried_again(server_factory):
+    """Another program holds the memory a model's load needs for longer than the queue
+    waits: the request that asked gets a 503 with Retry-After (no room now, as any
+    overload), the model stays unloaded, not failed, and once the memory is back its next
+    request loads it and is served."""
+    runs = (SimulatedBucket(size=64, bytes=100 * MiB, run_ms=25, warm=False),)
+    big = ModelSpec(name="big", kind="simulated", weights=600 * MiB, load="demand", buckets=runs)
+    live = server_factory(device="simulated:1GiB", models=(big,), queue_timeout=1.0)
+    device = live.service.device
+    body = {"model": "big", "prompt": "one", "max_tokens": 1}
+    with live.client() as client:
+        device.set_external(700 * MiB)  # a game: 600 MiB of weights do not fit beside it
+        wait_until(lambda: live.status()["device"]["used_by_others_bytes"] > 0, 10, "seen")
+        refused = client.post("/v1/completions", json=body, timeout=60)
+        assert refused.status_code == 503 and "Retry-After" in refused.headers, refused.text
+        row = live.status()["models"][0]  # unloaded, or its next try waiting for room
+        assert row["state"] in ("unloaded", "loading"), row
+        device.set_external(0)  # the game ends
+        wait_until(lambda: live.status()["device"]["used_by_others_bytes"] == 0, 10, "seen")
+        served = client.post("/v1/completions", json=body, timeout=60)
+        assert served.status_code == 200, served.text

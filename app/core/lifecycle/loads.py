@@ -26,7 +26,7 @@ from app.core.memory import MemoryView
 from app.core.scheduler import Scheduler
 from app.core.state import ServerState
 from app.devices.executor import Executor
-from app.errors import ExceedsDevice, ModelEvicted, ModelLoading, VramgateError
+from app.errors import ExceedsDevice, ModelEvicted, ModelLoading, QueueTimeout, VramgateError
 from app.models.base import ModelHandler
 
 log = logging.getLogger("vramgate.lifecycle")
@@ -167,6 +167,10 @@ class ModelLoads:
                     details={"needed_bytes": expected, "available_bytes": room},
                 )
             permit = await self._scheduler.admit_load(name, min(expected + self._headroom, room))
+        except QueueTimeout as exc:  # no room now (other programs, running work): no failure
+            entry.state, entry.error = "unloaded", f"its last load found no room: {exc.message}"
+            log.warning("model %s %s; its next request tries again", name, entry.error)
+            return False
         except VramgateError as exc:
             entry.state, entry.error = "failed", f"cannot load: {exc.message}"
             log.error("model %s %s", name, entry.error)

@@ -79,6 +79,8 @@ class ModelRegistry:
         """The handler for `name` if it is ready to serve."""
         entry = self.entry(name)
         if entry.state not in ("warming", "ready"):
+            if entry.state == "unloaded" and entry.error:  # its last load found no room
+                raise ModelLoading(f"model {name!r} is not loaded: {entry.error}", retry_after=10)
             if entry.state in ("unloading", "unloaded"):
                 raise ModelLoading(f"model {name!r} is not loaded yet; loading it", retry_after=2)
             if entry.state == "failed":
