@@ -21,6 +21,7 @@ from app.models.chat.reasoning import (
     thinks,
 )
 from app.models.tools import read_calls
+from tests.models.chat.pieces import cut, pieces_of
 
 THOUGHT = "Oslo is wet. <b>Rain</b>, as every day."
 ANSWER = "It rains in Oslo."
@@ -43,26 +44,9 @@ CALL_BEFORE = (
 TEMPLATE = '{{- "Reasoning: " + reasoning_effort }}<|start|>assistant<|channel|>analysis<|message|>'
 
 
-def pieces_of(pieces: list[str]) -> list[tuple[str, str]]:
-    """The (kind, text) pieces, consecutive ones of a kind joined."""
-    splitter = ThinkSplitter(HARMONY)
-    found = [p for piece in pieces for p in splitter.push(piece)] + splitter.end()
-    joined: list[tuple[str, str]] = []
-    for kind, text in found:
-        if joined and joined[-1][0] == kind:
-            joined[-1] = (kind, joined[-1][1] + text)
-        else:
-            joined.append((kind, text))
-    return joined
-
-
-def cut(text: str, size: int) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)]
-
-
 @pytest.mark.parametrize("size", [1, 2, 5, 11, len(WHOLE)])
 def test_the_analysis_is_the_thinking_and_the_final_message_the_answer(size):
-    assert pieces_of(cut(WHOLE, size)) == [("thinking", THOUGHT), ("text", ANSWER)]
+    assert pieces_of(cut(WHOLE, size), HARMONY) == [("thinking", THOUGHT), ("text", ANSWER)]
     assert split(WHOLE, HARMONY) == (THOUGHT, ANSWER)
 
 
@@ -76,7 +60,7 @@ def test_the_thinking_streams_before_its_message_ends():
 @pytest.mark.parametrize("text", [CALL_AFTER, CALL_BEFORE])
 @pytest.mark.parametrize("size", [1, 3, 1000])
 def test_a_message_to_a_function_is_a_call_and_the_thought_quoting_one_is_not(text, size):
-    pieces = pieces_of(cut(text, size))
+    pieces = pieces_of(cut(text, size), HARMONY)
     assert pieces[0] == ("thinking", QUOTED)
     ((kind, said),) = pieces[1:]
     rest, calls = read_calls(said, {"get_weather", "get_time"})
@@ -100,7 +84,7 @@ def test_a_message_to_a_function_is_a_call_and_the_thought_quoting_one_is_not(te
     ],
 )
 def test_each_channel_and_what_is_no_harmony(text, expected):
-    assert pieces_of([text]) == expected
+    assert pieces_of([text], HARMONY) == expected
 
 
 def test_gpt_oss_thinks_its_effort_is_its_switch_and_off_is_its_lowest_effort():

@@ -9,35 +9,18 @@ import pytest
 from app.models.chat.reasoning import (
     Frame,
     ThinkingAsk,
-    ThinkSplitter,
     answer_frame,
     split,
     template_switches,
     thinks,
 )
+from tests.models.chat.pieces import cut, pieces_of
 
 ANSWER = "  <think>Oslo is wet.\nSo: rain.</think>\n\nIt rains in Oslo."
 OPENED = "\nOslo is wet.\nSo: rain.\n</think>\n\nIt rains in Oslo."  # the prompt wrote <think>
 QWEN3 = "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>"
 R1 = "{{'<｜Assistant｜><think>\\n'}}"  # no switch: its prompt opens the block
 HARMONY = "Reasoning: {{ reasoning_effort }}"
-
-
-def pieces_of(pieces: list[str], frame: Frame | None) -> list[tuple[str, str]]:
-    """The (kind, text) pieces, consecutive ones of a kind joined."""
-    splitter = ThinkSplitter(frame)
-    found = [p for piece in pieces for p in splitter.push(piece)] + splitter.end()
-    joined: list[tuple[str, str]] = []
-    for kind, text in found:
-        if joined and joined[-1][0] == kind:
-            joined[-1] = (kind, joined[-1][1] + text)
-        else:
-            joined.append((kind, text))
-    return joined
-
-
-def cut(text: str, size: int) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, len(ANSWER)])
