@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from app.models.tools import partial_tail
 
-if TYPE_CHECKING:
-    from app.models.chat.reasoning import Kind, Piece
+# an answer's pieces, as every reader of thinking gives them (app.models.chat.reasoning)
+Kind = Literal["thinking", "text"]
+Piece = tuple[Kind, str]
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 ENDS = (END, "<|return|>", "<|call|>")  # a message's ends (the last two end the answer)

@@ -26,12 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from app.models.chat.harmony import ANALYSIS, END, FINAL_HEADER, HarmonyReader
+from app.models.chat.harmony import ANALYSIS, END, FINAL_HEADER, HarmonyReader, Kind, Piece
 from app.models.tools import partial_tail
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-Kind = Literal["thinking", "text"]
-Piece = tuple[Kind, str]
 Effort = Literal["low", "medium", "high"]
 OpenAIEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 # OpenAI's reasoning efforts as the levels templates know (gpt-oss's harmony has three)
