@@ -32,6 +32,7 @@ from app.models.base import ModelHandler
 log = logging.getLogger("vramgate.lifecycle")
 
 LOAD_POLL_S = 0.02  # how often a request waiting for its model looks again
+UNLOAD_AT_STOP_S = 30.0  # the most one model's unload at shutdown may take
 WarmUp = Callable[[str, ModelHandler], Awaitable[None]]
 
 
@@ -275,3 +276,19 @@ class ModelLoads:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._unload_all()
+
+    async def _unload_all(self) -> None:
+        """At shutdown (the work ended or cut short before): every loaded model's weights
+        dropped, its batch thread and its runner process ended, one after another. Left
+        to the process's exit instead, a server that runs inside another program (a test,
+        a Ray replica) kept its models, their threads and their runners until that
+        program ended; a runner saw its parent gone only then."""
+        for name, entry in self.registry.entries.items():
+            if entry.state not in ("ready", "warming") or self._scheduler.running_for(name):
+                continue  # a run that never came back may still use its weights
+            try:
+                unloading = self._executor.run_load(self.registry.unload, name)
+                await asyncio.wait_for(unloading, UNLOAD_AT_STOP_S)
+            except Exception as exc:  # the process ends soon anyway: say so, go on
+                log.warning("model %s not unloaded at shutdown: %r", name, exc)
