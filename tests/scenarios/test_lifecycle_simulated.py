@@ -177,3 +177,43 @@ def test_simulated_a_load_that_finds_no_room_in_time_is_a_503_and_is_tried_again
         wait_until(lambda: live.status()["device"]["used_by_others_bytes"] == 0, 10, "seen")
         served = client.post("/v1/completions", json=body, timeout=60)
         assert served.status_code == 200, served.text
+
+
+def test_simulated_a_load_cut_short_by_out_of_memory_is_a_503_frees_its_part_and_is_tried_again(
+    server_factory,
+):
+    """Another program takes memory while a model loads: half its weights are on the
+    device, the rest finds no room and the device runs out of memory. The request that
+    asked gets a 503 with Retry-After, the half already moved is given back, the model is
+    unloaded (not failed: nothing is wrong with it) saying why, and once the memory is
+    back its next request loads it and is served (the refusal's own request tried it
+    again: that try waits in the queue for the room, holding nothing)."""
+    runs = (SimulatedBucket(size=64, bytes=100 * MiB, run_ms=25, warm=False),)
+    big = ModelSpec(
+        name="big", kind="simulated", weights=600 * MiB, load="demand", load_ms=1500, buckets=runs
+    )
+    live = server_factory(device="simulated:1GiB", models=(big,), queue_timeout=30.0)
+    device = live.service.device
+    body = {"model": "big", "prompt": "one", "max_tokens": 1}
+    answers: list[httpx.Response] = []
+    with live.client() as client:
+        asking = threading.Thread(
+            target=lambda: answers.append(client.post("/v1/completions", json=body, timeout=60))
+        )
+        asking.start()
+        wait_until(lambda: device.allocated() > 0, 30, "its first half on the device")
+        device.set_external(700 * MiB)  # a game starts: 300 + 300 + 700 MiB > 1 GiB
+        asking.join(60)
+        (refused,) = answers
+        assert refused.status_code == 503 and "Retry-After" in refused.headers, refused.text
+        assert refused.json()["error"]["code"] == "model_loading", refused.text
+        assert "its last load ran out of memory" in refused.json()["error"]["message"]
+        row = live.status()["models"][0]  # unloaded, or its next try waiting for room
+        assert row["state"] in ("unloaded", "loading"), row
+        assert device.allocated() == 0  # the half it had moved is given back
+        assert device.describe()["ooms"] == 1  # the device's own out-of-memory, once
+        device.set_external(0)  # the game ends
+        wait_until(lambda: live.status()["device"]["used_by_others_bytes"] == 0, 10, "seen")
+        served = client.post("/v1/completions", json=body, timeout=60)
+        assert served.status_code == 200, served.text
+        assert live.status()["models"][0]["state"] in ("warming", "ready")

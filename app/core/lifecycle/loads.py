@@ -113,13 +113,19 @@ class ModelLoads:
     # -- a request for a model that is away ----------------------------------------------
     async def wait_loaded(self, name: str, deadline: float) -> None:
         """Wait until `name` serves (loading it if unloaded, after an unload under way,
-        its new config entry if it is being replaced), or has failed, or `deadline`
-        passes; what the registry says then is the answer."""
+        its new config entry if it is being replaced), or has failed, or a load begun
+        since found no room, or `deadline` passes; what the registry says then is the
+        answer (a load that found no room is not tried again for this request: the
+        memory it needs is another program's for now)."""
+        first = self.registry.entries.get(name)
+        tried = first.loads_tried if first is not None else 0
         while self._clock() < deadline and self._state.serving:
             entry = self.registry.entries.get(name)
             if entry is None or entry.retired:
                 return
             if entry.state in ("ready", "warming", "failed") and not self.replacing(name):
+                return
+            if entry.state == "unloaded" and entry.error and entry.loads_tried > tried:
                 return
             self.ensure_loaded(name)
             await asyncio.sleep(LOAD_POLL_S)
@@ -158,6 +164,7 @@ class ModelLoads:
         """Load one model once the gate admits its expected weight bytes."""
         entry = self.registry.entry(name)
         entry.state, entry.error = "loading", None
+        entry.loads_tried += 1
         room = self._memory.device_bytes()
         expected = entry.handler.fitted_bytes(self._memory.device, room)
         try:

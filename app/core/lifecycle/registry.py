@@ -35,6 +35,7 @@ class ModelEntry:
     error: str | None = None
     retired: bool = False  # taken out of the config: serves nothing, goes once unloaded
     load_began: float | None = None  # monotonic, while its load runs
+    loads_tried: int = 0  # loads begun in this process (those that failed too)
 
 
 class ModelRegistry:
@@ -119,6 +120,12 @@ class ModelRegistry:
             entry.handler.prime()
             self.device.settle()  # the weights are on the device before any job uses them
         except Exception as exc:  # a broken model must not stop the others
+            self._give_back_part(name)
+            if self.device.is_oom(exc):  # memory taken meanwhile (the gate had room for it)
+                entry.state = "unloaded"
+                entry.error = f"its last load ran out of memory: {type(exc).__name__}: {exc}"
+                log.warning("model %s: %s; its next request tries again", name, entry.error)
+                return False
             entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, entry.error)
             return False
@@ -137,6 +144,15 @@ class ModelRegistry:
             entry.weights_bytes / 2**20,
         )
         return True
+
+    def _give_back_part(self, name: str) -> None:
+        """What a load that failed midway had moved to the device, given back (it would
+        stay held, out of every pool, until the model's next unload)."""
+        try:
+            self.entries[name].handler.unload()
+            self.device.empty_cache()
+        except Exception as exc:  # it failed already: say so and go on
+            log.warning("model %s: what its failed load held was not given back: %r", name, exc)
 
     def unload(self, name: str) -> int:
         """Drop one model's weights (blocking; no job of it may be running). Returns the

@@ -72,22 +72,31 @@ class TrueJitter:
 
 class SimulatedWeights:
     """A simulated model's weights: the spec's `weights` bytes held on the device from its
-    load (which takes `load_ms`) to its unload; it has no torch module to count."""
+    load (which takes `load_ms`) to its unload; it has no torch module to count. As a real
+    load moves layer after layer to the device, half arrives at once and the rest after
+    `load_ms`: memory another program takes meanwhile can leave the second half no room
+    (the out-of-memory is the device's own), with the first half already held."""
 
     spec: ModelSpec
     _device: Device | None = None
+    _weights: contextlib.ExitStack | None = None
 
     def expected_weights_bytes(self, device: Device) -> int:
         return int(self.spec.weights)
 
     def load(self, device: Device) -> None:
         self._weights = contextlib.ExitStack()  # the weights stay on the device until unload
-        self._weights.enter_context(device.hold(int(self.spec.weights)))
+        first = int(self.spec.weights) // 2
+        self._weights.enter_context(device.hold(first))
         time.sleep(self.spec.load_ms / 1000)
+        self._weights.enter_context(device.hold(int(self.spec.weights) - first))
         self._device = device
 
     def unload(self) -> None:
-        self._weights.close()
+        """Its weights off the device: all of them, or what a load cut short had moved."""
+        if self._weights is not None:
+            self._weights.close()
+            self._weights = None
         self._device = None
 
     def weights_bytes(self) -> int:
