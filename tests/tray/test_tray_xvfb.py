@@ -42,9 +42,10 @@ buckets = [{{size = 16, bytes = "3GiB", run_ms = 1500}}]
 
 
 class Desktop:
-    """Xvfb plus trayer: a display with a system tray."""
+    """Xvfb plus trayer: a display with a system tray (`tray_host=False`: none yet, as a
+    session whose panel starts after its programs; `start_tray_host` starts it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tray_host: bool = True) -> None:
         self.xvfb = subprocess.Popen(
             ["Xvfb", "-displayfd", "1", "-screen", "0", "480x96x24", "-nolisten", "tcp"],
             stdout=subprocess.PIPE,
@@ -53,6 +54,11 @@ class Desktop:
         )
         self.display = ":" + self.xvfb.stdout.readline().strip()
         self.env = clean_env() | {"DISPLAY": self.display, "PYSTRAY_BACKEND": "xorg"}
+        self.trayer: subprocess.Popen[bytes] | None = None
+        if tray_host:
+            self.start_tray_host()
+
+    def start_tray_host(self) -> None:
         self.trayer = subprocess.Popen(
             [
                 "trayer",
@@ -77,14 +83,20 @@ class Desktop:
         )
         self._wait_for_the_tray_host()
 
+    def stop_tray_host(self) -> None:
+        """The panel ends (a desktop restarting its shell): the selection has no owner."""
+        assert self.trayer is not None
+        self.trayer.terminate()
+        self.trayer.wait(10)
+        self.trayer = None
+
     def _wait_for_the_tray_host(self) -> None:
         """Until trayer owns the system tray selection, as a desktop's panel does before
-        its programs start: pystray's X11 backend docks when it shows the icon and again
-        only when the image changes, so a tray started first stays undocked (CI, loaded,
-        once saw an icon never docked)."""
+        its programs start (the tests of a panel that starts later say so)."""
         import Xlib.display  # python-xlib comes with pystray on Linux only
         import Xlib.X
 
+        assert self.trayer is not None
         display = Xlib.display.Display(self.display)
         try:
             selection = display.intern_atom(f"_NET_SYSTEM_TRAY_S{display.get_default_screen()}")
@@ -123,8 +135,9 @@ class Desktop:
 
     def close(self) -> None:
         for process in (self.trayer, self.xvfb):
-            process.terminate()
-            process.wait(10)
+            if process is not None:
+                process.terminate()
+                process.wait(10)
 
 
 def colour_pixels(image: Image.Image, state: str) -> int:
