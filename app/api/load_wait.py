@@ -8,9 +8,9 @@ its HTTP status. Once the model is seen loading, the answer starts (200, streame
 carries the load's progress every `EVERY_S` until admission answers; then the tokens
 follow, or the error as the stream's error. Each API says progress in a shape its
 clients pass over: Ollama's NDJSON an empty message with a `status` (as its pull says
-its steps), OpenAI's server-sent events a comment line (`: ...`, which every SSE
-parser, the `openai` client's included, skips), Anthropic's that comment and a `ping`
-event (its own keep-alive, which its clients skip). OpenAI's Responses API does not yet.
+its steps), OpenAI's server-sent events (chat, completions, Responses) a comment line
+(`: ...`, which every SSE parser, the `openai` client's included, skips), Anthropic's
+that comment and a `ping` event (its own keep-alive, which its clients skip).
 """
 
 from __future__ import annotations

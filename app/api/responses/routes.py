@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import orjson
@@ -25,8 +26,9 @@ from app.api.intake import (
     read_body,
     request_schemas,
 )
+from app.api.load_wait import admit_watching, after_load
 from app.api.responses.fields import screen
-from app.api.responses.replies import ResponseDraft, events, whole
+from app.api.responses.replies import EventWriter, OnDone, ResponseDraft, events, whole
 from app.api.responses.schemas import (
     ITEMS,
     InputItem,
@@ -51,11 +53,15 @@ from app.errors import (
     InvalidRequest,
     PreviousResponseNotFound,
     ResponseNotFound,
+    VramgateError,
     WrongModelKind,
 )
 
 log = logging.getLogger("vramgate.responses")
 router = APIRouter(prefix="/v1", tags=["openai"])
+# an admitted answer: the items it was given (fewer where truncation dropped turns), the
+# chat request they made, its generation
+Admitted = tuple[list[InputItem], ValidGenerationRequest, AdmittedGeneration]
 
 
 # the body is validated here, not by FastAPI (as openai_routes' are); its schema is in the
@@ -98,14 +104,18 @@ async def create_response(request: Request) -> Response:
         )
     with client_watch(request) as watch:
         scope = cache_scope(request, *body.caller_ids())
-        items, valid, generation = await _admitted(fleet, body, items, scope, watch)
+        admitting = _admitted(fleet, body, items, scope, watch)
+        admission = await admit_watching(fleet, body.model, admitting)
+        if admission.loading and body.stream:  # the load's progress first (app.api.load_wait)
+            return StreamingResponse(
+                _events_after_load(fleet, store, body, admission.task),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        ((items, valid, generation),) = await admission.task
         draft = ResponseDraft(body, valid)
         draft.tier = generation.job.priority.service_tier
-
-        async def on_done(finished: dict[str, Any]) -> None:
-            if body.store:  # a thread: the file can be megabytes of JSON
-                await asyncio.to_thread(_save, store, StoredResponse(finished, dumped_items(items)))
-
+        on_done = _on_done(store, body, items)
         if not body.stream:
             watch.on_leave(generation.close)
             try:
@@ -122,6 +132,47 @@ async def create_response(request: Request) -> Response:
         events(draft, generation, on_done),
         media_type="text/event-stream",
         headers={**headers, "Cache-Control": "no-cache"},
+    )
+
+
+def _on_done(store: ResponseStore, body: ResponsesRequest, items: list[InputItem]) -> OnDone:
+    """What follows a finished answer: stored with the items it was given, if asked."""
+
+    async def on_done(finished: dict[str, Any]) -> None:
+        if body.store:  # a thread: the file can be megabytes of JSON
+            await asyncio.to_thread(_save, store, StoredResponse(finished, dumped_items(items)))
+
+    return on_done
+
+
+def _events_after_load(
+    fleet: Fleet,
+    store: ResponseStore,
+    body: ResponsesRequest,
+    admission: asyncio.Future[list[Admitted]],
+) -> AsyncIterator[bytes]:
+    """Events that begin while the model loads: its progress as comment lines (`: loading
+    NAME: ...`, which SSE parsers skip), then the answer's events, or the admission's
+    refusal as the stream's `error` event (its status was sent: 200)."""
+
+    def answer(admitted: list[Admitted]) -> AsyncIterator[bytes]:
+        ((items, valid, generation),) = admitted
+        draft = ResponseDraft(body, valid)
+        draft.tier = generation.job.priority.service_tier
+        return events(draft, generation, _on_done(store, body, items))
+
+    def refuse(exc: VramgateError) -> bytes:
+        error = {"code": exc.code, "message": exc.message, "param": exc.param}
+        return EventWriter()("error", **error)
+
+    return after_load(
+        fleet,
+        body.model,
+        admission,
+        lambda words: b": " + words.encode() + b"\n\n",
+        refuse,
+        lambda admitted: admitted[2].close(),
+        answer,
     )
 
 
@@ -205,15 +256,16 @@ async def _previous(store: ResponseStore, response_id: str | None) -> list[Input
 
 async def _admitted(
     fleet: Fleet, body: ResponsesRequest, items: list[InputItem], scope: str, watch: ClientWatch
-) -> tuple[list[InputItem], ValidGenerationRequest, AdmittedGeneration]:
-    """The generation admitted, with the items it was given: with `truncation: auto`,
-    the oldest turns go, one at a time, until the prompt fits the model's context.
-    `scope`: its caller's (app.api.callers.cache_scope)."""
+) -> list[Admitted]:
+    """The generation admitted, with the items it was given (one, in a list as
+    app.api.load_wait takes admissions): with `truncation: auto`, the oldest turns go,
+    one at a time, until the prompt fits the model's context. `scope`: its caller's
+    (app.api.callers.cache_scope)."""
     while True:
         try:
             valid = generation_request(fleet, body.chat_request(items), scope=scope)
             (generation,) = await admit_choices(fleet, valid, watch)
-            return items, valid, generation
+            return [(items, valid, generation)]
         except ContextLengthExceeded as exc:
             shorter = drop_oldest_turn(items) if body.truncation == "auto" else None
             if shorter is None:
