@@ -217,3 +217,41 @@ def test_simulated_a_load_cut_short_by_out_of_memory_is_a_503_frees_its_part_and
         served = client.post("/v1/completions", json=body, timeout=60)
         assert served.status_code == 200, served.text
         assert live.status()["models"][0]["state"] in ("warming", "ready")
+
+
+def test_simulated_a_warm_up_that_finds_no_room_gives_the_weights_back_and_is_tried_again(
+    server_factory, caplog
+):
+    """Another program takes memory while a model loads, leaving room for its weights but
+    not for its warm-up's run: the warm-up waits its queue_timeout and finds none. The
+    model is not failed (it loaded; nothing is wrong with it): its weights go back, it is
+    unloaded saying why, and once the memory is back its next request loads, warms and
+    is served. Before, it stayed failed (404) with its weights held."""
+    runs = (SimulatedBucket(size=64, bytes=1024 * MiB, run_ms=25, warm=True),)
+    big = ModelSpec(
+        name="big", kind="simulated", weights=600 * MiB, load="demand", load_ms=1500, buckets=runs
+    )
+    live = server_factory(device="simulated:4GiB", models=(big,), queue_timeout=2.0)
+    device = live.service.device
+    body = {"model": "big", "prompt": "one", "max_tokens": 1}
+
+    def row() -> dict:
+        return live.status()["models"][0]
+
+    with live.client() as client:
+        asking = threading.Thread(
+            target=lambda: client.post("/v1/completions", json=body, timeout=60), daemon=True
+        )
+        asking.start()
+        wait_until(lambda: device.allocated() > 0, 30, "its first half on the device")
+        device.set_external(3296 * MiB)  # room for its second half, not for its warm-up
+        asking.join(60)
+        wait_until(lambda: row()["state"] in ("unloaded", "failed"), 30, "its warm-up's end")
+        assert row()["state"] == "unloaded" and "warm-up found no room" in row()["error"], row()
+        assert device.allocated() == 0  # its weights went back
+        assert not [r for r in caplog.records if "warm-up failed" in r.getMessage()]
+        device.set_external(0)  # the game ends
+        wait_until(lambda: live.status()["device"]["used_by_others_bytes"] == 0, 10, "seen")
+        served = client.post("/v1/completions", json=body, timeout=60)
+        assert served.status_code == 200, served.text
+        wait_until(lambda: row()["state"] == "ready", 30, "warmed up")

@@ -90,7 +90,8 @@ class ModelLoads:
         for name, entry in self.registry.entries.items():
             if entry.state == "warming":
                 await self.warm(name)
-                self._keep_alive.loaded(name, self._clock())
+                if entry.state in ("warming", "ready"):
+                    self._keep_alive.loaded(name, self._clock())
         if self._state.phase == "warming":
             self._state.phase = "ready" if self.registry.all_ready else "degraded"
             pool = self._memory.pool_bytes() / 2**20
@@ -100,6 +101,15 @@ class ModelLoads:
         entry = self.registry.entries[name]
         try:
             await self._warm_up(name, entry.handler)
+        except QueueTimeout as exc:  # no room for it now (another program, running work)
+            if entry.state != "warming":
+                return
+            entry.error = f"its warm-up found no room: {exc.message}"
+            log.warning(
+                "model %s %s; its weights go back, its next request tries again", name, entry.error
+            )
+            self.evict(name, "pressure")  # not failed: it loaded, nothing is wrong with it
+            return
         except VramgateError as exc:
             if entry.state != "warming":  # unloaded meanwhile: its unload's, not a failure
                 log.info("model %s: its warm-up ended by its unload: %s", name, exc.message)
@@ -202,7 +212,8 @@ class ModelLoads:
                 return
             if await self._load_admitted(name):
                 await self.warm(name)
-                self._keep_alive.loaded(name, self._clock())
+                if entry.state in ("warming", "ready"):
+                    self._keep_alive.loaded(name, self._clock())
         finally:
             self.loading.pop(name, None)
 
