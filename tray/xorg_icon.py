@@ -41,7 +41,7 @@ def icon_class(base: type) -> type:
     import Xlib.protocol.event
     import Xlib.X
 
-    class XorgIcon(base):  # type: ignore[misc,valid-type]
+    class XorgIcon(DocksInEveryHost, base):  # type: ignore[misc,valid-type]
         def _rewrite_implementation(self, *originals: Callable[[], None]) -> None:
             super()._rewrite_implementation(*originals)  # the mainloop's handlers
             # guards _wake_display (one thread at a time on it) and pairs each wake-up
@@ -51,19 +51,7 @@ def icon_class(base: type) -> type:
             for original in originals:
                 atom = self._display.intern_atom(f"_PYSTRAY_{original.__name__.upper()}")
                 setattr(self, original.__name__, self._dispatcher(original, atom))
-            # a new tray host's announcement, to the root window (StructureNotifyMask
-            # there selects only the root's own events besides such messages)
-            manager = self._display.intern_atom("MANAGER")
-            pystrays = self._message_handlers[Xlib.X.ClientMessage]
-
-            def on_client_message(event: Any) -> None:
-                if event.client_type == manager and event.data[1][1] == self._net_system_tray_sx:
-                    self._dock_in_new_host()
-                else:
-                    pystrays(event)
-
-            self._message_handlers[Xlib.X.ClientMessage] = on_client_message
-            self._display.screen().root.change_attributes(event_mask=Xlib.X.StructureNotifyMask)
+            self._watch_for_tray_hosts()
 
         def _dispatcher(self, original: Callable[[], None], atom: int) -> Any:
             def inner(_self: Any) -> None:
@@ -88,31 +76,62 @@ def icon_class(base: type) -> type:
             window.send_event(message, event_mask=Xlib.X.NoEventMask)
             self._wake_display.flush()
 
-        def _show(self) -> None:
-            if self._systray_manager is None:  # showing docks, unless its image did so
-                super()._show()
-
-        def _dock_in_new_host(self) -> None:
-            """A tray host took the system tray (on the mainloop's thread): the icon, if
-            shown, docks in it and is drawn (its old host, if any, has gone)."""
-            if not self.visible:
-                return  # showing it docks it
-            self._systray_manager = None
-            try:
-                self._assert_docked()
-            except AssertionError:  # gone again already: its successor announces itself
-                return
-            self._icon_data = None
-            self._draw()
-
-        def _update_icon(self) -> None:
-            if self._systray_manager is None:
-                super()._update_icon()  # docks, then draws
-                return
-            self._icon_data = None  # rebuilt from the new image at the window's size
-            self._draw()
-            self._icon_valid = True
-
     XorgIcon.__name__ = XorgIcon.__qualname__ = "XorgIcon"
     XorgIcon.__module__ = __name__
     return XorgIcon
+
+
+class DocksInEveryHost:
+    """Docking for pystray's xorg icon (a mixin before it): once per tray host, in each
+    host that takes the system tray. Its attributes are that icon's."""
+
+    _display: Any
+    _message_handlers: dict[int, Callable[[Any], None]]
+    _net_system_tray_sx: int
+    _systray_manager: Any
+    _icon_data: Any
+    _icon_valid: bool
+    visible: bool
+
+    def _watch_for_tray_hosts(self) -> None:
+        """A new tray host's announcement comes to the root window (StructureNotifyMask
+        there selects only the root's own events besides such messages); the mainloop
+        hands it here, and every other client message to pystray's handler."""
+        import Xlib.X
+
+        manager = self._display.intern_atom("MANAGER")
+        pystrays = self._message_handlers[Xlib.X.ClientMessage]
+
+        def on_client_message(event: Any) -> None:
+            if event.client_type == manager and event.data[1][1] == self._net_system_tray_sx:
+                self._dock_in_new_host()
+            else:
+                pystrays(event)
+
+        self._message_handlers[Xlib.X.ClientMessage] = on_client_message
+        self._display.screen().root.change_attributes(event_mask=Xlib.X.StructureNotifyMask)
+
+    def _show(self) -> None:
+        if self._systray_manager is None:  # showing docks, unless its image did so
+            super()._show()  # type: ignore[misc]
+
+    def _dock_in_new_host(self) -> None:
+        """A tray host took the system tray (on the mainloop's thread): the icon, if
+        shown, docks in it and is drawn (its old host, if any, has gone)."""
+        if not self.visible:
+            return  # showing it docks it
+        self._systray_manager = None
+        try:
+            self._assert_docked()  # type: ignore[attr-defined]
+        except AssertionError:  # gone again already: its successor announces itself
+            return
+        self._icon_data = None
+        self._draw()  # type: ignore[attr-defined]
+
+    def _update_icon(self) -> None:
+        if self._systray_manager is None:
+            super()._update_icon()  # type: ignore[misc]  # docks, then draws
+            return
+        self._icon_data = None  # rebuilt from the new image at the window's size
+        self._draw()  # type: ignore[attr-defined]
+        self._icon_valid = True
