@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from app.models.stages import Launched, Pools
 
 
+class LoadOutOfMemory(RuntimeError):
+    """A model's load that ran out of memory, as its engine said it in its own words (an
+    engine in another process: llama.cpp's runner). Like the device's own out-of-memory
+    (`Device.is_oom`), a transient: another program may have taken the memory after the
+    gate admitted the load."""
+
+
 @dataclass(frozen=True)
 class Exercises:
     """Requests a model's warm-up or probe sends through the normal path: one-shot

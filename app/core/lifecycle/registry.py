@@ -12,7 +12,7 @@ from app.core.lifecycle.load_watch import LoadWatch, load_view
 from app.devices.base import Device
 from app.engines.table import make_handler
 from app.errors import ModelLoading, ModelNotFound
-from app.models.base import ModelHandler
+from app.models.base import LoadOutOfMemory, ModelHandler
 from app.models.kinds import required
 from app.models.prefix_cache import PrefixStore
 from app.sched.budget import LoadLedger
@@ -121,7 +121,7 @@ class ModelRegistry:
             self.device.settle()  # the weights are on the device before any job uses them
         except Exception as exc:  # a broken model must not stop the others
             self._give_back_part(name)
-            if self.device.is_oom(exc):  # memory taken meanwhile (the gate had room for it)
+            if self.device.is_oom(exc) or isinstance(exc, LoadOutOfMemory):  # taken meanwhile
                 entry.state = "unloaded"
                 entry.error = f"its last load ran out of memory: {type(exc).__name__}: {exc}"
                 log.warning("model %s: %s; its next request tries again", name, entry.error)

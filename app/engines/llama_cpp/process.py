@@ -24,6 +24,7 @@ from typing import Any
 
 from app.engines.llama_cpp import engine_builds
 from app.engines.llama_cpp.engine_builds import EngineBuild
+from app.models.base import LoadOutOfMemory
 from app.process.job_object import popen_held
 
 log = logging.getLogger("vramgate.runner")
@@ -61,6 +62,20 @@ LOGIT_BYTES = 4  # float32
 _SPECULATION_FAILED = re.compile(r"failed to initialize speculative decoding context: (.*)$")
 
 
+# llama.cpp's words for an allocation of a load that failed: its weights, KV cache or
+# compute buffers found no room (a 1.4 TB KV cache asked of this machine's RAM logged
+# the first three, then the fourth). Sources: ggml.c ggml_aligned_malloc "insufficient
+# memory (attempted to allocate %6.2f MB)"; ggml-backend.cpp and ggml-alloc.c "failed to
+# allocate %s buffer of size %zu"; llama-kv-cache.cpp "failed to allocate buffer for kv
+# cache"; llama-model.cpp "unable to allocate %s buffer"; llama-context.cpp "failed to
+# allocate compute pp buffers" (and tg); ggml-cuda.cu "allocating %.2f MiB on device %d:
+# cudaMalloc failed: %s" with cudaGetErrorString's "out of memory".
+OUT_OF_MEMORY = re.compile(
+    r"insufficient memory \(attempted to allocate|failed to allocate \S+ buffer of size|"
+    r"failed to allocate buffer for kv cache|unable to allocate \S+ buffer|"
+    r"failed to allocate compute (?:pp|tg) buffers|cudaMalloc failed: out of memory"
+)
+
 # The build that imported, for each list of builds tried: later runners start on it at
 # once (a build that failed cannot import later in this process's life either).
 _WORKING: dict[tuple[EngineBuild, ...], EngineBuild] = {}
@@ -68,6 +83,10 @@ _WORKING: dict[tuple[EngineBuild, ...], EngineBuild] = {}
 
 class RunnerFailed(RuntimeError):
     """A runner that could not start, or ended; the message has the engine's last words."""
+
+
+class RunnerOutOfMemory(RunnerFailed, LoadOutOfMemory):
+    """A runner whose load ran out of memory (`OUT_OF_MEMORY` in its log)."""
 
 
 class EngineUnavailable(RunnerFailed):
@@ -200,7 +219,8 @@ class RunnerProcess:
             raise EngineUnavailable(engine_unavailable_text(str(ready.get("error"))))
         if "address" not in ready:
             self.stop(grace_s=1.0)
-            raise RunnerFailed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
+            failed = RunnerOutOfMemory if self._ran_out_of_memory() else RunnerFailed
+            raise failed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
         # stderr is another pipe: its last load lines may come just after the ready line
         self._listening.wait(LOG_CATCH_UP_S)
         with self._lock:
@@ -274,7 +294,8 @@ class RunnerProcess:
             raise RunnerFailed(f"the runner did not load within {timeout_s:.0f} s") from None
         if not line:
             code = self._proc.wait()
-            raise RunnerFailed(f"the runner exited with {code}: {self.last_words()}")
+            failed = RunnerOutOfMemory if self._ran_out_of_memory() else RunnerFailed
+            raise failed(f"the runner exited with {code}: {self.last_words()}")
         found = json.loads(line)
         return found if isinstance(found, dict) else {}
 
@@ -298,6 +319,11 @@ class RunnerProcess:
         """The engine's log lines of the load under way (none once it serves)."""
         with self._lock:
             return list(self._load_lines or [])
+
+    def _ran_out_of_memory(self) -> bool:
+        """Whether the engine said that an allocation of its load failed."""
+        with self._lock:
+            return any(OUT_OF_MEMORY.search(line) for line in self._lines)
 
     def last_words(self, count: int = 8) -> str:
         """The engine's last log lines, for an error message."""

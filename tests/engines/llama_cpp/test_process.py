@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from app.engines.llama_cpp.process import MiB, RunnerFailed, RunnerProcess, footprint_of
+from app.engines.llama_cpp.process import (
+    MiB,
+    RunnerFailed,
+    RunnerOutOfMemory,
+    RunnerProcess,
+    footprint_of,
+)
+from app.models.base import LoadOutOfMemory
 
 # Lines as llama.cpp wrote them loading SmolLM2-135M Q4_1 through xllamacpp 2026.10.11549 at
 # verbosity 4 (load_tensors in llama-model.cpp, llama_kv_cache in llama-kv-cache.cpp,
@@ -151,3 +158,37 @@ def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
     assert "RuntimeError" in str(failed.value)
     assert str(missing) in str(failed.value) or "failed to load" in str(failed.value)
     assert runner.exited() is not None  # nothing left running
+
+
+def test_a_load_llama_cpp_cannot_allocate_is_out_of_memory_and_its_twin_loads(smollm2_gguf):
+    """A real allocation failure: SmolLM2's KV cache at 67 million cells (1.4 TB) asked
+    of this machine's RAM. llama.cpp says so in its own words (ggml_aligned_malloc's
+    'insufficient memory', then 'failed to allocate buffer for kv cache'): the runner's
+    failure is an out-of-memory (a load to try again once memory is back, not a broken
+    model), and nothing is left running. The positive control: at 512 cells it loads."""
+
+    def config(cells: int) -> dict:
+        return {
+            "model": str(smollm2_gguf),
+            "n_ctx": cells,
+            "parallel": 1,
+            "gpu_layers": 0,
+            "kv_type": "F16",
+            "flash_attention": "auto",
+            "threads": 1,
+            "cache_ram_mib": 0,
+            "key": "k",
+        }
+
+    argv = [sys.executable, "-m", "app.engines.llama_cpp.runner_main"]
+    runner = RunnerProcess("too-big", argv)
+    with pytest.raises(RunnerOutOfMemory) as failed:
+        runner.start(config(2**26), timeout_s=120)
+    assert isinstance(failed.value, LoadOutOfMemory)
+    assert "failed to allocate buffer for kv cache" in str(failed.value)
+    assert runner.exited() is not None
+    twin = RunnerProcess("fits", argv)
+    try:
+        assert "address" in twin.start(config(512), timeout_s=120)
+    finally:
+        twin.stop(5.0)
