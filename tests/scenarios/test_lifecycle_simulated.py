@@ -10,7 +10,7 @@ import time
 import httpx
 
 from app.config.settings import ModelSpec, SimulatedBucket
-from tests.support.live import wait_until
+from tests.support.live import Live, wait_until
 
 MiB = 2**20
 RESERVE = 200 * MiB  # left to other programs
@@ -179,6 +179,32 @@ def test_simulated_a_load_that_finds_no_room_in_time_is_a_503_and_is_tried_again
         assert served.status_code == 200, served.text
 
 
+def asked_while_loading(
+    live: Live, client: httpx.Client, body: dict, others_take: int
+) -> httpx.Response | None:
+    """`body` asked of a model that loads on demand (`big`, 600 MiB of weights loaded in
+    two halves), and another program taking `others_take` bytes once the first half is
+    on the device; the answer (None if none came within a minute)."""
+    device = live.service.device
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(
+        target=lambda: answers.append(client.post("/v1/completions", json=body, timeout=60)),
+        daemon=True,
+    )
+    asking.start()
+    wait_until(lambda: device.allocated() > 0, 30, "its first half on the device")
+    device.set_external(others_take)
+    asking.join(60)
+    return answers[0] if answers else None
+
+
+def big_loading_in_halves(bucket_bytes: int, warm: bool) -> ModelSpec:
+    runs = (SimulatedBucket(size=64, bytes=bucket_bytes, run_ms=25, warm=warm),)
+    return ModelSpec(
+        name="big", kind="simulated", weights=600 * MiB, load="demand", load_ms=1500, buckets=runs
+    )
+
+
 def test_simulated_a_load_cut_short_by_out_of_memory_is_a_503_frees_its_part_and_is_tried_again(
     server_factory,
 ):
@@ -188,23 +214,14 @@ def test_simulated_a_load_cut_short_by_out_of_memory_is_a_503_frees_its_part_and
     unloaded (not failed: nothing is wrong with it) saying why, and once the memory is
     back its next request loads it and is served (the refusal's own request tried it
     again: that try waits in the queue for the room, holding nothing)."""
-    runs = (SimulatedBucket(size=64, bytes=100 * MiB, run_ms=25, warm=False),)
-    big = ModelSpec(
-        name="big", kind="simulated", weights=600 * MiB, load="demand", load_ms=1500, buckets=runs
-    )
+    big = big_loading_in_halves(100 * MiB, warm=False)
     live = server_factory(device="simulated:1GiB", models=(big,), queue_timeout=30.0)
     device = live.service.device
     body = {"model": "big", "prompt": "one", "max_tokens": 1}
-    answers: list[httpx.Response] = []
     with live.client() as client:
-        asking = threading.Thread(
-            target=lambda: answers.append(client.post("/v1/completions", json=body, timeout=60))
-        )
-        asking.start()
-        wait_until(lambda: device.allocated() > 0, 30, "its first half on the device")
-        device.set_external(700 * MiB)  # a game starts: 300 + 300 + 700 MiB > 1 GiB
-        asking.join(60)
-        (refused,) = answers
+        # a game starts: 300 + 300 + 700 MiB > 1 GiB
+        refused = asked_while_loading(live, client, body, 700 * MiB)
+        assert refused is not None
         assert refused.status_code == 503 and "Retry-After" in refused.headers, refused.text
         assert refused.json()["error"]["code"] == "model_loading", refused.text
         assert "its last load ran out of memory" in refused.json()["error"]["message"]
@@ -227,10 +244,7 @@ def test_simulated_a_warm_up_that_finds_no_room_gives_the_weights_back_and_is_tr
     model is not failed (it loaded; nothing is wrong with it): its weights go back, it is
     unloaded saying why, and once the memory is back its next request loads, warms and
     is served. Before, it stayed failed (404) with its weights held."""
-    runs = (SimulatedBucket(size=64, bytes=1024 * MiB, run_ms=25, warm=True),)
-    big = ModelSpec(
-        name="big", kind="simulated", weights=600 * MiB, load="demand", load_ms=1500, buckets=runs
-    )
+    big = big_loading_in_halves(1024 * MiB, warm=True)
     live = server_factory(device="simulated:4GiB", models=(big,), queue_timeout=2.0)
     device = live.service.device
     body = {"model": "big", "prompt": "one", "max_tokens": 1}
@@ -239,13 +253,8 @@ def test_simulated_a_warm_up_that_finds_no_room_gives_the_weights_back_and_is_tr
         return live.status()["models"][0]
 
     with live.client() as client:
-        asking = threading.Thread(
-            target=lambda: client.post("/v1/completions", json=body, timeout=60), daemon=True
-        )
-        asking.start()
-        wait_until(lambda: device.allocated() > 0, 30, "its first half on the device")
-        device.set_external(3296 * MiB)  # room for its second half, not for its warm-up
-        asking.join(60)
+        # room for its second half, not for its warm-up
+        asked_while_loading(live, client, body, 3296 * MiB)
         wait_until(lambda: row()["state"] in ("unloaded", "failed"), 30, "its warm-up's end")
         assert row()["state"] == "unloaded" and "warm-up found no room" in row()["error"], row()
         assert device.allocated() == 0  # its weights went back

@@ -4,6 +4,7 @@ load reported with the engine's own last words (a real child process)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -139,12 +140,14 @@ def test_a_draft_model_llama_cpp_could_not_pair_is_said():
     assert footprint_of(CPU_LOAD).speculation_failed is None
 
 
-def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
-    missing = tmp_path / "nothing-here.gguf"
-    runner = RunnerProcess("broken", [sys.executable, "-m", "app.engines.llama_cpp.runner_main"])
-    config = {
-        "model": str(missing),
-        "n_ctx": 512,
+RUNNER = [sys.executable, "-m", "app.engines.llama_cpp.runner_main"]
+
+
+def runner_config(model: Path, cells: int = 512) -> dict:
+    """A runner's settings: `model` on the CPU, one slot of `cells`."""
+    return {
+        "model": str(model),
+        "n_ctx": cells,
         "parallel": 1,
         "gpu_layers": 0,
         "kv_type": "F16",
@@ -153,8 +156,13 @@ def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
         "cache_ram_mib": 0,
         "key": "k",
     }
+
+
+def test_a_runner_that_cannot_load_says_why_in_its_engines_words(tmp_path):
+    missing = tmp_path / "nothing-here.gguf"
+    runner = RunnerProcess("broken", RUNNER)
     with pytest.raises(RunnerFailed) as failed:
-        runner.start(config, timeout_s=60)
+        runner.start(runner_config(missing), timeout_s=60)
     assert "RuntimeError" in str(failed.value)
     assert str(missing) in str(failed.value) or "failed to load" in str(failed.value)
     assert runner.exited() is not None  # nothing left running
@@ -166,29 +174,14 @@ def test_a_load_llama_cpp_cannot_allocate_is_out_of_memory_and_its_twin_loads(sm
     'insufficient memory', then 'failed to allocate buffer for kv cache'): the runner's
     failure is an out-of-memory (a load to try again once memory is back, not a broken
     model), and nothing is left running. The positive control: at 512 cells it loads."""
-
-    def config(cells: int) -> dict:
-        return {
-            "model": str(smollm2_gguf),
-            "n_ctx": cells,
-            "parallel": 1,
-            "gpu_layers": 0,
-            "kv_type": "F16",
-            "flash_attention": "auto",
-            "threads": 1,
-            "cache_ram_mib": 0,
-            "key": "k",
-        }
-
-    argv = [sys.executable, "-m", "app.engines.llama_cpp.runner_main"]
-    runner = RunnerProcess("too-big", argv)
+    runner = RunnerProcess("too-big", RUNNER)
     with pytest.raises(RunnerOutOfMemory) as failed:
-        runner.start(config(2**26), timeout_s=120)
+        runner.start(runner_config(smollm2_gguf, 2**26), timeout_s=120)
     assert isinstance(failed.value, LoadOutOfMemory)
     assert "failed to allocate buffer for kv cache" in str(failed.value)
     assert runner.exited() is not None
-    twin = RunnerProcess("fits", argv)
+    twin = RunnerProcess("fits", RUNNER)
     try:
-        assert "address" in twin.start(config(512), timeout_s=120)
+        assert "address" in twin.start(runner_config(smollm2_gguf), timeout_s=120)
     finally:
         twin.stop(5.0)
