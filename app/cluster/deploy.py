@@ -108,9 +108,12 @@ def run(settings: Settings, address: str | None, replicas: int | None, shape: Sh
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        serve.delete(APP_NAME)
+        try:
+            serve.delete(APP_NAME)
+        except TimeoutError as exc:  # Ray Serve's own bound (60 s); its controller goes on
+            log.warning("the application is still being deleted: %s", exc)
         if started_here:
             serve.shutdown()
-            ray.shutdown()
+        ray.shutdown()  # a cluster it joined (--address) goes on: this only disconnects
     print("vramgate cluster stopped", flush=True)
     return 0
