@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import psutil
@@ -111,6 +112,19 @@ async def flood(url: str, count: int, clients: int, answered: list) -> None:
         await asyncio.gather(*(one_client() for _ in range(clients)))
 
 
+def serve_controllers_of(config: Path) -> list[psutil.Process]:
+    """The Serve controllers of the Ray that `vramgate cluster serve --config CONFIG`
+    started (descendants of it): another test's cluster may run beside it."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "ServeController" not in " ".join(process.info["cmdline"] or ()):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any(str(config) in " ".join(a.cmdline()) for a in process.parents()):
+                found.append(process)
+    return found
+
+
 def test_ray_cluster_of_two_simulated_replicas_answers_every_request_also_when_one_is_killed(
     tmp_path,
 ):
@@ -121,11 +135,7 @@ def test_ray_cluster_of_two_simulated_replicas_answers_every_request_also_when_o
         assert len(replicas) == 2
         assert all(r["status"]["device"]["kind"] == "simulated" for r in replicas.values())
         # the Ray it started gives Serve's proxy a minute to start (app.cluster.deploy)
-        (controller,) = [
-            p
-            for p in psutil.process_iter(["cmdline"])
-            if "ServeController" in " ".join(p.info["cmdline"] or ())
-        ]
+        (controller,) = serve_controllers_of(tmp_path / "config.toml")
         assert controller.environ()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "60"
 
         # the official client, unchanged, through the ingress: a stream, and an embedding
