@@ -113,8 +113,7 @@ async def create_response(request: Request) -> Response:
                 headers={"Cache-Control": "no-cache"},
             )
         ((items, valid, generation),) = await admission.task
-        draft = ResponseDraft(body, valid)
-        draft.tier = generation.job.priority.service_tier
+        draft = _draft(body, valid, generation)
         on_done = _on_done(store, body, items)
         if not body.stream:
             watch.on_leave(generation.close)
@@ -133,6 +132,15 @@ async def create_response(request: Request) -> Response:
         media_type="text/event-stream",
         headers={**headers, "Cache-Control": "no-cache"},
     )
+
+
+def _draft(
+    body: ResponsesRequest, valid: ValidGenerationRequest, generation: AdmittedGeneration
+) -> ResponseDraft:
+    """The Response an admitted generation makes, in the tier its admission settled."""
+    draft = ResponseDraft(body, valid)
+    draft.tier = generation.job.priority.service_tier
+    return draft
 
 
 def _on_done(store: ResponseStore, body: ResponsesRequest, items: list[InputItem]) -> OnDone:
@@ -157,9 +165,7 @@ def _events_after_load(
 
     def answer(admitted: list[Admitted]) -> AsyncIterator[bytes]:
         ((items, valid, generation),) = admitted
-        draft = ResponseDraft(body, valid)
-        draft.tier = generation.job.priority.service_tier
-        return events(draft, generation, _on_done(store, body, items))
+        return events(_draft(body, valid, generation), generation, _on_done(store, body, items))
 
     def refuse(exc: VramgateError) -> bytes:
         error = {"code": exc.code, "message": exc.message, "param": exc.param}

@@ -89,13 +89,18 @@ class ModelLoads:
         self._state.phase = "warming"
         for name, entry in self.registry.entries.items():
             if entry.state == "warming":
-                await self.warm(name)
-                if entry.state in ("warming", "ready"):
-                    self._keep_alive.loaded(name, self._clock())
+                await self._warmed(name)
         if self._state.phase == "warming":
             self._state.phase = "ready" if self.registry.all_ready else "degraded"
             pool = self._memory.pool_bytes() / 2**20
             log.info("server %s; pool %.1f MiB", self._state.phase, pool)
+
+    async def _warmed(self, name: str) -> None:
+        """Warm a model just loaded; one still loaded after (its warm-up may have given
+        it back) is kept alive from now."""
+        await self.warm(name)
+        if self.registry.entries[name].state in ("warming", "ready"):
+            self._keep_alive.loaded(name, self._clock())
 
     async def warm(self, name: str) -> None:
         entry = self.registry.entries[name]
@@ -211,9 +216,7 @@ class ModelLoads:
             if entry.state not in ("unloaded", "failed"):
                 return
             if await self._load_admitted(name):
-                await self.warm(name)
-                if entry.state in ("warming", "ready"):
-                    self._keep_alive.loaded(name, self._clock())
+                await self._warmed(name)
         finally:
             self.loading.pop(name, None)
 

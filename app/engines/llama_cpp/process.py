@@ -219,8 +219,7 @@ class RunnerProcess:
             raise EngineUnavailable(engine_unavailable_text(str(ready.get("error"))))
         if "address" not in ready:
             self.stop(grace_s=1.0)
-            failed = RunnerOutOfMemory if self._ran_out_of_memory() else RunnerFailed
-            raise failed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
+            raise self._failed(f"{ready.get('error', 'the runner failed')}: {self.last_words()}")
         # stderr is another pipe: its last load lines may come just after the ready line
         self._listening.wait(LOG_CATCH_UP_S)
         with self._lock:
@@ -294,8 +293,7 @@ class RunnerProcess:
             raise RunnerFailed(f"the runner did not load within {timeout_s:.0f} s") from None
         if not line:
             code = self._proc.wait()
-            failed = RunnerOutOfMemory if self._ran_out_of_memory() else RunnerFailed
-            raise failed(f"the runner exited with {code}: {self.last_words()}")
+            raise self._failed(f"the runner exited with {code}: {self.last_words()}")
         found = json.loads(line)
         return found if isinstance(found, dict) else {}
 
@@ -320,10 +318,12 @@ class RunnerProcess:
         with self._lock:
             return list(self._load_lines or [])
 
-    def _ran_out_of_memory(self) -> bool:
-        """Whether the engine said that an allocation of its load failed."""
+    def _failed(self, message: str) -> RunnerFailed:
+        """Its load's failure: out of memory where the engine said that an allocation of
+        the load failed."""
         with self._lock:
-            return any(OUT_OF_MEMORY.search(line) for line in self._lines)
+            out_of_memory = any(OUT_OF_MEMORY.search(line) for line in self._lines)
+        return (RunnerOutOfMemory if out_of_memory else RunnerFailed)(message)
 
     def last_words(self, count: int = 8) -> str:
         """The engine's last log lines, for an error message."""
